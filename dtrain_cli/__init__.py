@@ -1,0 +1,3 @@
+"""dtrain: a declarative, config-driven launcher for distributed PyTorch training."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from dtrain_cli.cli.app import main
+
+main()

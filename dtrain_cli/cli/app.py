@@ -1,0 +1,47 @@
+"""The ``dtrain`` command. Imports no torch: ``dtrain --help`` and ``dtrain plan`` stay fast.
+
+    dtrain recipes
+    dtrain plan   recipe=gpt_small dp=2
+    dtrain launch recipe=gpt_small dp=2
+"""
+
+from __future__ import annotations
+
+import typer
+
+from dtrain_cli import __version__
+from dtrain_cli.cli.launch_cmd import launch
+from dtrain_cli.cli.plan_cmd import plan
+from dtrain_cli.cli.recipes_cmd import recipes
+
+OVERRIDE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+app = typer.Typer(
+    name="dtrain",
+    help="Declarative distributed PyTorch training: a YAML recipe in, a correct, resumable run out.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+app.command(context_settings=OVERRIDE_SETTINGS)(launch)
+app.command(context_settings=OVERRIDE_SETTINGS)(plan)
+app.command()(recipes)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dtrain {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
+    ),
+) -> None:
+    """dtrain: config -> plan -> distributed run."""
+
+
+def main() -> None:
+    app()

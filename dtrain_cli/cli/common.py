@@ -1,0 +1,47 @@
+"""What every command shares: error reporting, exit codes, composition from CLI arguments."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+from rich.console import Console
+
+from dtrain_cli.config.errors import ConfigError
+
+EXIT_CONFIG = 2
+console = Console()
+err_console = Console(stderr=True)
+
+OVERRIDES_HELP = (
+    "Hydra overrides: recipe=NAME, key=value, group=option, +key=value, ~key; "
+    "shorthands dp=, tp=, pp=, lr=, steps=, lr_scaling=, precision=."
+)
+CONFIG_DIR_HELP = "Extra config folder (group folders and recipes/); also $DTRAIN_CONFIG_PATH."
+
+
+def fail(problems: Sequence[str], code: int = EXIT_CONFIG) -> NoReturn:
+    for p in problems:
+        err_console.print(f"[bold red]error:[/] {p}", markup=True, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def compose_and_plan(overrides: Sequence[str], config_dirs: Sequence[Path]):  # noqa: ANN201
+    """recipe=... + overrides -> (typed config, plan). ConfigError -> exit 2."""
+    from dtrain_cli.config.compose import compose_config, split_recipe
+    from dtrain_cli.plan.build import build_plan
+
+    recipe, rest = split_recipe(overrides)
+    try:
+        cfg = compose_config(recipe, rest, config_dirs)
+        plan = build_plan(cfg)
+    except ConfigError as exc:
+        fail(exc.problems)
+    return cfg, plan
+
+
+def is_tty() -> bool:
+    return sys.stdout.isatty()

@@ -1,0 +1,50 @@
+"""``dtrain launch recipe=gpt_small dp=2``: compose -> plan -> run dir -> workers."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import typer
+
+from dtrain_cli.cli.common import (
+    CONFIG_DIR_HELP,
+    OVERRIDES_HELP,
+    compose_and_plan,
+    console,
+    err_console,
+    fail,
+)
+
+
+def launch(
+    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
+) -> None:
+    """Train: compose the recipe, save config.yaml + plan.yaml in a new run dir, start workers."""
+    os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    cfg, plan = compose_and_plan(overrides or [], config_dir)
+    from dtrain_cli.launch.rundir import materialize
+
+    try:
+        run_dir = materialize(cfg, plan)
+    except OSError as exc:
+        fail([f"run.root={cfg.run.root}: cannot create the run directory ({exc.strerror or exc})"])
+    console.print(
+        f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) "
+        f"({' x '.join(f'{n}={s}' for n, s in zip(plan.mesh.dim_names, plan.mesh.shape))}) "
+        f"on {plan.device}/{plan.backend} -> {run_dir}",
+        highlight=False,
+    )
+    from dtrain_cli.launch.local import launch_local
+
+    try:
+        result = launch_local(run_dir, cfg, plan)
+    except FileNotFoundError as exc:
+        fail([str(exc)])
+    if not result.ok:
+        err_console.print(f"[bold red]error:[/] {result.message}", highlight=False, markup=True)
+        err_console.print(f"logs: {run_dir / 'logs'}", highlight=False)
+        raise typer.Exit(result.exit_code)
+    console.print(f"[green]done[/]: {run_dir}", highlight=False)

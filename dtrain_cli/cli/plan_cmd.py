@@ -1,0 +1,29 @@
+"""``dtrain plan recipe=gpt_small dp=2``: the resolved plan, nothing run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, compose_and_plan, console
+
+
+def plan(
+    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
+    fmt: str = typer.Option("table", "--format", "-f", help="table | yaml (the plan.yaml a launch writes)"),
+    show_config: bool = typer.Option(False, "--show-config", help="Also print the resolved config."),
+) -> None:
+    """Compose the config and print the plan: layout, batch, LR, checkpoints, estimates."""
+    cfg, the_plan = compose_and_plan(overrides or [], config_dir)
+    if show_config:
+        from dtrain_cli.config.compose import config_to_yaml
+
+        console.print(config_to_yaml(cfg), markup=False, highlight=False)
+    if fmt == "yaml":
+        console.print(the_plan.to_yaml(), markup=False, highlight=False)
+        return
+    from dtrain_cli.plan.render import render_plan
+
+    console.print(render_plan(the_plan))

@@ -1,0 +1,30 @@
+"""``dtrain recipes``: the recipes dtrain can run, with one line each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from dtrain_cli.cli.common import CONFIG_DIR_HELP, console, fail
+from dtrain_cli.config.errors import ConfigError
+
+
+def recipes(
+    config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
+) -> None:
+    """List recipes (built-in and from config folders) with their descriptions."""
+    from dtrain_cli.config.compose import list_recipes, recipe_description
+
+    try:
+        found = list_recipes(config_dir)
+    except ConfigError as exc:
+        fail(exc.problems)
+    table = Table(title="recipes")
+    table.add_column("recipe", style="bold")
+    table.add_column("description")
+    table.add_column("file")
+    for name, path in found.items():
+        table.add_row(name, recipe_description(path), str(path))
+    console.print(table)

@@ -1,0 +1,238 @@
+"""Compose a recipe + config groups + overrides into a typed :class:`DtrainConfig`.
+
+    dtrain plan recipe=gpt_small dp=2 optim.base_lr=3e-4
+
+Hydra does the composition (``initialize_config_dir`` + ``compose``); the built-in
+``recipes/`` folder is the primary config dir and ``configs/`` plus any user folders
+(``--config-dir`` or ``$DTRAIN_CONFIG_PATH``) are on Hydra's search path. A user folder
+is laid out like the project: group folders (``model/``, ``data/`` ...) and a
+``recipes/`` folder. Errors come back as :class:`ConfigError` with one line per problem.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.config.schema import DtrainConfig, register_schema
+
+CONFIG_PATH_ENV = "DTRAIN_CONFIG_PATH"
+
+# Shorthands users type most; each maps to its full key (group selections such as
+# precision=bf16 are already Hydra group overrides and need no mapping).
+SHORTHANDS = {
+    "dp": "parallel.dp",
+    "tp": "parallel.tp",
+    "pp": "parallel.pp",
+    "lr_scaling": "optim.lr_scaling",
+    "lr": "optim.base_lr",
+    "steps": "train.steps",
+    "nnodes": "parallel.nnodes",
+    "nproc_per_node": "parallel.nproc_per_node",
+}
+
+
+def _package_dir(name: str) -> Path:
+    """``configs``/``recipes``: inside the wheel (``dtrain_cli/_data``) or at the repo root."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "_data" / name, here.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"dtrain's built-in '{name}' folder is missing (looked beside {here})")
+
+
+def builtin_configs_dir() -> Path:
+    return _package_dir("configs")
+
+
+def builtin_recipes_dir() -> Path:
+    return _package_dir("recipes")
+
+
+def user_config_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
+    dirs = [Path(d) for d in extra]
+    dirs += [Path(d) for d in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if d]
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise ConfigError([f"config dir {m!r} does not exist" for m in missing])
+    return [d.resolve() for d in dirs]
+
+
+def recipe_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
+    """Where recipes are looked up, first match wins: user folders' recipes/, then built-in."""
+    dirs = [d / "recipes" for d in user_config_dirs(extra) if (d / "recipes").is_dir()]
+    return [*dirs, builtin_recipes_dir()]
+
+
+def list_recipes(extra: Sequence[str | Path] = ()) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in reversed(recipe_dirs(extra)):
+        for p in sorted(d.glob("*.yaml")):
+            found[p.stem] = p
+    return dict(sorted(found.items()))
+
+
+def recipe_description(path: Path) -> str:
+    """The recipe's first header comment that is neither its command nor an example."""
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("#").strip()
+        if text and not text.startswith(("dtrain ", "e.g.", "@package")):
+            return text
+    return ""
+
+
+def expand_shorthands(overrides: Sequence[str]) -> list[str]:
+    out = []
+    for ov in overrides:
+        m = re.match(r"^([+~]{0,2})([A-Za-z_][\w]*)(=.*)?$", ov)
+        if m and m.group(2) in SHORTHANDS:
+            out.append(f"{m.group(1)}{SHORTHANDS[m.group(2)]}{m.group(3) or ''}")
+        else:
+            out.append(ov)
+    return out
+
+
+def split_recipe(overrides: Sequence[str], default: str = "gpt_tiny") -> tuple[str, list[str]]:
+    recipe, rest = default, []
+    for ov in overrides:
+        if ov.startswith("recipe="):
+            recipe = ov.split("=", 1)[1]
+        else:
+            rest.append(ov)
+    return recipe, rest
+
+
+def compose_config(
+    recipe: str,
+    overrides: Sequence[str] = (),
+    config_dirs: Sequence[str | Path] = (),
+) -> DtrainConfig:
+    """Compose and validate. Raises ConfigError naming every problem found."""
+    from dtrain_cli.config.validate import validate_config
+
+    cfg = compose_dictconfig(recipe, overrides, config_dirs)
+    typed = to_dataclass(cfg)
+    validate_config(typed)
+    return typed
+
+
+def compose_dictconfig(
+    recipe: str, overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = ()
+) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    recipes = list_recipes(config_dirs)
+    if recipe not in recipes:
+        hint = _did_you_mean(recipe, recipes)
+        raise ConfigError(
+            [f"unknown recipe {recipe!r}{hint}; available: {', '.join(recipes) or 'none'}"]
+        )
+    user_dirs = user_config_dirs(config_dirs)
+    search = [*user_dirs, *(d / "recipes" for d in user_dirs), builtin_configs_dir()]
+    searchpath = "hydra.searchpath=[" + ",".join(f"file://{p}" for p in search) + "]"
+    user_overrides = expand_shorthands(overrides)
+    register_schema()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(recipes[recipe].parent), version_base="1.3"):
+            cfg = compose(config_name=recipe, overrides=[searchpath, *user_overrides])
+    except Exception as exc:  # Hydra/OmegaConf raise many types; translate all of them
+        raise ConfigError([_explain_compose_error(exc, user_overrides)]) from None
+    finally:
+        GlobalHydra.instance().clear()
+    if "hydra" in cfg:
+        with _writable(cfg):
+            del cfg["hydra"]
+    OmegaConf.update(cfg, "run.recipe", recipe, merge=False)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError([f"{k} is required (set {k}=...)" for k in missing])
+    return cfg
+
+
+class _writable:
+    def __init__(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
+
+    def __enter__(self) -> None:
+        OmegaConf.set_struct(self.cfg, False)
+
+    def __exit__(self, *exc: object) -> None:
+        OmegaConf.set_struct(self.cfg, True)
+
+
+def to_dataclass(cfg: DictConfig) -> DtrainConfig:
+    obj = OmegaConf.to_object(cfg)
+    assert isinstance(obj, DtrainConfig)
+    return obj
+
+
+def config_from_yaml(path: str | Path) -> DtrainConfig:
+    """Read a resolved ``config.yaml`` back into the typed config (workers, resume)."""
+    schema = OmegaConf.structured(DtrainConfig)
+    return to_dataclass(OmegaConf.merge(schema, OmegaConf.load(path)))
+
+
+def config_to_yaml(cfg: DtrainConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _all_keys(node: type = DtrainConfig, prefix: str = "") -> list[str]:
+    keys = []
+    for f in fields(node):
+        key = f"{prefix}{f.name}"
+        keys.append(key)
+        t = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
+        if t is not None and is_dataclass(t):
+            keys += _all_keys(type(t), key + ".")
+    return keys
+
+
+def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
+    msg = str(exc).strip()
+    first = msg.splitlines()[0] if msg else type(exc).__name__
+    m = re.search(r"Could not override '([^']+)'", msg) or re.search(
+        r"Key '([^']+)' not in '?\w*'?", msg
+    )
+    if m and ("not in" in msg or "Could not override" in msg):
+        key = m.group(1)
+        full = next((k for k in _all_keys() if k.endswith("." + key) or k == key), None)
+        guess = _did_you_mean(key, _all_keys())
+        if full is None:
+            return f"unknown key {key!r}{guess}; see `dtrain plan --show-config` for all keys"
+    m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", msg)
+    if m:
+        key = re.search(r"full_key: ([\w.]+)", msg)
+        where = key.group(1) if key else "a key"
+        return f"{where}: value {m.group(1)!r} is not a valid {m.group(2)}"
+    m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
+    if m:
+        group, option = m.group(1).strip("/"), m.group(2)
+        opts = _group_options(group)
+        return (
+            f"{group}={option}: no such option{_did_you_mean(option, opts)}; "
+            f"allowed: {', '.join(opts)}"
+        )
+    if "mismatched input" in msg or "no viable alternative" in msg:
+        return f"cannot parse override ({first}); overrides look like key=value, +key=value, ~key"
+    return first
+
+
+def _group_options(group: str) -> list[str]:
+    d = builtin_configs_dir() / group
+    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []

@@ -1,0 +1,16 @@
+"""The one error type config and plan raise: a list of one-line problems."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class ConfigError(ValueError):
+    """Every problem found in a config, each a line naming the key, the value and what is allowed.
+
+    The CLI prints them together and exits with code 2, never a traceback.
+    """
+
+    def __init__(self, problems: Iterable[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))

@@ -1,0 +1,167 @@
+"""The typed schema of a dtrain run: dataclasses registered in Hydra's ConfigStore.
+
+YAML under ``configs/`` and ``recipes/`` only sets values of these fields; a key that
+is not here is an error at composition time, a value of the wrong type too. Choices
+(``optim.name``, ``precision.name`` ...) are checked in :mod:`dtrain_cli.config.validate`
+so that every bad value is reported together with what is allowed.
+
+No torch import here: ``dtrain --help`` and ``dtrain plan`` stay fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hydra.core.config_store import ConfigStore
+
+SCHEMA_NAME = "dtrain_schema"
+
+
+@dataclass
+class ModelConfig:
+    """A nanoGPT-style decoder-only transformer."""
+
+    name: str = "gpt"
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128
+    vocab_size: int = 256
+    dropout: float = 0.0
+    bias: bool = True
+    tie_embeddings: bool = False
+    """Tie the LM head to the token embedding (off: keeps pipeline stages independent)."""
+
+
+@dataclass
+class DataConfig:
+    source: str = "builtin"
+    """builtin (Python's own stdlib sources, byte-level) | text (file or folder) | tokens (.bin) | synthetic."""
+    path: str | None = None
+    """File or folder for source=text / source=tokens."""
+    val_fraction: float = 0.1
+    token_dtype: str = "uint16"
+    """dtype of pre-tokenized .bin files (nanoGPT writes uint16)."""
+    synthetic_tokens: int = 2_000_000
+    cache_dir: str | None = None
+    """Where tokenized corpora are cached; default $DTRAIN_CACHE or ~/.cache/dtrain."""
+
+
+@dataclass
+class ParallelConfig:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    strategy: str = "ddp"
+    """How the dp axis holds state: ddp (replicated)."""
+    nproc_per_node: int | None = None
+    """Processes per node; default dp*tp*pp / nnodes."""
+    nnodes: int = 1
+    ddp_bucket_mb: float = 25.0
+    find_unused_parameters: bool = False
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    base_lr: float = 1e-3
+    """Learning rate at base_batch_size; scaled by lr_scaling to the run's global batch."""
+    base_batch_size: int = 0
+    """Global batch at which base_lr was tuned; 0 means the run's own global batch."""
+    lr_scaling: str = "none"
+    warmup_steps: int = 0
+    decay: str = "cosine"
+    min_lr: float = 0.0
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    momentum: float = 0.0
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 turns clipping off."""
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+    init_scale: float = 65536.0
+    """fp16 only: the dynamic loss scale to start from."""
+    growth_interval: int = 2000
+
+
+@dataclass
+class CheckpointConfig:
+    every_steps: int = 0
+    """Save every N steps; 0 = never by step count."""
+    every_minutes: float = 0.0
+    """Save when this many minutes passed since the last save; 0 = never by time."""
+    keep_last: int = 3
+    at_end: bool = True
+    async_save: bool = False
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    micro_batch_size: int = 8
+    global_batch_size: int | None = None
+    """Samples per optimizer step over all dp ranks; sets grad accumulation."""
+    grad_accum: int | None = None
+    """Micro-steps per optimizer step (used when global_batch_size is not set; default 1)."""
+    seed: int = 1337
+    eval_every: int = 0
+    """Validate every N steps (0 = only at the end)."""
+    eval_batches: int = 4
+    compile: bool = False
+
+
+@dataclass
+class LoggingConfig:
+    every: int = 10
+    """Reduce and log the loss every N steps (a host sync + one collective each time)."""
+    tensorboard: bool = True
+    progress: str = "auto"
+    """auto (a bar on a terminal, lines otherwise) | bar | lines | off."""
+
+
+@dataclass
+class LauncherConfig:
+    start_method: str = "fork"
+    """How the elastic agent starts workers: fork (inherits imports: fastest start) | spawn | forkserver."""
+    max_restarts: int = 0
+    rdzv_endpoint: str = "localhost:0"
+    """host:port of the c10d rendezvous store; port 0 picks a free one (single node)."""
+    rdzv_id: str | None = None
+    rdzv_timeout_s: int = 900
+    threads_per_proc: int | None = None
+    """torch threads per worker; default: CPU cores / processes per node."""
+    monitor_interval_s: float = 0.1
+
+
+@dataclass
+class RunConfig:
+    root: str = "runs"
+    name: str | None = None
+    """Run directory name under root; default <recipe>-<timestamp>."""
+    recipe: str = "custom"
+    device: str = "auto"
+    """auto (cuda when GPUs are visible, else cpu) | cpu | cuda."""
+
+
+@dataclass
+class DtrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def register_schema() -> None:
+    """Store the schema so ``configs/base.yaml`` can extend it (``defaults: [dtrain_schema]``)."""
+    ConfigStore.instance().store(name=SCHEMA_NAME, node=DtrainConfig)

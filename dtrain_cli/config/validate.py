@@ -1,0 +1,116 @@
+"""Value checks on a composed config: every problem is collected, none stops the others.
+
+Checks that need the whole layout (world size, divisibility by dp/tp/pp, device) live in
+:mod:`dtrain_cli.plan.build`, which adds its problems to the same list.
+"""
+
+from __future__ import annotations
+
+from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.config.schema import DtrainConfig
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.source": ("builtin", "text", "tokens", "synthetic"),
+    "data.token_dtype": ("uint8", "uint16", "int32"),
+    "parallel.strategy": ("ddp",),
+    "optim.name": ("adamw", "sgd"),
+    "optim.lr_scaling": ("none", "linear", "sqrt"),
+    "optim.decay": ("cosine", "linear", "constant"),
+    "precision.name": ("fp32", "bf16", "fp16"),
+    "logging.progress": ("auto", "bar", "lines", "off"),
+    "launcher.start_method": ("fork", "spawn", "forkserver"),
+    "run.device": ("auto", "cpu", "cuda"),
+}
+
+# key -> (minimum, inclusive?)
+POSITIVE: dict[str, tuple[float, bool]] = {
+    "model.n_layer": (1, True),
+    "model.n_head": (1, True),
+    "model.n_embd": (1, True),
+    "model.block_size": (1, True),
+    "model.vocab_size": (1, True),
+    "parallel.dp": (1, True),
+    "parallel.tp": (1, True),
+    "parallel.pp": (1, True),
+    "parallel.nnodes": (1, True),
+    "parallel.ddp_bucket_mb": (0, False),
+    "optim.base_lr": (0, False),
+    "optim.base_batch_size": (0, True),
+    "optim.warmup_steps": (0, True),
+    "optim.min_lr": (0, True),
+    "optim.weight_decay": (0, True),
+    "optim.grad_clip": (0, True),
+    "optim.momentum": (0, True),
+    "precision.init_scale": (0, False),
+    "checkpoint.every_steps": (0, True),
+    "checkpoint.every_minutes": (0, True),
+    "checkpoint.keep_last": (1, True),
+    "train.steps": (1, True),
+    "train.micro_batch_size": (1, True),
+    "train.eval_every": (0, True),
+    "train.eval_batches": (1, True),
+    "logging.every": (1, True),
+    "launcher.max_restarts": (0, True),
+    "data.synthetic_tokens": (2, True),
+}
+
+
+def get_key(cfg: DtrainConfig, key: str) -> object:
+    obj: object = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def validate_config(cfg: DtrainConfig) -> None:
+    problems = config_problems(cfg)
+    if problems:
+        raise ConfigError(problems)
+
+
+def config_problems(cfg: DtrainConfig) -> list[str]:
+    problems: list[str] = []
+    for key, allowed in CHOICES.items():
+        value = get_key(cfg, key)
+        if value not in allowed:
+            problems.append(f"{key}={value}: not allowed; choose one of {', '.join(allowed)}")
+    for key, (low, inclusive) in POSITIVE.items():
+        value = get_key(cfg, key)
+        bad = value < low if inclusive else value <= low  # type: ignore[operator]
+        if bad:
+            rule = f">= {low:g}" if inclusive else f"> {low:g}"
+            problems.append(f"{key}={value}: must be {rule}")
+    for key in ("parallel.nproc_per_node", "train.global_batch_size", "train.grad_accum"):
+        value = get_key(cfg, key)
+        if value is not None and value < 1:  # type: ignore[operator]
+            problems.append(f"{key}={value}: must be >= 1 (or unset)")
+    if cfg.train.global_batch_size is not None and cfg.train.grad_accum is not None:
+        problems.append(
+            "train.global_batch_size and train.grad_accum are both set: set one, "
+            "the other follows (global = micro_batch_size * dp * grad_accum)"
+        )
+    if not 0.0 <= cfg.model.dropout < 1.0:
+        problems.append(f"model.dropout={cfg.model.dropout}: must be in [0, 1)")
+    if not 0.0 < cfg.data.val_fraction < 1.0:
+        problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be in (0, 1)")
+    if cfg.optim.warmup_steps > cfg.train.steps:
+        problems.append(
+            f"optim.warmup_steps={cfg.optim.warmup_steps}: longer than training "
+            f"(train.steps={cfg.train.steps}); use at most {cfg.train.steps}"
+        )
+    if cfg.optim.min_lr > cfg.optim.base_lr:
+        problems.append(
+            f"optim.min_lr={cfg.optim.min_lr}: above optim.base_lr={cfg.optim.base_lr}"
+        )
+    if cfg.model.n_embd % max(cfg.model.n_head, 1):
+        problems.append(
+            f"model.n_embd={cfg.model.n_embd}: not divisible by model.n_head={cfg.model.n_head}"
+        )
+    if cfg.data.source in ("builtin", "text") and cfg.model.vocab_size < 256:
+        problems.append(
+            f"model.vocab_size={cfg.model.vocab_size}: byte-level data (data.source="
+            f"{cfg.data.source}) needs >= 256"
+        )
+    if cfg.data.source in ("text", "tokens") and not cfg.data.path:
+        problems.append(f"data.path is required for data.source={cfg.data.source}")
+    return problems

@@ -1,0 +1,1 @@
+"""Materialize a plan (run directory) and start workers: locally via torch's elastic agent."""

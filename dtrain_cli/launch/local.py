@@ -1,0 +1,68 @@
+"""Start the workers on this node with torch's elastic agent (the machinery behind torchrun).
+
+c10d rendezvous, ``max_restarts`` from the plan, and ``start_method=fork`` by default:
+the agent imports torch and the runtime once, and forked workers inherit those imports,
+so the first step comes sooner than with torchrun (which re-imports in every worker).
+Forking is safe because this process never initializes CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.plan.plan import Plan
+
+
+@dataclass
+class LaunchResult:
+    ok: bool
+    exit_code: int
+    message: str = ""
+
+
+def launch_local(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> LaunchResult:
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from dtrain_cli.runtime.data import prepare_corpus
+    from dtrain_cli.runtime.worker import worker_main  # imported here so forked workers inherit it
+
+    prepare_corpus(cfg.data, cfg.train.seed)  # once, before workers start
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("OMP_NUM_THREADS", str(plan.threads_per_proc))
+    lc = cfg.launcher
+    config = LaunchConfig(
+        min_nodes=plan.nnodes,
+        max_nodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        run_id=lc.rdzv_id or f"dtrain-{uuid.uuid4().hex[:12]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint=lc.rdzv_endpoint,
+        rdzv_configs={"timeout": lc.rdzv_timeout_s},
+        max_restarts=plan.max_restarts,
+        monitor_interval=lc.monitor_interval_s,
+        start_method=plan.start_method,
+        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic")),
+    )
+    try:
+        elastic_launch(config, worker_main)(str(run_dir))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        detail = failure.message if isinstance(failure.message, str) else str(failure.message)
+        if failure.error_file_data:
+            trace = failure.error_file_data.get("message", {})
+            if isinstance(trace, dict):
+                detail = f"{trace.get('message', '')}\n{trace.get('extraInfo', {}).get('py_callstack', '')}"
+        code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        return LaunchResult(False, code, f"rank {rank} failed (exit code {failure.exitcode}): {detail.strip()}")
+    except SignalException as exc:
+        return LaunchResult(False, 128 + int(exc.sigval), f"stopped by {exc.sigval.name}; workers terminated")
+    return LaunchResult(True, 0)

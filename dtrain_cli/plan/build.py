@@ -1,0 +1,224 @@
+"""Derive a :class:`Plan` from a typed config and the machine's resources. Pure, torch-free.
+
+Every problem (bad values from :mod:`dtrain_cli.config.validate` and layout problems
+found here) is collected and raised together as one :class:`ConfigError`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.config.schema import DtrainConfig, ModelConfig
+from dtrain_cli.config.validate import config_problems
+from dtrain_cli.plan.plan import (
+    MESH_DIM_NAMES,
+    BatchPlan,
+    CheckpointPlan,
+    Estimates,
+    LRPlan,
+    MeshPlan,
+    Plan,
+    PrecisionPlan,
+)
+
+AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
+BYTES_PER_ACTIVATION = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What this node has; read without importing torch."""
+
+    num_gpus: int
+    num_cpus: int
+
+    @classmethod
+    def detect(cls) -> Resources:
+        return cls(num_gpus=visible_gpu_count(), num_cpus=len(os.sched_getaffinity(0)))
+
+
+def visible_gpu_count() -> int:
+    """NVIDIA GPUs the driver lists, narrowed by CUDA_VISIBLE_DEVICES (no CUDA init)."""
+    gpus_dir = Path("/proc/driver/nvidia/gpus")
+    total = len(list(gpus_dir.iterdir())) if gpus_dir.is_dir() else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return total
+    ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
+    return min(total, len(ids))
+
+
+def count_params(m: ModelConfig) -> int:
+    """Parameters of :class:`dtrain_cli.runtime.model.GPT` (a test checks the two agree)."""
+    d, b = m.n_embd, int(m.bias)
+    norm = d * (1 + b)
+    per_layer = 2 * norm + (3 * d * d + 3 * d * b) + (d * d + d * b)
+    per_layer += (4 * d * d + 4 * d * b) + (4 * d * d + d * b)
+    head = 0 if m.tie_embeddings else m.vocab_size * d
+    return m.vocab_size * d + m.block_size * d + m.n_layer * per_layer + norm + head
+
+
+def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
+    res = resources or Resources.detect()
+    problems = config_problems(cfg)
+    par, tr, m = cfg.parallel, cfg.train, cfg.model
+
+    device = cfg.run.device
+    if device == "auto":
+        device = "cuda" if res.num_gpus > 0 else "cpu"
+    backend = "nccl" if device == "cuda" else "gloo"
+
+    mesh_sizes = {"dp": par.dp, "tp": par.tp, "pp": par.pp}
+    world = par.dp * par.tp * par.pp
+    nnodes = max(par.nnodes, 1)
+    nproc = par.nproc_per_node
+    if nproc is None:
+        nproc = world // nnodes if world % nnodes == 0 else 0
+        if nproc == 0:
+            problems.append(
+                f"parallel.nnodes={nnodes}: dp*tp*pp = {world} processes do not split evenly "
+                f"over {nnodes} nodes; make dp*tp*pp a multiple of nnodes"
+            )
+    elif nproc * nnodes != world and world > 0:
+        problems.append(
+            f"dp*tp*pp = {par.dp}*{par.tp}*{par.pp} = {world} but nproc_per_node*nnodes = "
+            f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; set "
+            f"dp={max(1, nproc * nnodes // max(1, par.tp * par.pp))} or "
+            f"nproc_per_node={world // nnodes if world % nnodes == 0 else '?'}"
+        )
+    if device == "cuda" and nproc > res.num_gpus:
+        problems.append(
+            f"{nproc} processes per node need {nproc} GPUs but {res.num_gpus} are visible; "
+            f"lower dp/tp/pp or set run.device=cpu"
+        )
+    if cfg.run.device == "cuda" and res.num_gpus == 0:
+        problems.append("run.device=cuda: no GPU is visible here; use run.device=auto or cpu")
+    if cfg.precision.name == "fp16" and device == "cpu":
+        problems.append(
+            "precision=fp16: fp16 with dynamic loss scaling needs a CUDA device, and this "
+            "run is on cpu; use precision=bf16 or precision=fp32"
+        )
+    if par.tp > 1:
+        problems.append(
+            f"parallel.tp={par.tp}: tensor parallelism is not available yet; use tp=1"
+        )
+    if par.pp > 1:
+        problems.append(
+            f"parallel.pp={par.pp}: pipeline parallelism is not available yet; use pp=1"
+        )
+    if par.tp > 0 and m.n_head % par.tp:
+        problems.append(f"model.n_head={m.n_head}: not divisible by tp={par.tp}")
+    if par.pp > 0 and m.n_layer % par.pp:
+        problems.append(f"model.n_layer={m.n_layer}: not divisible by pp={par.pp}")
+
+    micro, accum, global_batch = tr.micro_batch_size, tr.grad_accum or 1, 0
+    per_step = micro * max(par.dp, 1)
+    if tr.global_batch_size is not None:
+        global_batch = tr.global_batch_size
+        if per_step > 0 and global_batch % per_step:
+            problems.append(
+                f"train.global_batch_size={global_batch}: not divisible by micro_batch_size*dp "
+                f"= {micro}*{par.dp} = {per_step}; use a multiple of {per_step}"
+            )
+        accum = max(1, global_batch // max(per_step, 1))
+    else:
+        global_batch = per_step * accum
+
+    if problems:
+        raise ConfigError(problems)
+
+    opt = cfg.optim
+    base_batch = opt.base_batch_size or global_batch
+    ratio = global_batch / base_batch
+    factor = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[opt.lr_scaling]
+    lr = LRPlan(
+        base_lr=opt.base_lr,
+        base_batch_size=base_batch,
+        scaling=opt.lr_scaling,
+        peak_lr=opt.base_lr * factor,
+        warmup_steps=opt.warmup_steps,
+        decay=opt.decay,
+        min_lr=min(opt.min_lr, opt.base_lr * factor),
+        steps=tr.steps,
+    )
+    warnings = []
+    if opt.min_lr > lr.peak_lr:
+        warnings.append(f"optim.min_lr={opt.min_lr} is above the scaled peak lr; capped to it")
+
+    ck = cfg.checkpoint
+    save_steps = list(range(ck.every_steps, tr.steps + 1, ck.every_steps)) if ck.every_steps else []
+    if ck.at_end and tr.steps not in save_steps:
+        save_steps.append(tr.steps)
+
+    threads = cfg.launcher.threads_per_proc or max(1, res.num_cpus // max(nproc, 1))
+    return Plan(
+        recipe=cfg.run.recipe,
+        model=m.name,
+        world_size=world,
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        device=device,
+        backend=backend,
+        threads_per_proc=threads,
+        start_method=cfg.launcher.start_method,
+        max_restarts=cfg.launcher.max_restarts,
+        mesh=MeshPlan(
+            dim_names=list(MESH_DIM_NAMES), shape=[mesh_sizes[n] for n in MESH_DIM_NAMES]
+        ),
+        batch=BatchPlan(
+            micro_batch_size=micro,
+            grad_accum=accum,
+            dp=par.dp,
+            global_batch_size=global_batch,
+            seq_len=m.block_size,
+            tokens_per_step=global_batch * m.block_size,
+        ),
+        lr=lr,
+        precision=PrecisionPlan(
+            name=cfg.precision.name,
+            autocast_dtype=AUTOCAST_DTYPE[cfg.precision.name],
+            loss_scaling=cfg.precision.name == "fp16",
+        ),
+        checkpoint=CheckpointPlan(
+            every_steps=ck.every_steps,
+            every_minutes=ck.every_minutes,
+            keep_last=ck.keep_last,
+            at_end=ck.at_end,
+            async_save=ck.async_save,
+            steps=save_steps,
+        ),
+        estimates=estimate(cfg),
+        steps=tr.steps,
+        strategy=par.strategy,
+        warnings=warnings,
+    )
+
+
+def estimate(cfg: DtrainConfig) -> Estimates:
+    """Per-rank memory (fp32 master weights) and FLOPs per token; estimates, not measurements."""
+    m, par = cfg.model, cfg.parallel
+    n = count_params(m)
+    per_rank = math.ceil(n / (par.tp * par.pp))
+    optim_words = {"adamw": 2, "sgd": 1 if cfg.optim.momentum > 0 else 0}[cfg.optim.name]
+    b, s, d, a = cfg.train.micro_batch_size, m.block_size, m.n_embd, m.n_head
+    act_bytes = BYTES_PER_ACTIVATION[cfg.precision.name]
+    # Korthikanti et al. 2022: s*b*d*(34 + 5*a*s/d) bytes per layer at 2-byte activations.
+    per_layer = s * b * d * (34 + 5 * a * s / d) * act_bytes / 2 / par.tp
+    logits = b * s * m.vocab_size * 4 * 2
+    activations = int(per_layer * m.n_layer / par.pp + logits)
+    params_b, grads_b, optim_b = 4 * per_rank, 4 * per_rank, 4 * optim_words * per_rank
+    non_embedding = n - m.block_size * m.n_embd
+    return Estimates(
+        num_params=n,
+        params_per_rank=per_rank,
+        bytes_params=params_b,
+        bytes_grads=grads_b,
+        bytes_optimizer=optim_b,
+        bytes_activations=activations,
+        bytes_total=params_b + grads_b + optim_b + activations,
+        flops_per_token=6 * non_embedding + 12 * m.n_layer * m.n_embd * m.block_size,
+    )

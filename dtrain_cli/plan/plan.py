@@ -1,0 +1,164 @@
+"""The Plan: everything a run will do, derived from the config, as plain data.
+
+    dtrain plan recipe=gpt_small dp=2
+
+Pure and torch-free. Every launch writes it to ``<run>/plan.yaml``; workers read that
+file back instead of composing again, so the parent and every rank agree by construction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# Mesh axes, outermost first: tp innermost so its ranks are neighbours (same node,
+# fastest links), pp outermost (point-to-point, least bandwidth-hungry).
+MESH_DIM_NAMES = ("pp", "dp", "tp")
+
+
+@dataclass
+class MeshPlan:
+    dim_names: list[str]
+    shape: list[int]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def coords(self, rank: int) -> dict[str, int]:
+        """Row-major rank -> coordinates, the layout ``init_device_mesh`` builds."""
+        out: dict[str, int] = {}
+        for name, size in zip(reversed(self.dim_names), reversed(self.shape), strict=True):
+            out[name] = rank % size
+            rank //= size
+        return {name: out[name] for name in self.dim_names}
+
+
+@dataclass
+class BatchPlan:
+    micro_batch_size: int
+    grad_accum: int
+    dp: int
+    global_batch_size: int
+    seq_len: int
+    tokens_per_step: int
+
+
+@dataclass
+class LRPlan:
+    base_lr: float
+    base_batch_size: int
+    scaling: str
+    peak_lr: float
+    warmup_steps: int
+    decay: str
+    min_lr: float
+    steps: int
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate for optimizer step ``step`` (0-based): linear warmup, then decay."""
+        if self.warmup_steps and step < self.warmup_steps:
+            return self.peak_lr * (step + 1) / self.warmup_steps
+        if self.decay == "constant":
+            return self.peak_lr
+        span = max(1, self.steps - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        if self.decay == "linear":
+            shape = 1.0 - progress
+        else:  # cosine
+            shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+        return self.min_lr + (self.peak_lr - self.min_lr) * shape
+
+
+@dataclass
+class PrecisionPlan:
+    name: str
+    autocast_dtype: str | None
+    """None (no autocast) | bfloat16 | float16."""
+    loss_scaling: bool
+    param_dtype: str = "float32"
+
+
+@dataclass
+class CheckpointPlan:
+    every_steps: int
+    every_minutes: float
+    keep_last: int
+    at_end: bool
+    async_save: bool
+    steps: list[int] = field(default_factory=list)
+    """Steps saved by step count (and at the end); time-based saves come on top."""
+
+
+@dataclass
+class Estimates:
+    num_params: int
+    params_per_rank: int
+    bytes_params: int
+    bytes_grads: int
+    bytes_optimizer: int
+    bytes_activations: int
+    bytes_total: int
+    flops_per_token: int
+    """6 N + 12 L d T (forward + backward, attention included), for MFU."""
+
+
+@dataclass
+class Plan:
+    recipe: str
+    model: str
+    world_size: int
+    nnodes: int
+    nproc_per_node: int
+    device: str
+    backend: str
+    threads_per_proc: int
+    start_method: str
+    max_restarts: int
+    mesh: MeshPlan
+    batch: BatchPlan
+    lr: LRPlan
+    precision: PrecisionPlan
+    checkpoint: CheckpointPlan
+    estimates: Estimates
+    steps: int
+    strategy: str
+    warnings: list[str] = field(default_factory=list)
+
+    def rank_table(self) -> list[dict[str, int]]:
+        return [{"rank": r, **self.mesh.coords(r)} for r in range(self.world_size)]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ranks"] = self.rank_table()
+        return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Plan:
+        d = dict(d)
+        d.pop("ranks", None)
+        parts = {
+            "mesh": MeshPlan,
+            "batch": BatchPlan,
+            "lr": LRPlan,
+            "precision": PrecisionPlan,
+            "checkpoint": CheckpointPlan,
+            "estimates": Estimates,
+        }
+        for key, kind in parts.items():
+            d[key] = kind(**d[key])
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        return cls.from_dict(yaml.safe_load(Path(path).read_text()))

@@ -1,0 +1,208 @@
+"""Token corpora and the deterministic global sample stream.
+
+Corpora (prepared once, in the launcher, before workers start):
+- ``builtin``: Python's own standard-library ``.py`` files (present wherever Python is),
+  byte-level tokens (vocab 256), cached as a memory-mapped token file.
+- ``text``: a user file or folder, read the same way.
+- ``tokens``: pre-tokenized ``.bin`` files (nanoGPT layout: ``train.bin``/``val.bin``).
+- ``synthetic``: random tokens from the seed; no I/O.
+
+Sampling. The training set is cut into windows of ``block_size + 1`` tokens. The
+*global sample stream* is, epoch after epoch, a permutation of all windows seeded by
+``(seed, epoch)``. Optimizer step ``s`` consumes stream positions
+``[s*G, (s+1)*G)`` (G = global batch); micro-step ``k`` of dp rank ``r`` takes the
+``micro_batch_size`` positions starting at ``s*G + (k*dp + r)*micro``. So the union
+over ranks is exactly the single-process stream, and a resume at any step, with any
+dp, continues from ``step * G``. torch's ``DistributedSampler`` interleaves ranks and pads
+per epoch, which makes the stream depend on the world size; this does not. numpy only:
+the launcher prepares data without importing torch's training stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dtrain_cli.config.schema import DataConfig, ModelConfig
+
+SPLITS = ("train", "val")
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    root = cfg.cache_dir or os.environ.get("DTRAIN_CACHE") or Path.home() / ".cache" / "dtrain"
+    return Path(root)
+
+
+def _text_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    raise FileNotFoundError(f"data.path={path}: no such file or folder")
+
+
+def _source_files(cfg: DataConfig) -> list[Path]:
+    if cfg.source == "builtin":
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        return sorted(stdlib.glob("*.py"))
+    return _text_files(Path(cfg.path or ""))
+
+
+def _write_atomic(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    array.tofile(tmp)
+    os.replace(tmp, path)
+
+
+def prepare_corpus(cfg: DataConfig, seed: int = 0) -> dict[str, Path]:
+    """Tokenize (once) and return the token file of each split. Safe to call concurrently."""
+    if cfg.source == "tokens":
+        return _token_files(cfg)
+    if cfg.source == "synthetic":
+        key = f"synthetic-{cfg.synthetic_tokens}-{seed}-{cfg.val_fraction}"
+        files: list[Path] = []
+    else:
+        files = _source_files(cfg)
+        if not files:
+            raise FileNotFoundError(f"data.source={cfg.source}: no files found")
+        ident = "\n".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+        key = f"{cfg.source}-{hashlib.sha1(f'{ident}{cfg.val_fraction}'.encode()).hexdigest()[:16]}"
+    out_dir = cache_root(cfg) / key
+    paths = {split: out_dir / f"{split}.bin" for split in SPLITS}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.source == "synthetic":
+        rng = np.random.default_rng(seed)
+        tokens = rng.integers(0, 256, size=cfg.synthetic_tokens, dtype=np.uint16)
+    else:
+        raw = b"\n\n".join(p.read_bytes() for p in files)
+        tokens = np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
+    n_val = max(2, int(len(tokens) * cfg.val_fraction))
+    _write_atomic(paths["train"], tokens[:-n_val])
+    _write_atomic(paths["val"], tokens[-n_val:])
+    return paths
+
+
+def _token_files(cfg: DataConfig) -> dict[str, Path]:
+    path = Path(cfg.path or "")
+    if path.is_dir():
+        paths = {split: path / f"{split}.bin" for split in SPLITS}
+        missing = [str(p) for p in paths.values() if not p.exists()]
+        if missing:
+            raise FileNotFoundError(f"data.path={path}: missing {', '.join(missing)}")
+        return paths
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path={path}: no such file or folder")
+    # One file: split it like text, into the cache.
+    tokens = np.memmap(path, dtype=cfg.token_dtype, mode="r")
+    key = hashlib.sha1(f"{path.resolve()}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    out_dir = cache_root(cfg) / f"tokens-{key}"
+    paths = {split: out_dir / f"{split}.bin" for split in SPLITS}
+    if not all(p.exists() for p in paths.values()):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        n_val = max(2, int(len(tokens) * cfg.val_fraction))
+        _write_atomic(paths["train"], np.asarray(tokens[:-n_val]))
+        _write_atomic(paths["val"], np.asarray(tokens[-n_val:]))
+    return paths
+
+
+@dataclass
+class TokenWindows:
+    """Non-overlapping windows of ``block_size + 1`` tokens over a memory-mapped token file."""
+
+    tokens: np.ndarray
+    block_size: int
+
+    @classmethod
+    def open(cls, path: Path, dtype: str, block_size: int, vocab_size: int) -> TokenWindows:
+        tokens = np.memmap(path, dtype=dtype, mode="r")
+        windows = cls(tokens, block_size)
+        if len(windows) < 1:
+            raise ValueError(
+                f"{path}: {len(tokens)} tokens, fewer than one window of "
+                f"block_size+1={block_size + 1}"
+            )
+        top = int(tokens[: 1 << 20].max())
+        if top >= vocab_size:
+            raise ValueError(f"{path}: token id {top} >= model.vocab_size={vocab_size}")
+        return windows
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.block_size
+
+    def gather(self, indices: np.ndarray) -> np.ndarray:
+        """(len(indices), block_size + 1) int64 array of the chosen windows."""
+        starts = indices.astype(np.int64) * self.block_size
+        offsets = np.arange(self.block_size + 1, dtype=np.int64)
+        return self.tokens[starts[:, None] + offsets[None, :]].astype(np.int64)
+
+
+class SampleStream:
+    """Window index at each global stream position: epoch ``e`` is a permutation seeded by
+    ``(seed, e)``. Identical on every rank; state is just the position."""
+
+    def __init__(self, num_windows: int, seed: int) -> None:
+        self.num_windows = num_windows
+        self.seed = seed
+        self._epoch = -1
+        self._perm = np.empty(0, dtype=np.int64)
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if epoch != self._epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._perm = rng.permutation(self.num_windows)
+            self._epoch = epoch
+        return self._perm
+
+    def indices(self, start: int, count: int) -> np.ndarray:
+        out = np.empty(count, dtype=np.int64)
+        for i in range(count):  # at most one epoch boundary per call in practice
+            pos = start + i
+            out[i] = self._permutation(pos // self.num_windows)[pos % self.num_windows]
+        return out
+
+    def epoch_of(self, position: int) -> int:
+        return position // self.num_windows
+
+
+@dataclass
+class BatchLayout:
+    """Where one rank's micro-batches sit in the global stream."""
+
+    micro_batch_size: int
+    grad_accum: int
+    dp: int
+    dp_rank: int
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.grad_accum * self.dp
+
+    def micro_start(self, step: int, micro_step: int) -> int:
+        return step * self.global_batch + (micro_step * self.dp + self.dp_rank) * (
+            self.micro_batch_size
+        )
+
+
+def open_splits(data: DataConfig, model: ModelConfig, seed: int) -> dict[str, TokenWindows]:
+    paths = prepare_corpus(data, seed)
+    dtype = data.token_dtype if data.source == "tokens" else "uint16"
+    return {
+        split: TokenWindows.open(path, dtype, model.block_size, model.vocab_size)
+        for split, path in paths.items()
+    }
+
+
+def corpus_summary(windows: dict[str, TokenWindows]) -> str:
+    return ", ".join(f"{k}: {len(v.tokens):,} tokens ({len(v):,} windows)" for k, v in windows.items())
+
+
+if __name__ == "__main__":  # python -m dtrain_cli.runtime.data : prepare the built-in corpus
+    print(prepare_corpus(DataConfig()), file=sys.stderr)

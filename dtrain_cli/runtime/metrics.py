@@ -1,0 +1,141 @@
+"""Logging set up once per process, and the metric sinks of the logging rank.
+
+Every rank logs to ``<run>/logs/rank_<k>.log``; rank 0 also to the console, through the
+same rich console as its progress bar. Metrics go to ``metrics.jsonl`` and TensorBoard
+(``<run>/tb``) from rank 0 only, and only at logging steps: nothing here runs per step
+except :meth:`MetricsSink.advance`, which touches the progress bar at most 4 times a second.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+log = logging.getLogger("dtrain")
+
+
+class _ConsoleHandler(logging.Handler):
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+
+
+def setup_logging(run_dir: Path, rank: int, console: Console | None) -> None:
+    log_dir = run_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log.handlers.clear()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    file_handler = logging.FileHandler(log_dir / f"rank_{rank}.log")
+    file_handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(message)s"))
+    log.addHandler(file_handler)
+    if console is not None:
+        handler = _ConsoleHandler(console)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+
+
+class MetricsSink:
+    """metrics.jsonl + TensorBoard + progress, on the logging rank."""
+
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int, mode: str,
+                 tensorboard: bool, console: Console) -> None:
+        self.run_dir = run_dir
+        self.total_steps = total_steps
+        self.jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
+        self.tensorboard = tensorboard
+        self._writer: Any = None
+        self.console = console
+        if mode == "auto":
+            mode = "bar" if console.is_terminal else "lines"
+        self.mode = mode
+        self.progress: Progress | None = None
+        self._task = None
+        self._last_refresh = 0.0
+        self._fields: dict[str, str] = {"loss": "-", "lr": "-", "tps": "-"}
+        if mode == "bar":
+            self.progress = Progress(
+                TextColumn("step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"),
+                TimeRemainingColumn(),
+                console=console,
+                auto_refresh=False,
+            )
+            self.progress.start()
+            self._task = self.progress.add_task("train", total=total_steps, completed=start_step,
+                                                **self._fields)
+
+    @property
+    def writer(self) -> Any:
+        if self._writer is None and self.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter  # imported at first log, not at start
+
+            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+        return self._writer
+
+    def advance(self, step: int) -> None:
+        """Called every step with the number of completed steps; cheap."""
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        if now - self._last_refresh >= 0.25:
+            self.progress.update(self._task, completed=step, **self._fields)
+            self.progress.refresh()
+            self._last_refresh = now
+
+    def log(self, step: int, values: dict[str, float], kind: str = "train") -> None:
+        record = {"step": step, "kind": kind, "time": time.time(), **values}
+        self.jsonl.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for key, value in values.items():
+                self.writer.add_scalar(f"{kind}/{key}", value, step)
+        if kind == "train":
+            self._fields = {
+                "loss": f"{values['loss']:.4f}",
+                "lr": f"{values['lr']:.2e}",
+                "tps": f"{values['tokens_per_s']:,.0f}",
+            }
+            if self.progress is not None:
+                self.progress.update(self._task, completed=step, **self._fields)
+                self.progress.refresh()
+                return
+            log.info(
+                "step %d/%s  loss %.4f  lr %.3e  grad_norm %.3f  %s tok/s  %.1f ms/step",
+                step, self.total_steps, values["loss"], values["lr"],
+                values.get("grad_norm", float("nan")), f"{values['tokens_per_s']:,.0f}",
+                values["step_time_ms"],
+            )
+        else:
+            log.info("step %d  %s", step, "  ".join(f"{k} {v:.4f}" for k, v in values.items()))
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+        if self._writer is not None:
+            self._writer.close()
+        self.jsonl.close()
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    table = Table(title="run summary", show_header=False)
+    for key, value in summary.items():
+        if isinstance(value, float):
+            value = f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
+        table.add_row(key, str(value))
+    return table
+
+
+def make_console(is_logging_rank: bool) -> Console | None:
+    return Console(file=sys.stdout) if is_logging_rank else None

@@ -1,0 +1,55 @@
+"""The worker entry point the elastic agent (local) or srun (SLURM) starts on every rank.
+
+It reads ``config.yaml`` and ``plan.yaml`` from the run directory (the launcher composed
+them once), sets up logging, the process group and mesh, and runs the Trainer.
+``@record`` writes this rank's traceback where the agent finds it, so the launcher can
+show the failing rank's error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from dtrain_cli.config.compose import config_from_yaml
+from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime.distributed import init_distributed, shutdown_distributed
+from dtrain_cli.runtime.metrics import MetricsSink, make_console, setup_logging
+from dtrain_cli.runtime.trainer import Trainer
+
+log = logging.getLogger("dtrain")
+
+
+@record
+def worker_main(run_dir: str) -> dict[str, Any]:
+    started = time.time()
+    path = Path(run_dir)
+    plan = Plan.load(path / "plan.yaml")
+    cfg = config_from_yaml(path / "config.yaml")
+    torch.set_num_threads(plan.threads_per_proc)
+    rank = int(os.environ["RANK"])
+    console = make_console(rank == 0)
+    setup_logging(path, rank, console)
+    ctx = init_distributed(plan)
+    pg_ready = time.time()
+    try:
+        sink = None
+        if ctx.is_logging_rank and console is not None:
+            sink = MetricsSink(path, plan.steps, 0, cfg.logging.progress,
+                               cfg.logging.tensorboard, console)
+        trainer = Trainer(cfg, plan, ctx, path, sink)
+        trainer.times.update(worker_start=started, process_group_ready=pg_ready,
+                             model_ready=time.time())
+        try:
+            return trainer.train()
+        finally:
+            if sink:
+                sink.close()
+    finally:
+        shutdown_distributed()
