@@ -91,13 +91,22 @@ def recipe_description(path: Path) -> str:
 
 
 def expand_shorthands(overrides: Sequence[str]) -> list[str]:
+    """Map shorthands to full keys. Every key exists in the typed schema, so Hydra's
+    ``+key=v``/``++key=v`` (add) mean set, and ``~key`` (delete) means unset (null)."""
+    leaves = {k for k in _all_keys() if "." in k}
     out = []
     for ov in overrides:
-        m = re.match(r"^([+~]{0,2})([A-Za-z_][\w]*)(=.*)?$", ov)
-        if m and m.group(2) in SHORTHANDS:
-            out.append(f"{m.group(1)}{SHORTHANDS[m.group(2)]}{m.group(3) or ''}")
-        else:
+        m = re.match(r"^([+~]{0,2})([A-Za-z_][\w.]*)(=.*)?$", ov)
+        if not m:
             out.append(ov)
+            continue
+        prefix, key, value = m.group(1), SHORTHANDS.get(m.group(2), m.group(2)), m.group(3) or ""
+        if key in leaves and prefix == "~":
+            out.append(f"{key}=null")
+        elif key in leaves and prefix in ("+", "++"):
+            out.append(f"{key}{value}")
+        else:
+            out.append(f"{prefix}{key}{value}")
     return out
 
 
@@ -204,8 +213,12 @@ def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
 
 
 def _explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
-    msg = str(exc).strip()
-    first = msg.splitlines()[0] if msg else type(exc).__name__
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 5:
+        chain.append(str(cause).strip())
+        cause = cause.__cause__ or cause.__context__
+    msg = "\n".join(chain)
+    first = chain[0].splitlines()[0] if chain and chain[0] else type(exc).__name__
     m = re.search(r"Could not override '([^']+)'", msg) or re.search(
         r"Key '([^']+)' not in '?\w*'?", msg
     )
@@ -219,7 +232,8 @@ def _explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
     if m:
         key = re.search(r"full_key: ([\w.]+)", msg)
         where = key.group(1) if key else "a key"
-        return f"{where}: value {m.group(1)!r} is not a valid {m.group(2)}"
+        kind = {"Integer": "integer", "Float": "number", "Boolean": "boolean (true/false)"}
+        return f"{where}: value {m.group(1)!r} is not a valid {kind.get(m.group(2), m.group(2))}"
     m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
     if m:
         group, option = m.group(1).strip("/"), m.group(2)

@@ -10,6 +10,7 @@ dp ranks every ``logging.every`` steps.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -48,9 +49,9 @@ class Batches:
     def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = self.layout.micro_start(step, micro_step)
         idx = self.stream.indices(start, self.layout.micro_batch_size)
-        return self._to_device(self.windows.gather(idx))
+        return self.to_device(self.windows.gather(idx))
 
-    def _to_device(self, array: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def to_device(self, array: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         t = torch.from_numpy(array)
         if self.pin:
             t = t.pin_memory().to(self.device, non_blocking=True)
@@ -98,14 +99,16 @@ class Trainer:
     # -- validation -------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over ``eval_batches`` fixed val batches, split across dp ranks."""
+        """Mean loss over the first ``eval_batches`` global batches of the val split (the
+        same samples whatever the layout), micro-batches dealt round-robin to dp ranks."""
         self.model.eval()
         micro, dp, r = self.plan.batch.micro_batch_size, self.plan.batch.dp, self.ctx.dp_rank
         n = len(self.val_windows)
+        chunks = self.cfg.train.eval_batches * self.plan.batch.global_batch_size // micro
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
-        for b in range(self.cfg.train.eval_batches):
-            idx = (np.arange(micro) + (b * dp + r) * micro) % n
-            x, y = self.train_batches._to_device(self.val_windows.gather(idx))
+        for c in range(r, chunks, dp):
+            idx = (np.arange(micro) + c * micro) % n
+            x, y = self.train_batches.to_device(self.val_windows.gather(idx))
             with self.precision.autocast():
                 loss = lm_loss(self.model(x), y)
             totals += torch.stack([loss.double() * micro, torch.tensor(micro, device=x.device)])
@@ -159,6 +162,16 @@ class Trainer:
         wall = time.perf_counter() - train_start
         return self._summary(last_loss, wall, tokens_per_s)
 
+    def replica_digests(self) -> list[str]:
+        """sha256 of this rank's parameter bytes, gathered over the dp group: DDP replicas
+        must hold bit-identical parameters (the check users run when they doubt the sync)."""
+        h = hashlib.sha256()
+        for p in self.params:
+            h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        out: list[str | None] = [None] * self.plan.batch.dp
+        dist.all_gather_object(out, h.hexdigest(), group=self.ctx.dp_group)
+        return [str(d) for d in out]
+
     def _mark_first_step(self) -> None:
         self.times["first_step_done"] = time.time()
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
@@ -167,6 +180,7 @@ class Trainer:
     def _summary(self, loss: float, wall: float, tokens_per_s: list[float]) -> dict[str, Any]:
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
         startup = {k: round(v - t0, 3) for k, v in self.times.items()}
+        digests = self.replica_digests()
         summary = {
             "recipe": self.plan.recipe,
             "world_size": self.plan.world_size,
@@ -176,6 +190,9 @@ class Trainer:
             "tokens_per_s": float(np.median(tokens_per_s)) if tokens_per_s else float("nan"),
             "train_wall_s": wall,
             "params": self.plan.estimates.num_params,
+            "param_sum": float(sum(p.detach().double().sum() for p in self.params)),
+            "param_sq_sum": float(sum(p.detach().double().square().sum() for p in self.params)),
+            "replicas_identical": len(set(digests)) == 1,
             **{f"startup_{k}_s": v for k, v in startup.items()},
         }
         if self.ctx.is_logging_rank:

@@ -8,6 +8,7 @@ show the failing rank's error.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -19,7 +20,11 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from dtrain_cli.config.compose import config_from_yaml
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.distributed import init_distributed, shutdown_distributed
+from dtrain_cli.runtime.distributed import (
+    init_distributed,
+    mesh_coordinates,
+    shutdown_distributed,
+)
 from dtrain_cli.runtime.metrics import MetricsSink, make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
 
@@ -38,6 +43,7 @@ def worker_main(run_dir: str) -> dict[str, Any]:
     setup_logging(path, rank, console)
     ctx = init_distributed(plan)
     pg_ready = time.time()
+    log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
     try:
         sink = None
         if ctx.is_logging_rank and console is not None:

@@ -1,0 +1,78 @@
+"""Shared helpers. Multi-process launches are expensive (~5 s each on 2 cores): tests that
+only read a run's outputs share one launch through session-scoped fixtures."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DTRAIN = [sys.executable, "-m", "dtrain_cli"]
+
+
+@dataclass
+class Run:
+    args: list[str]
+    returncode: int
+    stdout: str
+    stderr: str
+    run_dir: Path | None
+
+    def metrics(self, kind: str = "train") -> list[dict]:
+        assert self.run_dir is not None
+        lines = (self.run_dir / "metrics.jsonl").read_text().splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+    def summary(self) -> dict:
+        assert self.run_dir is not None
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+
+def run_dtrain(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> Run:
+    full_env = {**os.environ, "DTRAIN_CACHE": str(cache_dir()), **(env or {})}
+    proc = subprocess.run(
+        [*DTRAIN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+    run_dir = None
+    runs = cwd / "runs"
+    if runs.is_dir():
+        dirs = sorted(runs.iterdir(), key=lambda p: p.stat().st_mtime)
+        run_dir = dirs[-1] if dirs else None
+    return Run(args, proc.returncode, proc.stdout, proc.stderr, run_dir)
+
+
+def cache_dir() -> Path:
+    """One corpus cache for the whole session (tokenizing the stdlib once)."""
+    path = Path(os.environ.get("DTRAIN_TEST_CACHE", "/tmp/dtrain-test-cache"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def launch(tmp_path_factory: pytest.TempPathFactory, name: str, *overrides: str) -> Run:
+    cwd = tmp_path_factory.mktemp(name)
+    run = run_dtrain(["launch", *overrides], cwd)
+    assert run.returncode == 0, f"launch failed:\n{run.stdout}\n{run.stderr}"
+    return run
+
+
+# The math: same model, data and global batch (8); dp=1 accumulates 2 micro-batches of 4,
+# dp=2 runs one micro-batch of 4 per rank. Logged every step.
+MATH = ["recipe=gpt_tiny", "train.steps=10", "train.global_batch_size=8",
+        "train.micro_batch_size=4", "logging.every=1", "train.eval_every=5",
+        "logging.tensorboard=true"]
+
+
+@pytest.fixture(scope="session")
+def run_dp1(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return launch(tmp_path_factory, "dp1", *MATH, "dp=1")
+
+
+@pytest.fixture(scope="session")
+def run_dp2(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    return launch(tmp_path_factory, "dp2", *MATH, "dp=2")

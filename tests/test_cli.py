@@ -1,0 +1,173 @@
+"""The CLI: in-process (CliRunner) and as users run it (subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dtrain_cli import __version__
+from dtrain_cli.cli.app import app
+from tests.conftest import DTRAIN, REPO, cache_dir, run_dtrain
+
+runner = CliRunner()
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_recipes_table():
+    result = runner.invoke(app, ["recipes"])
+    assert result.exit_code == 0
+    assert "gpt_tiny" in result.output and "gpt_small" in result.output
+    assert "stdlib" in result.output  # the one-line description
+
+
+def test_plan_prints_the_resolved_plan():
+    result = runner.invoke(app, ["plan", "recipe=gpt_small", "dp=2", "optim.base_lr=3e-4"])
+    assert result.exit_code == 0, result.output
+    for text in ("gpt_small", "2 = 1 node(s) x 2 processes", "dp=2", "0.0003", "micro batch"):
+        assert text in result.output
+
+
+def test_plan_yaml_format():
+    result = runner.invoke(app, ["plan", "recipe=gpt_tiny", "dp=2", "--format", "yaml"])
+    assert result.exit_code == 0
+    assert "world_size: 2" in result.output and "ranks:" in result.output
+
+
+@pytest.mark.parametrize("args", [
+    ["plan", "recipe=nope"],
+    ["plan", "recipe=gpt_tiny", "optim.bogus=1"],
+    ["plan", "recipe=gpt_tiny", "train.steps=0"],
+    ["launch", "recipe=gpt_tiny", "train.global_batch_size=7"],
+    ["launch", "recipe=gpt_tiny", "precision=fp16"],
+])
+def test_bad_input_exit_2_one_line_no_traceback_nothing_written(args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.output.count("error:") >= 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_help_and_plan_do_not_import_torch():
+    code = (
+        "import sys\n"
+        "from dtrain_cli.cli.app import app\n"
+        "for args in (['--help'], ['plan', 'recipe=gpt_small', 'dp=2']):\n"
+        "    try:\n"
+        "        app(args)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), e.code\n"
+        "print('TORCH_LOADED' if 'torch' in sys.modules else 'NO_TORCH')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("NO_TORCH")
+
+
+def test_subprocess_plan_and_bad_override(tmp_path):
+    ok = run_dtrain(["plan", "recipe=gpt_small", "dp=2"], tmp_path)
+    assert ok.returncode == 0 and "10,942,464" in ok.stdout
+    bad = run_dtrain(["plan", "recipe=gpt_small", "dp=2", "train.stepz=3"], tmp_path)
+    assert bad.returncode == 2
+    assert "unknown key 'train.stepz'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.multiproc
+def test_failing_rank_exits_nonzero_and_names_the_error(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (np.arange(20_000, dtype=np.uint16) % 600).tofile(data / "train.bin")
+    (np.arange(2_000, dtype=np.uint16) % 600).tofile(data / "val.bin")
+    run = run_dtrain(["launch", "recipe=gpt_tiny", "dp=2", "data=tokens", f"data.path={data}",
+                      "train.steps=3", "optim.warmup_steps=0"], tmp_path)
+    assert run.returncode != 0
+    assert "rank" in run.stderr and "failed" in run.stderr
+    assert "token id 599 >= model.vocab_size=256" in run.stderr
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.multiproc
+def test_ctrl_c_stops_every_worker(tmp_path):
+    env = {**os.environ, "DTRAIN_CACHE": str(cache_dir())}
+    proc = subprocess.Popen(
+        [*DTRAIN, "launch", "recipe=gpt_tiny", "dp=2", "train.steps=100000", "logging.every=1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        log = None
+        while time.time() < deadline:
+            logs = list(tmp_path.glob("runs/*/logs/rank_1.log"))
+            if logs and "step" in (log := logs[0]).read_text():
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no training step within 120 s")
+        workers = _descendants(proc.pid)
+        assert len(workers) >= 2
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    time.sleep(0.5)
+    assert [p for p in workers if _alive(p)] == []
+    assert log is not None
+
+
+def test_wheel_carries_configs_and_recipes(tmp_path):
+    """Build the wheel, install it alone into a folder, and run `dtrain recipes` from it."""
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+         str(tmp_path / "dist"), str(REPO)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-2000:]
+    wheel = next((tmp_path / "dist").glob("dtrain-*.whl"))
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target),
+                    str(wheel)], check=True, capture_output=True)
+    env = {**os.environ, "PYTHONPATH": str(target), "COLUMNS": "500"}
+    out = subprocess.run([sys.executable, "-m", "dtrain_cli", "recipes"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "gpt_small" in out.stdout and str(target) in out.stdout
+    plan = subprocess.run([sys.executable, "-m", "dtrain_cli", "plan", "recipe=gpt_small",
+                           "--format", "yaml"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True)
+    assert plan.returncode == 0 and "gpt_small" in plan.stdout
+    json.dumps(plan.stdout)

@@ -1,0 +1,155 @@
+"""Composition of every recipe and group option, and every bad input the issue names."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from dtrain_cli.config.compose import (
+    builtin_configs_dir,
+    compose_config,
+    config_from_yaml,
+    config_to_yaml,
+    expand_shorthands,
+    list_recipes,
+    recipe_description,
+)
+from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.plan.build import Resources, build_plan
+
+CPU = Resources(num_gpus=0, num_cpus=2)
+GROUPS = ["model", "data", "optim", "precision", "parallel", "checkpoint", "train", "logging",
+          "launcher"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (builtin_configs_dir() / group).glob("*.yaml"))
+
+
+def test_every_recipe_documents_its_command():
+    recipes = list_recipes()
+    assert {"gpt_tiny", "gpt_small"} <= set(recipes)
+    for name, path in recipes.items():
+        first = path.read_text().splitlines()[0]
+        assert first.startswith(f"# dtrain launch recipe={name}"), path
+        assert recipe_description(path)
+
+
+@pytest.mark.parametrize(("recipe", "group"), list(itertools.product(["gpt_tiny", "gpt_small"], GROUPS)))
+def test_every_group_option_composes(recipe: str, group: str, tmp_path):
+    for option in options(group):
+        extra = [f"data.path={tmp_path}"] if option in ("text", "tokens") else []
+        cfg = compose_config(recipe, [f"{group}={option}", *extra])
+        assert isinstance(cfg, DtrainConfig)
+        assert cfg.run.recipe == recipe
+
+
+def test_recipe_values_and_overrides_apply():
+    cfg = compose_config("gpt_small", ["dp=2", "optim.base_lr=3e-4", "precision=bf16",
+                                       "lr_scaling=sqrt", "+train.grad_accum=2",
+                                       "~train.global_batch_size"])
+    assert cfg.model.n_layer == 6 and cfg.model.n_embd == 384
+    assert cfg.parallel.dp == 2
+    assert cfg.optim.base_lr == 3e-4 and cfg.optim.lr_scaling == "sqrt"
+    assert cfg.precision.name == "bf16"
+    assert cfg.train.grad_accum == 2 and cfg.train.global_batch_size is None
+
+
+def test_shorthands_expand_to_full_keys():
+    assert expand_shorthands(["dp=4", "tp=2", "pp=2", "lr_scaling=linear", "model=gpt_small"]) == [
+        "parallel.dp=4", "parallel.tp=2", "parallel.pp=2", "optim.lr_scaling=linear",
+        "model=gpt_small"]
+
+
+def test_config_yaml_round_trip(tmp_path):
+    cfg = compose_config("gpt_tiny", ["dp=2", "train.steps=7", "optim.warmup_steps=2"])
+    path = tmp_path / "config.yaml"
+    path.write_text(config_to_yaml(cfg))
+    assert config_from_yaml(path) == cfg
+
+
+def test_user_config_dir_adds_recipes_and_options(tmp_path, monkeypatch):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "gpt_wide.yaml").write_text("name: gpt_wide\nn_layer: 2\nn_head: 2\n"
+                                                    "n_embd: 64\nblock_size: 32\n")
+    (tmp_path / "recipes" / "mine.yaml").write_text(
+        "# dtrain launch recipe=mine --config-dir DIR\n# my own recipe\n"
+        "defaults:\n  - base\n  - override model: gpt_wide\n  - _self_\ntrain:\n  steps: 3\n")
+    cfg = compose_config("mine", [], [tmp_path])
+    assert cfg.model.name == "gpt_wide" and cfg.train.steps == 3
+    monkeypatch.setenv("DTRAIN_CONFIG_PATH", str(tmp_path))
+    assert "mine" in list_recipes()
+
+
+def problems(recipe: str, overrides: list[str], resources: Resources = CPU) -> list[str]:
+    with pytest.raises(ConfigError) as info:
+        build_plan(compose_config(recipe, overrides), resources)
+    return info.value.problems
+
+
+BAD = [
+    # (overrides, text every message must contain)
+    (["optim.bogus_lr=1"], ["unknown key 'optim.bogus_lr'", "did you mean 'optim.base_lr'"]),
+    (["optim.lrr=1"], ["unknown key 'optim.lrr'"]),
+    (["train.steps=abc"], ["train.steps", "'abc'", "integer"]),
+    (["parallel.nproc_per_node=3", "dp=2"], ["dp*tp*pp", "3"]),
+    (["train.global_batch_size=10", "dp=4", "train.micro_batch_size=2"],
+     ["train.global_batch_size=10", "multiple of 8"]),
+    (["train.steps=0"], ["train.steps=0", ">= 1"]),
+    (["train.steps=-5"], ["train.steps=-5"]),
+    (["optim.base_lr=0"], ["optim.base_lr=0", "> 0"]),
+    (["optim.base_lr=-1e-3"], ["optim.base_lr"]),
+    (["optim.warmup_steps=500", "train.steps=100"], ["warmup_steps=500", "longer than training"]),
+    (["precision.name=fp8"], ["precision.name=fp8", "fp32, bf16, fp16"]),
+    (["precision=fp16"], ["precision=fp16", "CUDA", "bf16"]),
+    (["optim.lr_scaling=cubic"], ["optim.lr_scaling=cubic", "none, linear, sqrt"]),
+    (["optim.name=lamb"], ["optim.name=lamb", "adamw, sgd"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), BAD, ids=[" ".join(b[0]) for b in BAD])
+def test_bad_input_is_named(overrides, expected):
+    text = "\n".join(problems("gpt_tiny", overrides))
+    for fragment in expected:
+        assert fragment in text, text
+
+
+def test_precision_group_typo_lists_options():
+    with pytest.raises(ConfigError) as info:
+        compose_config("gpt_tiny", ["precision=bf61"])
+    msg = info.value.problems[0]
+    assert "precision=bf61" in msg and "bf16" in msg and "fp32" in msg
+
+
+def test_unknown_key_suggests_the_closest():
+    with pytest.raises(ConfigError) as info:
+        compose_config("gpt_tiny", ["train.stepz=3"])
+    assert "did you mean 'train.steps'" in info.value.problems[0]
+
+
+def test_unknown_recipe_lists_available():
+    with pytest.raises(ConfigError) as info:
+        compose_config("gpt_smal", [])
+    msg = info.value.problems[0]
+    assert "unknown recipe 'gpt_smal'" in msg and "did you mean 'gpt_small'" in msg
+
+
+def test_n_head_and_n_layer_must_divide_tp_and_pp():
+    text = "\n".join(problems("gpt_tiny", ["tp=3", "pp=3", "model.n_head=4", "model.n_layer=4"]))
+    assert "model.n_head=4: not divisible by tp=3" in text
+    assert "model.n_layer=4: not divisible by pp=3" in text
+
+
+def test_all_errors_are_reported_together():
+    found = problems("gpt_tiny", ["train.steps=0", "optim.base_lr=-1", "precision.name=fp8",
+                                  "optim.decay=exp"])
+    assert len(found) >= 4
+    assert all("\n" not in p for p in found)
+
+
+def test_fp16_is_fine_where_cuda_is():
+    plan = build_plan(compose_config("gpt_tiny", ["precision=fp16"]), Resources(8, 64))
+    assert plan.device == "cuda" and plan.backend == "nccl" and plan.precision.loss_scaling

@@ -1,0 +1,74 @@
+"""Real launches through `dtrain launch` (elastic agent, gloo, CPU): the math and the outputs."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+
+from dtrain_cli.plan.plan import Plan
+
+pytestmark = pytest.mark.multiproc
+
+
+def losses(run) -> list[float]:
+    return [r["loss"] for r in run.metrics()]
+
+
+def test_dp2_loss_curve_equals_single_process(run_dp1, run_dp2):
+    one, two = losses(run_dp1), losses(run_dp2)
+    assert len(one) == len(two) == 10
+    for step, (a, b) in enumerate(zip(one, two, strict=True), start=1):
+        assert abs(a - b) <= 1e-5 * abs(a), f"step {step}: dp=1 {a} vs dp=2 {b}"
+    assert one[-1] < one[0]  # it learns
+
+
+def test_dp2_replicas_identical_and_equal_to_single_process(run_dp1, run_dp2):
+    s1, s2 = run_dp1.summary(), run_dp2.summary()
+    assert s2["replicas_identical"] is True
+    assert s2["param_sum"] == pytest.approx(s1["param_sum"], rel=1e-5)
+    assert s2["param_sq_sum"] == pytest.approx(s1["param_sq_sum"], rel=1e-5)
+    assert s2["val_loss"] == pytest.approx(s1["val_loss"], rel=1e-5)
+
+
+def test_run_dir_holds_config_plan_and_logs(run_dp2):
+    d = run_dp2.run_dir
+    cfg = yaml.safe_load((d / "config.yaml").read_text())
+    assert cfg["parallel"]["dp"] == 2 and cfg["train"]["steps"] == 10
+    plan = Plan.load(d / "plan.yaml")
+    assert plan.world_size == 2 and plan.batch.grad_accum == 1
+    for rank in (0, 1):
+        text = (d / "logs" / f"rank_{rank}.log").read_text()
+        coords = json.loads(re.search(r"mesh coordinates (\{.*\})", text).group(1))
+        assert {"rank": rank, **coords} == plan.rank_table()[rank]  # runtime mesh == plan
+    assert "step 10/10" in (d / "logs" / "rank_0.log").read_text()
+
+
+def test_metrics_jsonl_and_tensorboard_agree(run_dp2):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    train, val = run_dp2.metrics("train"), run_dp2.metrics("val")
+    assert [r["step"] for r in train] == list(range(1, 11))
+    assert [r["step"] for r in val] == [5, 10]
+    acc = EventAccumulator(str(run_dp2.run_dir / "tb"))
+    acc.Reload()
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_ms"):
+        events = acc.Scalars(f"train/{key}")
+        assert [e.step for e in events] == list(range(1, 11))
+        for e, r in zip(events, train, strict=True):
+            assert e.value == pytest.approx(r[key], rel=1e-6)
+    assert [e.value for e in acc.Scalars("val/val_loss")] == pytest.approx(
+        [r["val_loss"] for r in val], rel=1e-6)
+
+
+def test_lr_follows_the_plan(run_dp2):
+    plan = Plan.load(run_dp2.run_dir / "plan.yaml")
+    for r in run_dp2.metrics():
+        assert r["lr"] == pytest.approx(plan.lr.lr_at(r["step"] - 1))
+
+
+def test_console_shows_progress_and_summary(run_dp2):
+    assert "step 10/10" in run_dp2.stdout and "run summary" in run_dp2.stdout
+    assert "done:" in run_dp2.stdout
