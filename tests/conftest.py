@@ -63,9 +63,15 @@ def launch(tmp_path_factory: pytest.TempPathFactory, name: str, *overrides: str)
 
 # The math: same model, data and global batch (8); dp=1 accumulates 2 micro-batches of 4,
 # dp=2 runs one micro-batch of 4 per rank. Logged every step.
-MATH = ["recipe=gpt_tiny", "train.steps=10", "train.global_batch_size=8",
-        "train.micro_batch_size=4", "logging.every=1", "train.eval_every=5",
-        "logging.tensorboard=true"]
+MATH = [
+    "recipe=gpt_tiny",
+    "train.steps=10",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+    "logging.every=1",
+    "train.eval_every=5",
+    "logging.tensorboard=true",
+]
 
 
 @pytest.fixture(scope="session")

@@ -46,13 +46,16 @@ def test_plan_yaml_format():
     assert "world_size: 2" in result.output and "ranks:" in result.output
 
 
-@pytest.mark.parametrize("args", [
-    ["plan", "recipe=nope"],
-    ["plan", "recipe=gpt_tiny", "optim.bogus=1"],
-    ["plan", "recipe=gpt_tiny", "train.steps=0"],
-    ["launch", "recipe=gpt_tiny", "train.global_batch_size=7"],
-    ["launch", "recipe=gpt_tiny", "precision=fp16"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "recipe=nope"],
+        ["plan", "recipe=gpt_tiny", "optim.bogus=1"],
+        ["plan", "recipe=gpt_tiny", "train.steps=0"],
+        ["launch", "recipe=gpt_tiny", "train.global_batch_size=7"],
+        ["launch", "recipe=gpt_tiny", "precision=fp16"],
+    ],
+)
 def test_bad_input_exit_2_one_line_no_traceback_nothing_written(args, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = runner.invoke(app, args)
@@ -91,8 +94,18 @@ def test_failing_rank_exits_nonzero_and_names_the_error(tmp_path):
     data.mkdir()
     (np.arange(20_000, dtype=np.uint16) % 600).tofile(data / "train.bin")
     (np.arange(2_000, dtype=np.uint16) % 600).tofile(data / "val.bin")
-    run = run_dtrain(["launch", "recipe=gpt_tiny", "dp=2", "data=tokens", f"data.path={data}",
-                      "train.steps=3", "optim.warmup_steps=0"], tmp_path)
+    run = run_dtrain(
+        [
+            "launch",
+            "recipe=gpt_tiny",
+            "dp=2",
+            "data=tokens",
+            f"data.path={data}",
+            "train.steps=3",
+            "optim.warmup_steps=0",
+        ],
+        tmp_path,
+    )
     assert run.returncode != 0
     assert "rank" in run.stderr and "failed" in run.stderr
     assert "token id 599 >= model.vocab_size=256" in run.stderr
@@ -127,7 +140,12 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     env = {**os.environ, "DTRAIN_CACHE": str(cache_dir())}
     proc = subprocess.Popen(
         [*DTRAIN, "launch", "recipe=gpt_tiny", "dp=2", "train.steps=100000", "logging.every=1"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         log = None
@@ -154,20 +172,44 @@ def test_ctrl_c_stops_every_worker(tmp_path):
 def test_wheel_carries_configs_and_recipes(tmp_path):
     """Build the wheel, install it alone into a folder, and run `dtrain recipes` from it."""
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
-         str(tmp_path / "dist"), str(REPO)], capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(REPO),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, build.stderr[-2000:]
     wheel = next((tmp_path / "dist").glob("dtrain-*.whl"))
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target),
-                    str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
     env = {**os.environ, "PYTHONPATH": str(target), "COLUMNS": "500"}
-    out = subprocess.run([sys.executable, "-m", "dtrain_cli", "recipes"], cwd=tmp_path, env=env,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "dtrain_cli", "recipes"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     assert "gpt_small" in out.stdout and str(target) in out.stdout
-    plan = subprocess.run([sys.executable, "-m", "dtrain_cli", "plan", "recipe=gpt_small",
-                           "--format", "yaml"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True)
+    plan = subprocess.run(
+        [sys.executable, "-m", "dtrain_cli", "plan", "recipe=gpt_small", "--format", "yaml"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert plan.returncode == 0 and "gpt_small" in plan.stdout
     json.dumps(plan.stdout)

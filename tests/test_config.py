@@ -20,8 +20,17 @@ from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.build import Resources, build_plan
 
 CPU = Resources(num_gpus=0, num_cpus=2)
-GROUPS = ["model", "data", "optim", "precision", "parallel", "checkpoint", "train", "logging",
-          "launcher"]
+GROUPS = [
+    "model",
+    "data",
+    "optim",
+    "precision",
+    "parallel",
+    "checkpoint",
+    "train",
+    "logging",
+    "launcher",
+]
 
 
 def options(group: str) -> list[str]:
@@ -37,7 +46,9 @@ def test_every_recipe_documents_its_command():
         assert recipe_description(path)
 
 
-@pytest.mark.parametrize(("recipe", "group"), list(itertools.product(["gpt_tiny", "gpt_small"], GROUPS)))
+@pytest.mark.parametrize(
+    ("recipe", "group"), list(itertools.product(["gpt_tiny", "gpt_small"], GROUPS))
+)
 def test_every_group_option_composes(recipe: str, group: str, tmp_path):
     for option in options(group):
         extra = [f"data.path={tmp_path}"] if option in ("text", "tokens") else []
@@ -47,9 +58,17 @@ def test_every_group_option_composes(recipe: str, group: str, tmp_path):
 
 
 def test_recipe_values_and_overrides_apply():
-    cfg = compose_config("gpt_small", ["dp=2", "optim.base_lr=3e-4", "precision=bf16",
-                                       "lr_scaling=sqrt", "+train.grad_accum=2",
-                                       "~train.global_batch_size"])
+    cfg = compose_config(
+        "gpt_small",
+        [
+            "dp=2",
+            "optim.base_lr=3e-4",
+            "precision=bf16",
+            "lr_scaling=sqrt",
+            "+train.grad_accum=2",
+            "~train.global_batch_size",
+        ],
+    )
     assert cfg.model.n_layer == 6 and cfg.model.n_embd == 384
     assert cfg.parallel.dp == 2
     assert cfg.optim.base_lr == 3e-4 and cfg.optim.lr_scaling == "sqrt"
@@ -59,8 +78,12 @@ def test_recipe_values_and_overrides_apply():
 
 def test_shorthands_expand_to_full_keys():
     assert expand_shorthands(["dp=4", "tp=2", "pp=2", "lr_scaling=linear", "model=gpt_small"]) == [
-        "parallel.dp=4", "parallel.tp=2", "parallel.pp=2", "optim.lr_scaling=linear",
-        "model=gpt_small"]
+        "parallel.dp=4",
+        "parallel.tp=2",
+        "parallel.pp=2",
+        "optim.lr_scaling=linear",
+        "model=gpt_small",
+    ]
 
 
 def test_config_yaml_round_trip(tmp_path):
@@ -73,11 +96,13 @@ def test_config_yaml_round_trip(tmp_path):
 def test_user_config_dir_adds_recipes_and_options(tmp_path, monkeypatch):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "model").mkdir()
-    (tmp_path / "model" / "gpt_wide.yaml").write_text("name: gpt_wide\nn_layer: 2\nn_head: 2\n"
-                                                    "n_embd: 64\nblock_size: 32\n")
+    (tmp_path / "model" / "gpt_wide.yaml").write_text(
+        "name: gpt_wide\nn_layer: 2\nn_head: 2\nn_embd: 64\nblock_size: 32\n"
+    )
     (tmp_path / "recipes" / "mine.yaml").write_text(
         "# dtrain launch recipe=mine --config-dir DIR\n# my own recipe\n"
-        "defaults:\n  - base\n  - override model: gpt_wide\n  - _self_\ntrain:\n  steps: 3\n")
+        "defaults:\n  - base\n  - override model: gpt_wide\n  - _self_\ntrain:\n  steps: 3\n"
+    )
     cfg = compose_config("mine", [], [tmp_path])
     assert cfg.model.name == "gpt_wide" and cfg.train.steps == 3
     monkeypatch.setenv("DTRAIN_CONFIG_PATH", str(tmp_path))
@@ -96,8 +121,10 @@ BAD = [
     (["optim.lrr=1"], ["unknown key 'optim.lrr'"]),
     (["train.steps=abc"], ["train.steps", "'abc'", "integer"]),
     (["parallel.nproc_per_node=3", "dp=2"], ["dp*tp*pp", "3"]),
-    (["train.global_batch_size=10", "dp=4", "train.micro_batch_size=2"],
-     ["train.global_batch_size=10", "multiple of 8"]),
+    (
+        ["train.global_batch_size=10", "dp=4", "train.micro_batch_size=2"],
+        ["train.global_batch_size=10", "multiple of 8"],
+    ),
     (["train.steps=0"], ["train.steps=0", ">= 1"]),
     (["train.steps=-5"], ["train.steps=-5"]),
     (["optim.base_lr=0"], ["optim.base_lr=0", "> 0"]),
@@ -144,8 +171,9 @@ def test_n_head_and_n_layer_must_divide_tp_and_pp():
 
 
 def test_all_errors_are_reported_together():
-    found = problems("gpt_tiny", ["train.steps=0", "optim.base_lr=-1", "precision.name=fp8",
-                                  "optim.decay=exp"])
+    found = problems(
+        "gpt_tiny", ["train.steps=0", "optim.base_lr=-1", "precision.name=fp8", "optim.decay=exp"]
+    )
     assert len(found) >= 4
     assert all("\n" not in p for p in found)
 

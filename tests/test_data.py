@@ -25,8 +25,9 @@ def rank_positions(step: int, micro: int, accum: int, dp: int) -> list[int]:
     return out
 
 
-@pytest.mark.parametrize(("micro", "accum", "dp"), [(8, 1, 1), (4, 2, 1), (4, 1, 2), (2, 2, 2),
-                                                    (1, 1, 8)])
+@pytest.mark.parametrize(
+    ("micro", "accum", "dp"), [(8, 1, 1), (4, 2, 1), (4, 1, 2), (2, 2, 2), (1, 1, 8)]
+)
 def test_union_over_ranks_is_the_single_process_stream(micro, accum, dp):
     global_batch = micro * accum * dp
     for step in range(5):
@@ -78,7 +79,7 @@ def test_pretokenized_bin_folder(tmp_path):
     cfg = DataConfig(source="tokens", path=str(tmp_path))
     splits = open_splits(cfg, ModelConfig(block_size=32, vocab_size=1000), seed=0)
     assert len(splits["train"]) == (5000 - 1) // 32
-    with pytest.raises(ValueError, match="token id 999 >= model.vocab_size=256"):
+    with pytest.raises(ValueError, match=r"token id 999 >= model\.vocab_size=256"):
         open_splits(cfg, ModelConfig(block_size=32, vocab_size=256), seed=0)
 
 

@@ -60,7 +60,8 @@ def test_metrics_jsonl_and_tensorboard_agree(run_dp2):
         for e, r in zip(events, train, strict=True):
             assert e.value == pytest.approx(r[key], rel=1e-6)
     assert [e.value for e in acc.Scalars("val/val_loss")] == pytest.approx(
-        [r["val_loss"] for r in val], rel=1e-6)
+        [r["val_loss"] for r in val], rel=1e-6
+    )
 
 
 def test_lr_follows_the_plan(run_dp2):

@@ -17,32 +17,50 @@ def plan_for(*overrides: str, resources: Resources = CPU) -> Plan:
     return build_plan(compose_config("gpt_tiny", list(overrides)), resources)
 
 
-@pytest.mark.parametrize(("dp", "micro", "global_batch", "accum"),
-                         [(1, 8, 16, 2), (2, 8, 16, 1), (2, 2, 16, 4), (4, 1, 32, 8)])
+@pytest.mark.parametrize(
+    ("dp", "micro", "global_batch", "accum"),
+    [(1, 8, 16, 2), (2, 8, 16, 1), (2, 2, 16, 4), (4, 1, 32, 8)],
+)
 def test_global_batch_sets_accumulation(dp, micro, global_batch, accum):
-    p = plan_for(f"dp={dp}", f"train.micro_batch_size={micro}",
-                 f"train.global_batch_size={global_batch}")
+    p = plan_for(
+        f"dp={dp}", f"train.micro_batch_size={micro}", f"train.global_batch_size={global_batch}"
+    )
     assert p.batch.grad_accum == accum
     assert p.batch.micro_batch_size * p.batch.grad_accum * p.batch.dp == global_batch
     assert p.batch.tokens_per_step == global_batch * 128
 
 
 def test_grad_accum_sets_global_batch():
-    p = plan_for("dp=2", "train.micro_batch_size=4", "~train.global_batch_size",
-                 "train.grad_accum=3")
+    p = plan_for(
+        "dp=2", "train.micro_batch_size=4", "~train.global_batch_size", "train.grad_accum=3"
+    )
     assert p.batch.global_batch_size == 24 and p.batch.grad_accum == 3
 
 
 @pytest.mark.parametrize(("rule", "factor"), [("none", 1.0), ("linear", 4.0), ("sqrt", 2.0)])
 def test_lr_scaling_rules(rule, factor):
-    p = plan_for("dp=4", "train.micro_batch_size=16", "train.global_batch_size=64",
-                 "optim.base_batch_size=16", "optim.base_lr=1e-3", f"lr_scaling={rule}")
+    p = plan_for(
+        "dp=4",
+        "train.micro_batch_size=16",
+        "train.global_batch_size=64",
+        "optim.base_batch_size=16",
+        "optim.base_lr=1e-3",
+        f"lr_scaling={rule}",
+    )
     assert p.lr.peak_lr == pytest.approx(1e-3 * factor)
 
 
 def test_warmup_then_cosine_to_min_lr():
-    lr = LRPlan(base_lr=1.0, base_batch_size=1, scaling="none", peak_lr=1.0, warmup_steps=10,
-                decay="cosine", min_lr=0.1, steps=110)
+    lr = LRPlan(
+        base_lr=1.0,
+        base_batch_size=1,
+        scaling="none",
+        peak_lr=1.0,
+        warmup_steps=10,
+        decay="cosine",
+        min_lr=0.1,
+        steps=110,
+    )
     assert lr.lr_at(0) == pytest.approx(0.1)
     assert lr.lr_at(4) == pytest.approx(0.5)
     assert lr.lr_at(9) == pytest.approx(1.0)
@@ -53,8 +71,15 @@ def test_warmup_then_cosine_to_min_lr():
 
 
 def test_linear_and_constant_decay():
-    kw = dict(base_lr=1.0, base_batch_size=1, scaling="none", peak_lr=2.0, warmup_steps=0,
-              min_lr=0.0, steps=100)
+    kw = dict(
+        base_lr=1.0,
+        base_batch_size=1,
+        scaling="none",
+        peak_lr=2.0,
+        warmup_steps=0,
+        min_lr=0.0,
+        steps=100,
+    )
     assert LRPlan(decay="linear", **kw).lr_at(50) == pytest.approx(1.0)
     assert LRPlan(decay="constant", **kw).lr_at(99) == pytest.approx(2.0)
 
@@ -62,8 +87,10 @@ def test_linear_and_constant_decay():
 def test_mesh_coordinates_tp_innermost():
     p = plan_for("dp=2")
     assert p.mesh.dim_names == ["pp", "dp", "tp"] and p.mesh.shape == [1, 2, 1]
-    assert p.rank_table() == [{"rank": 0, "pp": 0, "dp": 0, "tp": 0},
-                              {"rank": 1, "pp": 0, "dp": 1, "tp": 0}]
+    assert p.rank_table() == [
+        {"rank": 0, "pp": 0, "dp": 0, "tp": 0},
+        {"rank": 1, "pp": 0, "dp": 1, "tp": 0},
+    ]
     from dtrain_cli.plan.plan import MeshPlan
 
     m = MeshPlan(dim_names=["pp", "dp", "tp"], shape=[2, 2, 2])
@@ -74,7 +101,12 @@ def test_mesh_coordinates_tp_innermost():
 def test_world_size_and_device():
     p = plan_for("dp=2")
     assert (p.world_size, p.nproc_per_node, p.device, p.backend) == (2, 2, "cpu", "gloo")
-    g = plan_for("dp=4", "precision=bf16", "train.global_batch_size=32", resources=Resources(num_gpus=8, num_cpus=32))
+    g = plan_for(
+        "dp=4",
+        "precision=bf16",
+        "train.global_batch_size=32",
+        resources=Resources(num_gpus=8, num_cpus=32),
+    )
     assert (g.device, g.backend, g.precision.autocast_dtype) == ("cuda", "nccl", "bfloat16")
     assert g.threads_per_proc == 8
 

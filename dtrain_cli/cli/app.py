@@ -1,8 +1,8 @@
 """The ``dtrain`` command. Imports no torch: ``dtrain --help`` and ``dtrain plan`` stay fast.
 
-    dtrain recipes
-    dtrain plan   recipe=gpt_small dp=2
-    dtrain launch recipe=gpt_small dp=2
+dtrain recipes
+dtrain plan   recipe=gpt_small dp=2
+dtrain launch recipe=gpt_small dp=2
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ OVERRIDE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 app = typer.Typer(
     name="dtrain",
-    help="Declarative distributed PyTorch training: a YAML recipe in, a correct, resumable run out.",
+    help="Declarative distributed PyTorch training: a YAML recipe in, a resumable run out.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",

@@ -29,7 +29,7 @@ def fail(problems: Sequence[str], code: int = EXIT_CONFIG) -> NoReturn:
     raise typer.Exit(code)
 
 
-def compose_and_plan(overrides: Sequence[str], config_dirs: Sequence[Path]):  # noqa: ANN201
+def compose_and_plan(overrides: Sequence[str], config_dirs: Sequence[Path]):
     """recipe=... + overrides -> (typed config, plan). ConfigError -> exit 2."""
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.plan.build import build_plan

@@ -33,7 +33,7 @@ def launch(
         fail([f"run.root={cfg.run.root}: cannot create the run directory ({exc.strerror or exc})"])
     console.print(
         f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) "
-        f"({' x '.join(f'{n}={s}' for n, s in zip(plan.mesh.dim_names, plan.mesh.shape))}) "
+        f"({plan.mesh.label()}) "
         f"on {plan.device}/{plan.backend} -> {run_dir}",
         highlight=False,
     )

@@ -12,8 +12,12 @@ from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, compose_and_p
 def plan(
     overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
-    fmt: str = typer.Option("table", "--format", "-f", help="table | yaml (the plan.yaml a launch writes)"),
-    show_config: bool = typer.Option(False, "--show-config", help="Also print the resolved config."),
+    fmt: str = typer.Option(
+        "table", "--format", "-f", help="table | yaml (the plan.yaml a launch writes)"
+    ),
+    show_config: bool = typer.Option(
+        False, "--show-config", help="Also print the resolved config."
+    ),
 ) -> None:
     """Compose the config and print the plan: layout, batch, LR, checkpoints, estimates."""
     cfg, the_plan = compose_and_plan(overrides or [], config_dir)

@@ -36,7 +36,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     source: str = "builtin"
-    """builtin (Python's own stdlib sources, byte-level) | text (file or folder) | tokens (.bin) | synthetic."""
+    """builtin (stdlib sources, byte-level) | text (file or folder) | tokens (.bin) | synthetic."""
     path: str | None = None
     """File or folder for source=text / source=tokens."""
     val_fraction: float = 0.1
@@ -127,7 +127,7 @@ class LoggingConfig:
 @dataclass
 class LauncherConfig:
     start_method: str = "fork"
-    """How the elastic agent starts workers: fork (inherits imports: fastest start) | spawn | forkserver."""
+    """How the elastic agent starts workers: fork (inherits imports) | spawn | forkserver."""
     max_restarts: int = 0
     rdzv_endpoint: str = "localhost:0"
     """host:port of the c10d rendezvous store; port 0 picks a free one (single node)."""

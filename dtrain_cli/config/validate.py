@@ -99,9 +99,7 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             f"(train.steps={cfg.train.steps}); use at most {cfg.train.steps}"
         )
     if cfg.optim.min_lr > cfg.optim.base_lr:
-        problems.append(
-            f"optim.min_lr={cfg.optim.min_lr}: above optim.base_lr={cfg.optim.base_lr}"
-        )
+        problems.append(f"optim.min_lr={cfg.optim.min_lr}: above optim.base_lr={cfg.optim.base_lr}")
     if cfg.model.n_embd % max(cfg.model.n_head, 1):
         problems.append(
             f"model.n_embd={cfg.model.n_embd}: not divisible by model.n_head={cfg.model.n_head}"

@@ -26,9 +26,8 @@ class LaunchResult:
 
 
 def launch_local(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> LaunchResult:
-    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from dtrain_cli.runtime.data import prepare_corpus
@@ -60,9 +59,14 @@ def launch_local(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> LaunchResult:
         if failure.error_file_data:
             trace = failure.error_file_data.get("message", {})
             if isinstance(trace, dict):
-                detail = f"{trace.get('message', '')}\n{trace.get('extraInfo', {}).get('py_callstack', '')}"
+                stack = trace.get("extraInfo", {}).get("py_callstack", "")
+                detail = f"{trace.get('message', '')}\n{stack}"
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        return LaunchResult(False, code, f"rank {rank} failed (exit code {failure.exitcode}): {detail.strip()}")
+        return LaunchResult(
+            False, code, f"rank {rank} failed (exit code {failure.exitcode}): {detail.strip()}"
+        )
     except SignalException as exc:
-        return LaunchResult(False, 128 + int(exc.sigval), f"stopped by {exc.sigval.name}; workers terminated")
+        return LaunchResult(
+            False, 128 + int(exc.sigval), f"stopped by {exc.sigval.name}; workers terminated"
+        )
     return LaunchResult(True, 0)

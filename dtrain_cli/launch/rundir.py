@@ -1,8 +1,8 @@
 """The run directory: ``runs/<recipe>-<timestamp>/`` with the resolved config and plan.
 
-    runs/gpt_small-20261129-101500/
-      config.yaml  plan.yaml  metrics.jsonl  summary.json
-      logs/rank_<k>.log  tb/  checkpoints/
+runs/gpt_small-20261129-101500/
+  config.yaml  plan.yaml  metrics.jsonl  summary.json
+  logs/rank_<k>.log  tb/  checkpoints/
 """
 
 from __future__ import annotations

@@ -103,9 +103,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
             "run is on cpu; use precision=bf16 or precision=fp32"
         )
     if par.tp > 1:
-        problems.append(
-            f"parallel.tp={par.tp}: tensor parallelism is not available yet; use tp=1"
-        )
+        problems.append(f"parallel.tp={par.tp}: tensor parallelism is not available yet; use tp=1")
     if par.pp > 1:
         problems.append(
             f"parallel.pp={par.pp}: pipeline parallelism is not available yet; use pp=1"

@@ -29,6 +29,9 @@ class MeshPlan:
     def size(self) -> int:
         return math.prod(self.shape)
 
+    def label(self) -> str:
+        return " x ".join(f"{n}={s}" for n, s in zip(self.dim_names, self.shape, strict=True))
+
     def coords(self, rank: int) -> dict[str, int]:
         """Row-major rank -> coordinates, the layout ``init_device_mesh`` builds."""
         out: dict[str, int] = {}

@@ -29,44 +29,68 @@ def _kv(title: str, rows: list[tuple[str, object]]) -> Table:
 
 def render_plan(plan: Plan) -> Group:
     b, lr, e, ck = plan.batch, plan.lr, plan.estimates, plan.checkpoint
-    mesh = " x ".join(f"{n}={s}" for n, s in zip(plan.mesh.dim_names, plan.mesh.shape))
-    layout = _kv("layout", [
-        ("recipe / model", f"{plan.recipe} / {plan.model} ({e.num_params:,} parameters)"),
-        ("world size", f"{plan.world_size} = {plan.nnodes} node(s) x {plan.nproc_per_node} processes"),
-        ("mesh", mesh),
-        ("strategy", plan.strategy),
-        ("device / backend", f"{plan.device} / {plan.backend}"),
-        ("threads per process", plan.threads_per_proc),
-        ("start method / restarts", f"{plan.start_method} / {plan.max_restarts}"),
-    ])
-    batch = _kv("batch", [
-        ("micro batch x accum x dp", f"{b.micro_batch_size} x {b.grad_accum} x {b.dp}"),
-        ("global batch", f"{b.global_batch_size} sequences of {b.seq_len} tokens"),
-        ("tokens per step", f"{b.tokens_per_step:,}"),
-        ("steps / tokens in all", f"{plan.steps:,} / {plan.steps * b.tokens_per_step:,}"),
-    ])
-    sched = _kv("learning rate", [
-        ("base lr @ base batch", f"{lr.base_lr:g} @ {lr.base_batch_size}"),
-        ("scaling -> peak lr", f"{lr.scaling} -> {lr.peak_lr:.4g}"),
-        ("warmup", f"{lr.warmup_steps} steps"),
-        ("decay", f"{lr.decay} to {lr.min_lr:g} over {max(0, lr.steps - lr.warmup_steps)} steps"),
-        ("precision", f"{plan.precision.name} (autocast {plan.precision.autocast_dtype or 'off'}, "
-                      f"loss scaling {'on' if plan.precision.loss_scaling else 'off'})"),
-    ])
+    mesh = plan.mesh.label()
+    layout = _kv(
+        "layout",
+        [
+            ("recipe / model", f"{plan.recipe} / {plan.model} ({e.num_params:,} parameters)"),
+            (
+                "world size",
+                f"{plan.world_size} = {plan.nnodes} node(s) x {plan.nproc_per_node} processes",
+            ),
+            ("mesh", mesh),
+            ("strategy", plan.strategy),
+            ("device / backend", f"{plan.device} / {plan.backend}"),
+            ("threads per process", plan.threads_per_proc),
+            ("start method / restarts", f"{plan.start_method} / {plan.max_restarts}"),
+        ],
+    )
+    batch = _kv(
+        "batch",
+        [
+            ("micro batch x accum x dp", f"{b.micro_batch_size} x {b.grad_accum} x {b.dp}"),
+            ("global batch", f"{b.global_batch_size} sequences of {b.seq_len} tokens"),
+            ("tokens per step", f"{b.tokens_per_step:,}"),
+            ("steps / tokens in all", f"{plan.steps:,} / {plan.steps * b.tokens_per_step:,}"),
+        ],
+    )
+    sched = _kv(
+        "learning rate",
+        [
+            ("base lr @ base batch", f"{lr.base_lr:g} @ {lr.base_batch_size}"),
+            ("scaling -> peak lr", f"{lr.scaling} -> {lr.peak_lr:.4g}"),
+            ("warmup", f"{lr.warmup_steps} steps"),
+            (
+                "decay",
+                f"{lr.decay} to {lr.min_lr:g} over {max(0, lr.steps - lr.warmup_steps)} steps",
+            ),
+            (
+                "precision",
+                f"{plan.precision.name} (autocast {plan.precision.autocast_dtype or 'off'}, "
+                f"loss scaling {'on' if plan.precision.loss_scaling else 'off'})",
+            ),
+        ],
+    )
     saves = ", ".join(map(str, ck.steps[:8])) + (" ..." if len(ck.steps) > 8 else "")
-    ckpt = _kv("checkpoints", [
-        ("every", f"{ck.every_steps or '-'} steps, {ck.every_minutes or '-'} minutes"),
-        ("keep last / async", f"{ck.keep_last} / {ck.async_save}"),
-        ("saves at steps", saves or "none"),
-    ])
-    mem = _kv("estimates per rank", [
-        ("parameters", f"{e.params_per_rank:,} ({_bytes(e.bytes_params)})"),
-        ("gradients", _bytes(e.bytes_grads)),
-        ("optimizer state", _bytes(e.bytes_optimizer)),
-        ("activations (per micro batch)", _bytes(e.bytes_activations)),
-        ("total", _bytes(e.bytes_total)),
-        ("FLOPs per token (fwd+bwd)", f"{e.flops_per_token:,}"),
-    ])
+    ckpt = _kv(
+        "checkpoints",
+        [
+            ("every", f"{ck.every_steps or '-'} steps, {ck.every_minutes or '-'} minutes"),
+            ("keep last / async", f"{ck.keep_last} / {ck.async_save}"),
+            ("saves at steps", saves or "none"),
+        ],
+    )
+    mem = _kv(
+        "estimates per rank",
+        [
+            ("parameters", f"{e.params_per_rank:,} ({_bytes(e.bytes_params)})"),
+            ("gradients", _bytes(e.bytes_grads)),
+            ("optimizer state", _bytes(e.bytes_optimizer)),
+            ("activations (per micro batch)", _bytes(e.bytes_activations)),
+            ("total", _bytes(e.bytes_total)),
+            ("FLOPs per token (fwd+bwd)", f"{e.flops_per_token:,}"),
+        ],
+    )
     ranks = Table(title="rank -> mesh coordinates", title_justify="left")
     ranks.add_column("rank")
     for name in plan.mesh.dim_names:

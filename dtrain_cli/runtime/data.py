@@ -201,7 +201,9 @@ def open_splits(data: DataConfig, model: ModelConfig, seed: int) -> dict[str, To
 
 
 def corpus_summary(windows: dict[str, TokenWindows]) -> str:
-    return ", ".join(f"{k}: {len(v.tokens):,} tokens ({len(v):,} windows)" for k, v in windows.items())
+    return ", ".join(
+        f"{k}: {len(v.tokens):,} tokens ({len(v):,} windows)" for k, v in windows.items()
+    )
 
 
 if __name__ == "__main__":  # python -m dtrain_cli.runtime.data : prepare the built-in corpus

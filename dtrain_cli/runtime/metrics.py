@@ -49,8 +49,15 @@ def setup_logging(run_dir: Path, rank: int, console: Console | None) -> None:
 class MetricsSink:
     """metrics.jsonl + TensorBoard + progress, on the logging rank."""
 
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int, mode: str,
-                 tensorboard: bool, console: Console) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        total_steps: int,
+        start_step: int,
+        mode: str,
+        tensorboard: bool,
+        console: Console,
+    ) -> None:
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
@@ -68,14 +75,17 @@ class MetricsSink:
             self.progress = Progress(
                 TextColumn("step {task.completed}/{task.total}"),
                 BarColumn(),
-                TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"),
+                TextColumn(
+                    "loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"
+                ),
                 TimeRemainingColumn(),
                 console=console,
                 auto_refresh=False,
             )
             self.progress.start()
-            self._task = self.progress.add_task("train", total=total_steps, completed=start_step,
-                                                **self._fields)
+            self._task = self.progress.add_task(
+                "train", total=total_steps, completed=start_step, **self._fields
+            )
 
     @property
     def writer(self) -> Any:
@@ -113,8 +123,12 @@ class MetricsSink:
                 return
             log.info(
                 "step %d/%s  loss %.4f  lr %.3e  grad_norm %.3f  %s tok/s  %.1f ms/step",
-                step, self.total_steps, values["loss"], values["lr"],
-                values.get("grad_norm", float("nan")), f"{values['tokens_per_s']:,.0f}",
+                step,
+                self.total_steps,
+                values["loss"],
+                values["lr"],
+                values.get("grad_norm", float("nan")),
+                f"{values['tokens_per_s']:,.0f}",
                 values["step_time_ms"],
             )
         else:

@@ -38,8 +38,9 @@ log = logging.getLogger("dtrain")
 class Batches:
     """This rank's micro-batches of the global sample stream (see :mod:`.data`)."""
 
-    def __init__(self, windows: TokenWindows, layout: BatchLayout, seed: int,
-                 device: torch.device) -> None:
+    def __init__(
+        self, windows: TokenWindows, layout: BatchLayout, seed: int, device: torch.device
+    ) -> None:
         self.windows = windows
         self.layout = layout
         self.stream = SampleStream(len(windows), seed)
@@ -59,14 +60,21 @@ class Batches:
 
 
 class Trainer:
-    def __init__(self, cfg: DtrainConfig, plan: Plan, ctx: DistContext, run_dir: Path,
-                 sink: MetricsSink | None) -> None:
+    def __init__(
+        self,
+        cfg: DtrainConfig,
+        plan: Plan,
+        ctx: DistContext,
+        run_dir: Path,
+        sink: MetricsSink | None,
+    ) -> None:
         self.cfg, self.plan, self.ctx, self.run_dir, self.sink = cfg, plan, ctx, run_dir, sink
         self.times: dict[str, float] = {}
         torch.manual_seed(cfg.train.seed + ctx.rank)  # dropout differs per rank, init does not
         splits = open_splits(cfg.data, cfg.model, cfg.train.seed)
-        layout = BatchLayout(plan.batch.micro_batch_size, plan.batch.grad_accum,
-                             plan.batch.dp, ctx.dp_rank)
+        layout = BatchLayout(
+            plan.batch.micro_batch_size, plan.batch.grad_accum, plan.batch.dp, ctx.dp_rank
+        )
         self.train_batches = Batches(splits["train"], layout, cfg.train.seed, ctx.device)
         self.val_windows = splits["val"]
         model = build_model(cfg.model, cfg.train.seed, ctx.device)
@@ -143,13 +151,16 @@ class Trainer:
                 if self.step > window_steps:  # the first window includes warm-up costs
                     tokens_per_s.append(tps)
                 if self.sink:
-                    self.sink.log(self.step, {
-                        "loss": last_loss,
-                        "lr": self.plan.lr.lr_at(self.step - 1),
-                        "grad_norm": float(norm) if norm is not None else float("nan"),
-                        "tokens_per_s": tps,
-                        "step_time_ms": 1000 * elapsed / window_steps,
-                    })
+                    self.sink.log(
+                        self.step,
+                        {
+                            "loss": last_loss,
+                            "lr": self.plan.lr.lr_at(self.step - 1),
+                            "grad_norm": float(norm) if norm is not None else float("nan"),
+                            "tokens_per_s": tps,
+                            "step_time_ms": 1000 * elapsed / window_steps,
+                        },
+                    )
                 window_loss.zero_()
                 window_steps, window_start = 0, time.perf_counter()
             if (eval_every and self.step % eval_every == 0) or self.step == plan.steps:

@@ -47,11 +47,13 @@ def worker_main(run_dir: str) -> dict[str, Any]:
     try:
         sink = None
         if ctx.is_logging_rank and console is not None:
-            sink = MetricsSink(path, plan.steps, 0, cfg.logging.progress,
-                               cfg.logging.tensorboard, console)
+            sink = MetricsSink(
+                path, plan.steps, 0, cfg.logging.progress, cfg.logging.tensorboard, console
+            )
         trainer = Trainer(cfg, plan, ctx, path, sink)
-        trainer.times.update(worker_start=started, process_group_ready=pg_ready,
-                             model_ready=time.time())
+        trainer.times.update(
+            worker_start=started, process_group_ready=pg_ready, model_ready=time.time()
+        )
         try:
             return trainer.train()
         finally:

@@ -1,0 +1,41 @@
+# dtrain developer commands. Each target installs what it needs into .venv by itself.
+# The CPU torch wheel is pinned here for dev/CI; pyproject keeps a range for GPU users.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_PIN ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help install run test lint format bench clean
+
+help:  ## Show the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q $(TORCH_PIN)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)  ## Create .venv and install dtrain (editable) with the CPU torch wheel
+
+run: $(STAMP)  ## Train the built-in default: gpt_small, 2 processes, on Python's stdlib sources
+	$(VENV)/bin/dtrain launch recipe=gpt_small dp=2
+
+test: $(STAMP)  ## Run the whole test suite (CPU, gloo)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)  ## ruff format check + lint
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+format: $(STAMP)  ## Apply ruff formatting and autofixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)  ## Run the benchmarks; results go to bench/RESULTS.md
+	$(PY) bench/run.py
+
+clean:  ## Remove .venv, runs and caches
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache dist build
