@@ -10,9 +10,12 @@ from __future__ import annotations
 import typer
 
 from dtrain_cli import __version__
+from dtrain_cli.cli.checkpoints_cmd import checkpoints
+from dtrain_cli.cli.export_cmd import export
 from dtrain_cli.cli.launch_cmd import launch
 from dtrain_cli.cli.plan_cmd import plan
 from dtrain_cli.cli.recipes_cmd import recipes
+from dtrain_cli.cli.resume_cmd import resume
 
 OVERRIDE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -25,7 +28,10 @@ app = typer.Typer(
 )
 app.command(context_settings=OVERRIDE_SETTINGS)(launch)
 app.command(context_settings=OVERRIDE_SETTINGS)(plan)
+app.command(context_settings=OVERRIDE_SETTINGS)(resume)
 app.command()(recipes)
+app.command()(checkpoints)
+app.command()(export)
 
 
 def _version(value: bool) -> None:

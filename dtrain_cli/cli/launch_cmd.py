@@ -16,6 +16,8 @@ from dtrain_cli.cli.common import (
     err_console,
     fail,
 )
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.plan.plan import Plan
 
 
 def launch(
@@ -31,9 +33,13 @@ def launch(
         run_dir = materialize(cfg, plan)
     except OSError as exc:
         fail([f"run.root={cfg.run.root}: cannot create the run directory ({exc.strerror or exc})"])
+    start_workers(run_dir, cfg, plan)
+
+
+def start_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
+    """Hand the materialized run to the local launcher; map its outcome to an exit code."""
     console.print(
-        f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) "
-        f"({plan.mesh.label()}) "
+        f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) ({plan.mesh.label()}) "
         f"on {plan.device}/{plan.backend} -> {run_dir}",
         highlight=False,
     )
@@ -44,7 +50,9 @@ def launch(
     except FileNotFoundError as exc:
         fail([str(exc)])
     if not result.ok:
-        err_console.print(f"[bold red]error:[/] {result.message}", highlight=False, markup=True)
+        err_console.print(
+            f"[bold red]error:[/] {result.message}", highlight=False, markup=True, soft_wrap=True
+        )
         err_console.print(f"logs: {run_dir / 'logs'}", highlight=False)
         raise typer.Exit(result.exit_code)
     console.print(f"[green]done[/]: {run_dir}", highlight=False)

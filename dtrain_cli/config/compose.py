@@ -19,6 +19,7 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig, register_schema
@@ -250,3 +251,83 @@ def _explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
 def _group_options(group: str) -> list[str]:
     d = builtin_configs_dir() / group
     return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+
+
+# Keys a resume may not change: the checkpoint's weights, optimizer state and data stream
+# depend on them. Everything else (steps, layout, cadence, logging, LR values) is allowed.
+UNSAFE_ON_RESUME = ("model.", "data.", "train.seed", "optim.name", "run.root", "run.name")
+
+
+def override_config(
+    cfg: DtrainConfig, overrides: Sequence[str], config_dirs: Sequence[str | Path] = ()
+) -> DtrainConfig:
+    """Apply Hydra-grammar overrides to an already resolved config (``dtrain resume``).
+    ``group=option`` merges that option's YAML from the search path."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from dtrain_cli.config.validate import validate_config
+
+    node = OmegaConf.structured(cfg)
+    expanded = expand_shorthands(overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(expanded)
+    except Exception as exc:
+        raise ConfigError([_explain_compose_error(exc, expanded)]) from None
+    dirs = [*user_config_dirs(config_dirs), builtin_configs_dir()]
+    problems = []
+    for ov in parsed:
+        key = ov.key_or_group
+        try:
+            if "." not in key and key in node and ov.value() is not None and not ov.is_delete():
+                option = str(ov.value())
+                found = next(
+                    (
+                        d / key / f"{option}.yaml"
+                        for d in dirs
+                        if (d / key / f"{option}.yaml").is_file()
+                    ),
+                    None,
+                )
+                if found is None:
+                    opts = _group_options(key)
+                    problems.append(
+                        f"{key}={option}: no such option"
+                        f"{_did_you_mean(option, opts)}; allowed: {', '.join(opts)}"
+                    )
+                    continue
+                node[key] = OmegaConf.merge(node[key], OmegaConf.load(found))
+            else:
+                OmegaConf.update(node, key, None if ov.is_delete() else ov.value(), merge=True)
+        except (ConfigKeyError, ConfigAttributeError):
+            problems.append(f"unknown key {key!r}{_did_you_mean(key, _all_keys())}")
+        except Exception as exc:
+            problems.append(_explain_compose_error(exc, [key]))
+    if problems:
+        raise ConfigError(problems)
+    new = to_dataclass(node)
+    validate_config(new)
+    return new
+
+
+def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
+    """One line per key a resume may not change, naming the checkpoint's value."""
+    a = _flatten(OmegaConf.to_container(OmegaConf.structured(old)))
+    b = _flatten(OmegaConf.to_container(OmegaConf.structured(new)))
+    out = []
+    for key in sorted(a):
+        if a[key] != b.get(key) and key.startswith(UNSAFE_ON_RESUME):
+            out.append(
+                f"{key}={b.get(key)}: cannot change on resume (the checkpoint has {key}="
+                f"{a[key]}); fixed on resume: "
+                f"{', '.join(k + '*' if k.endswith('.') else k for k in UNSAFE_ON_RESUME)}"
+            )
+    return out
+
+
+def _flatten(d: object, prefix: str = "") -> dict[str, object]:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}."))
+    return out

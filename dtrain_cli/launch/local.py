@@ -17,6 +17,10 @@ from pathlib import Path
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
 
+# Errors the runtime raises on purpose, with a message that names the cause: shown as one
+# line (their traceback stays in logs/rank_<k>.log).
+EXPECTED_ERRORS = ("CheckpointError:", "FileNotFoundError:", "ValueError: ")
+
 
 @dataclass
 class LaunchResult:
@@ -34,8 +38,13 @@ def launch_local(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> LaunchResult:
     from dtrain_cli.runtime.worker import worker_main  # imported here so forked workers inherit it
 
     prepare_corpus(cfg.data, cfg.train.seed)  # once, before workers start
-    for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    # The agent's own logs repeat what dtrain reports (the failing rank and its error).
+    for name in (
+        "torch.distributed.elastic",
+        "torch.distributed.launcher",
+        "torch.multiprocessing",
+    ):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(plan.threads_per_proc))
     lc = cfg.launcher
     config = LaunchConfig(
@@ -61,6 +70,8 @@ def launch_local(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> LaunchResult:
             if isinstance(trace, dict):
                 stack = trace.get("extraInfo", {}).get("py_callstack", "")
                 detail = f"{trace.get('message', '')}\n{stack}"
+        if detail.startswith(EXPECTED_ERRORS):  # dtrain's own errors: the message says it all
+            detail = detail.splitlines()[0]
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
         return LaunchResult(
             False, code, f"rank {rank} failed (exit code {failure.exitcode}): {detail.strip()}"

@@ -180,13 +180,20 @@ class BatchLayout:
     grad_accum: int
     dp: int
     dp_rank: int
+    base_step: int = 0
+    """Step at which ``base_samples`` stream positions were already consumed (a resume)."""
+    base_samples: int = 0
 
     @property
     def global_batch(self) -> int:
         return self.micro_batch_size * self.grad_accum * self.dp
 
+    def step_start(self, step: int) -> int:
+        """Stream position of the first sample of optimizer step ``step``."""
+        return self.base_samples + (step - self.base_step) * self.global_batch
+
     def micro_start(self, step: int, micro_step: int) -> int:
-        return step * self.global_batch + (micro_step * self.dp + self.dp_rank) * (
+        return self.step_start(step) + (micro_step * self.dp + self.dp_rank) * (
             self.micro_batch_size
         )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -28,6 +29,8 @@ class _ConsoleHandler(logging.Handler):
         self.console = console
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:  # tracebacks go to the rank's file; the launcher reports the error
+            return
         self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
 
 
@@ -60,6 +63,7 @@ class MetricsSink:
     ) -> None:
         self.run_dir = run_dir
         self.total_steps = total_steps
+        self.start_step = start_step
         self.jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)  # noqa: SIM115
         self.tensorboard = tensorboard
         self._writer: Any = None
@@ -92,7 +96,11 @@ class MetricsSink:
         if self._writer is None and self.tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # imported at first log, not at start
 
-            self._writer = SummaryWriter(log_dir=str(self.run_dir / "tb"))
+            # purge_step: events after a resumed step are dropped, so curves never double back
+            self._writer = SummaryWriter(
+                log_dir=str(self.run_dir / "tb"),
+                purge_step=self.start_step + 1 if self.start_step else None,
+            )
         return self._writer
 
     def advance(self, step: int) -> None:
@@ -140,6 +148,20 @@ class MetricsSink:
         if self._writer is not None:
             self._writer.close()
         self.jsonl.close()
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records after ``step`` (a resume continues from there: no duplicate steps)."""
+    if not path.exists():
+        return
+    keep = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] <= step
+    ]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in keep))
+    os.replace(tmp, path)
 
 
 def summary_table(summary: dict[str, Any]) -> Table:

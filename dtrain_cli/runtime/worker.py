@@ -25,7 +25,7 @@ from dtrain_cli.runtime.distributed import (
     mesh_coordinates,
     shutdown_distributed,
 )
-from dtrain_cli.runtime.metrics import MetricsSink, make_console, setup_logging
+from dtrain_cli.runtime.metrics import make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
 
 log = logging.getLogger("dtrain")
@@ -44,20 +44,17 @@ def worker_main(run_dir: str) -> dict[str, Any]:
     ctx = init_distributed(plan)
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
+    trainer = None
     try:
-        sink = None
-        if ctx.is_logging_rank and console is not None:
-            sink = MetricsSink(
-                path, plan.steps, 0, cfg.logging.progress, cfg.logging.tensorboard, console
-            )
-        trainer = Trainer(cfg, plan, ctx, path, sink)
+        trainer = Trainer(cfg, plan, ctx, path, console)
         trainer.times.update(
             worker_start=started, process_group_ready=pg_ready, model_ready=time.time()
         )
-        try:
-            return trainer.train()
-        finally:
-            if sink:
-                sink.close()
+        return trainer.train()
+    except Exception:
+        log.exception("rank %d failed", rank)  # the traceback in logs/rank_<k>.log
+        raise
     finally:
+        if trainer is not None and trainer.sink:
+            trainer.sink.close()
         shutdown_distributed()

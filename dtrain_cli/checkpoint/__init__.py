@@ -1,0 +1,1 @@
+"""Checkpoint folders: layout, completeness and retention (torch-free)."""

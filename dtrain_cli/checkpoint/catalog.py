@@ -1,0 +1,236 @@
+"""The checkpoint folder of a run: names, completeness, verification, ``latest``, pruning.
+
+Torch-free, so ``dtrain checkpoints`` and ``dtrain resume`` can inspect checkpoints
+without starting torch. Layout::
+
+    <run>/checkpoints/
+      step_000200/          a complete checkpoint: DCP files (.metadata, __<rank>_0.distcp),
+                            rng_rank_<k>.safetensors, config.yaml, plan.yaml, meta.json,
+                            manifest.json (written last: size + sha256 of every other file)
+      latest                the name of the newest complete checkpoint
+      .tmp-step_000300-...  a save in progress (or one that crashed): never loaded
+      superseded/           newer checkpoints set aside when resuming from an older one
+
+A checkpoint becomes visible only by the rename of its finished temporary folder, after
+every rank wrote and the manifest is on disk; so a crash at any point leaves the previous
+checkpoint the newest complete one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+STEP_DIR = re.compile(r"^step_(\d{6,})$")
+MANIFEST = "manifest.json"
+META = "meta.json"
+LATEST = "latest"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used or written; the message names the path and the cause."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+@dataclass
+class CheckpointInfo:
+    path: Path
+    step: int
+    complete: bool
+    meta: dict[str, Any]
+    size_bytes: int
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(path: Path) -> None:
+    """Record size and hash of every file in the checkpoint, then fsync it."""
+    files = {}
+    for f in sorted(p for p in path.iterdir() if p.is_file() and p.name != MANIFEST):
+        files[f.name] = {"size": f.stat().st_size, "sha256": sha256_file(f)}
+    write_json_durable(path / MANIFEST, {"files": files})
+
+
+def write_json_durable(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def verify(path: Path, deep: bool = True) -> None:
+    """Raise CheckpointError naming the first missing, truncated or corrupted file."""
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint folder")
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        raise CheckpointError(
+            f"{path}: incomplete checkpoint (no {MANIFEST}; the save never finished)"
+        )
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError) as exc:
+        raise CheckpointError(f"{manifest}: unreadable manifest ({exc})") from None
+    if ".metadata" not in files:
+        raise CheckpointError(f"{path}: manifest lists no DCP .metadata file")
+    for name, entry in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{f}: missing file of checkpoint {path.name}")
+        size = f.stat().st_size
+        if size != entry["size"]:
+            raise CheckpointError(
+                f"{f}: truncated or wrong size ({size} bytes, expected {entry['size']})"
+            )
+        if deep and sha256_file(f) != entry["sha256"]:
+            raise CheckpointError(f"{f}: corrupted (sha256 does not match the manifest)")
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads((path / META).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _dir_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def list_checkpoints(run_dir: Path) -> list[CheckpointInfo]:
+    """Every ``step_*`` folder, oldest first; ``complete`` = has a manifest (not deep-checked)."""
+    root = checkpoints_dir(run_dir)
+    out = []
+    if not root.is_dir():
+        return out
+    for p in root.iterdir():
+        m = STEP_DIR.match(p.name)
+        if m and p.is_dir():
+            out.append(
+                CheckpointInfo(
+                    p, int(m.group(1)), (p / MANIFEST).is_file(), read_meta(p), _dir_size(p)
+                )
+            )
+    return sorted(out, key=lambda c: c.step)
+
+
+def _complete_newest_first(run_dir: Path) -> Iterator[Path]:
+    root = checkpoints_dir(run_dir)
+    latest = root / LATEST
+    seen = set()
+    if latest.is_file():
+        named = root / latest.read_text().strip()
+        seen.add(named)
+        yield named
+    for info in reversed(list_checkpoints(run_dir)):
+        if info.path not in seen:
+            yield info.path
+
+
+def newest_complete(run_dir: Path, warn: Any = None) -> Path | None:
+    """The newest checkpoint that verifies; a broken one is reported through ``warn`` and
+    skipped (falls back to the previous complete checkpoint)."""
+    for path in _complete_newest_first(run_dir):
+        try:
+            verify(path)
+        except CheckpointError as exc:
+            if warn is not None and path.exists():
+                warn(f"skipping {path.name}: {exc}")
+            continue
+        return path
+    return None
+
+
+def resolve(ckpt: Path, warn: Any = None) -> tuple[Path, Path]:
+    """``--ckpt`` (a run dir or a checkpoint folder) -> (run dir, verified checkpoint)."""
+    ckpt = Path(ckpt)
+    if not ckpt.exists():
+        raise CheckpointError(f"{ckpt}: no such file or folder")
+    if STEP_DIR.match(ckpt.name) and ckpt.parent.name == "checkpoints":
+        verify(ckpt)
+        return ckpt.parent.parent, ckpt
+    if (ckpt / "plan.yaml").is_file() or checkpoints_dir(ckpt).is_dir():
+        found = newest_complete(ckpt, warn)
+        if found is None:
+            raise CheckpointError(f"{ckpt}: no complete checkpoint in {checkpoints_dir(ckpt)}")
+        return ckpt, found
+    raise CheckpointError(f"{ckpt}: neither a run directory nor a checkpoints/step_* folder")
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make a finished temporary checkpoint visible: rename, then point ``latest`` at it."""
+    fsync_dir(tmp)
+    if final.exists():  # the same step written again (e.g. after a restart): replace it
+        old = final.with_name(f".old-{final.name}-{time.time_ns()}")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(final.parent)
+    latest_tmp = final.parent / f".{LATEST}.tmp"
+    latest_tmp.write_text(final.name + "\n")
+    os.replace(latest_tmp, final.parent / LATEST)
+    fsync_dir(final.parent)
+
+
+def prune(run_dir: Path, keep_last: int, keep: Path | None = None) -> list[Path]:
+    """Delete complete checkpoints beyond the newest ``keep_last`` and stale temporaries.
+    Called only after a newer checkpoint is complete, so the last good one is never lost."""
+    root = checkpoints_dir(run_dir)
+    complete = [c.path for c in list_checkpoints(run_dir) if c.complete]
+    doomed = complete[: max(0, len(complete) - keep_last)]
+    doomed = [p for p in doomed if p != keep]
+    doomed += [p for p in root.glob(".tmp-*") if p.is_dir()]
+    doomed += [p for p in root.glob(".old-*") if p.is_dir()]
+    for p in doomed:
+        shutil.rmtree(p, ignore_errors=True)
+    return doomed
+
+
+def set_aside_newer(run_dir: Path, step: int) -> list[Path]:
+    """Resuming from an older checkpoint: move newer ones to ``checkpoints/superseded/`` so
+    automatic recovery cannot jump back to them. Nothing is deleted."""
+    moved = []
+    target = checkpoints_dir(run_dir) / "superseded"
+    for info in list_checkpoints(run_dir):
+        if info.step > step:
+            target.mkdir(exist_ok=True)
+            dest = target / f"{info.path.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(info.path, dest)
+            moved.append(dest)
+    latest = checkpoints_dir(run_dir) / LATEST
+    if moved and latest.exists():
+        latest.write_text(step_dir_name(step) + "\n")
+    return moved

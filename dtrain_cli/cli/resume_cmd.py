@@ -1,0 +1,82 @@
+"""``dtrain resume --ckpt runs/<run>[/checkpoints/step_N] [overrides]``: continue a run.
+
+Re-reads the run's config, applies safe overrides (more steps, another dp, new cadence),
+refuses unsafe ones (model shape, data, seed), and starts workers in the same run dir;
+they load the checkpoint (DCP reshards to the new layout) and continue the sample stream.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import typer
+
+from dtrain_cli.cli.common import CKPT_HELP, CONFIG_DIR_HELP, OVERRIDES_HELP, err_console, fail
+from dtrain_cli.config.errors import ConfigError
+
+
+def resume(
+    ckpt: Path = typer.Option(..., "--ckpt", help=CKPT_HELP),
+    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
+) -> None:
+    """Continue a run from a checkpoint (the newest complete one of a run directory)."""
+    import os
+
+    os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    from dtrain_cli.checkpoint import catalog
+    from dtrain_cli.config.compose import (
+        config_from_yaml,
+        config_to_yaml,
+        override_config,
+        unsafe_resume_changes,
+    )
+    from dtrain_cli.plan.build import build_plan
+
+    def warn(msg: str) -> None:
+        err_console.print(f"[yellow]warning:[/] {msg}", highlight=False)
+
+    try:
+        run_dir, path = catalog.resolve(ckpt, warn)
+    except catalog.CheckpointError as exc:
+        fail([str(exc)])
+    run_dir = run_dir.resolve()
+    try:
+        old = config_from_yaml(path / "config.yaml")
+        cfg = override_config(old, overrides or [], config_dir)
+        problems = unsafe_resume_changes(old, cfg)
+        if problems:
+            raise ConfigError(problems)
+        plan = build_plan(cfg)
+    except ConfigError as exc:
+        fail(exc.problems)
+    step = catalog.read_meta(path).get("step", 0)
+    if plan.steps <= step:
+        fail(
+            [
+                f"train.steps={plan.steps}: the checkpoint is already at step {step}; "
+                f"set train.steps above {step} to continue"
+            ]
+        )
+    for moved in catalog.set_aside_newer(run_dir, step):
+        warn(f"newer checkpoint set aside (resuming from step {step}): {moved}")
+    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
+    plan.save(run_dir / "plan.yaml")
+    with open(run_dir / "resumes.jsonl", "a") as f:
+        f.write(
+            json.dumps(
+                {
+                    "time": time.time(),
+                    "checkpoint": str(path),
+                    "step": step,
+                    "overrides": list(overrides or []),
+                }
+            )
+            + "\n"
+        )
+    err_console.print(f"resuming {run_dir.name} from {path.name} (step {step})", highlight=False)
+    from dtrain_cli.cli.launch_cmd import start_workers
+
+    start_workers(run_dir, cfg, plan)

@@ -1,0 +1,36 @@
+"""Fault injection for recovery drills: make a chosen rank die at a chosen point.
+
+    DTRAIN_FAULTS="kill:step=13:rank=1" dtrain launch recipe=gpt_tiny dp=2 launcher.max_restarts=1
+
+Points: ``kill`` (end of a training step) and ``kill_in_save`` (while a checkpoint's
+temporary folder is being written). A fault fires on the first attempt only, so an elastic
+restart can show that the run recovers. The process dies by SIGKILL, as on a lost node.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+ENV = "DTRAIN_FAULTS"
+
+
+def _parse(spec: str) -> list[tuple[str, dict[str, int]]]:
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        name, *args = item.split(":")
+        params = {k: int(v) for k, v in (a.split("=", 1) for a in args)}
+        out.append((name, params))
+    return out
+
+
+_FAULTS = _parse(os.environ.get(ENV, ""))
+
+
+def maybe_fail(point: str, **where: int) -> None:
+    """SIGKILL this process if a fault is armed for ``point`` at ``where`` (first attempt)."""
+    if not _FAULTS or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    for name, params in _FAULTS:
+        if name == point and all(where.get(k) == v for k, v in params.items()):
+            os.kill(os.getpid(), signal.SIGKILL)

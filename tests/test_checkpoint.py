@@ -1,0 +1,235 @@
+"""Checkpoints you can trust: exact continuation, resharding, atomic saves, recovery, export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dtrain_cli.checkpoint import catalog
+from tests.conftest import Run, run_dtrain
+
+pytestmark = pytest.mark.multiproc
+
+# A small synthetic corpus (140 train windows) so 20 steps of 8 samples cross an epoch:
+# the resume at step 10 is mid-epoch, and the stream must continue exactly.
+CK = [
+    "recipe=gpt_tiny",
+    "data=synthetic",
+    "data.synthetic_tokens=20000",
+    "train.steps=20",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+    "logging.every=1",
+    "checkpoint.every_steps=10",
+    "train.eval_every=0",
+    "optim.warmup_steps=2",
+    "logging.tensorboard=false",
+]
+
+
+def launch_ok(cwd: Path, *args: str, env: dict | None = None) -> Run:
+    run = run_dtrain(["launch", *CK, *args], cwd, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def interrupted(cwd: Path, dp: int, fault: str) -> Path:
+    run = run_dtrain(["launch", *CK, f"dp={dp}"], cwd, env={"DTRAIN_FAULTS": fault})
+    assert run.returncode != 0
+    assert run.run_dir is not None
+    return run.run_dir
+
+
+def resume(run_dir: Path, *args: str, ckpt: Path | None = None) -> Run:
+    run = run_dtrain(["resume", "--ckpt", str(ckpt or run_dir), *args], run_dir.parent.parent)
+    run.run_dir = run_dir
+    return run
+
+
+def train_steps(run: Run) -> list[int]:
+    return [r["step"] for r in run.metrics()]
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> dict[int, Run]:
+    return {dp: launch_ok(tmp_path_factory.mktemp(f"straight{dp}"), f"dp={dp}") for dp in (1, 2)}
+
+
+@pytest.fixture(scope="module")
+def killed_dp2(tmp_path_factory) -> Path:
+    """dp=2 killed (SIGKILL, rank 0) after step 13: step_000010 is the newest checkpoint."""
+    return interrupted(tmp_path_factory.mktemp("killed2"), 2, "kill:step=13:rank=0")
+
+
+def copy_run(run_dir: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "runs" / run_dir.name
+    shutil.copytree(run_dir, dest)
+    return dest
+
+
+@pytest.mark.parametrize("dp", [1, 2])
+def test_exact_continuation_is_bitwise(dp, straight, killed_dp2, tmp_path):
+    run_dir = (
+        copy_run(killed_dp2, tmp_path)
+        if dp == 2
+        else interrupted(tmp_path, 1, "kill:step=13:rank=0")
+    )
+    assert (catalog.checkpoints_dir(run_dir) / "latest").read_text().strip() == "step_000010"
+    done = resume(run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert train_steps(done) == list(range(1, 21))  # no duplicate, none missing
+    ref = straight[dp]
+    assert [r["loss"] for r in done.metrics()] == [r["loss"] for r in ref.metrics()]
+    assert done.summary()["param_digest"] == ref.summary()["param_digest"]
+    assert done.summary()["resumed_from"] == "step_000010"
+
+
+@pytest.mark.parametrize(("dp", "micro"), [(1, 4), (4, 2)])
+def test_resume_at_another_world_size_continues_the_curve(
+    dp, micro, straight, killed_dp2, tmp_path
+):
+    run_dir = copy_run(killed_dp2, tmp_path)
+    done = resume(run_dir, f"dp={dp}", f"train.micro_batch_size={micro}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert train_steps(done) == list(range(1, 21))
+    for got, ref in zip(done.metrics(), straight[2].metrics(), strict=True):
+        assert got["loss"] == pytest.approx(ref["loss"], rel=1e-5), got["step"]
+    assert done.summary()["world_size"] == dp
+    assert done.summary()["param_sum"] == pytest.approx(
+        straight[2].summary()["param_sum"], rel=1e-5
+    )
+
+
+def test_crash_during_save_keeps_the_previous_checkpoint(straight, tmp_path):
+    run_dir = interrupted(tmp_path, 2, "kill_in_save:step=20:rank=1")
+    root = catalog.checkpoints_dir(run_dir)
+    assert (root / "latest").read_text().strip() == "step_000010"
+    assert list(root.glob(".tmp-step_000020-*"))  # the half-written one, never visible
+    assert [c.step for c in catalog.list_checkpoints(run_dir)] == [10]
+    done = resume(run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.summary()["param_digest"] == straight[2].summary()["param_digest"]
+    assert not list(root.glob(".tmp-*"))  # cleaned once a newer checkpoint was complete
+
+
+def test_automatic_recovery_after_sigkill(straight, tmp_path):
+    """max_restarts=1: the agent restarts the group, which resumes from the newest complete
+    (async-saved) checkpoint by itself; the result equals the uninterrupted run bitwise."""
+    cmd = [
+        "launch",
+        *CK,
+        "dp=2",
+        "launcher.max_restarts=1",
+        "checkpoint.every_steps=5",
+        "checkpoint.async_save=true",
+    ]
+    run = run_dtrain(cmd, tmp_path, timeout=240, env={"DTRAIN_FAULTS": "kill:step=13:rank=1"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.summary()["resumed_from"] == "step_000010"
+    assert train_steps(run) == list(range(1, 21))
+    assert run.summary()["param_digest"] == straight[2].summary()["param_digest"]
+    assert [c.step for c in catalog.list_checkpoints(run.run_dir)] == [10, 15, 20]
+
+
+def test_corrupted_and_truncated_shards_are_named_and_skipped(straight, tmp_path):
+    run_dir = copy_run(straight[2].run_dir, tmp_path)
+    newest = catalog.checkpoints_dir(run_dir) / "step_000020"
+    shard = newest / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    explicit = resume(run_dir, "train.steps=30", ckpt=newest)
+    assert explicit.returncode == 2
+    assert f"{shard}: corrupted" in explicit.stderr.replace("\n", "")
+    table = run_dtrain(["checkpoints", str(run_dir), "--verify"], tmp_path)
+    assert "corrupted" in table.stdout
+    fallback = resume(run_dir, "train.steps=30")
+    assert fallback.returncode == 0, fallback.stderr[-3000:]
+    assert "skipping step_000020" in fallback.stderr
+    assert fallback.summary()["resumed_from"] == "step_000010"
+    assert train_steps(fallback) == list(range(1, 31))
+    # truncated: the size check catches it without reading the data
+    other = copy_run(straight[2].run_dir, tmp_path / "t")
+    shard = catalog.checkpoints_dir(other) / "step_000020" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:100])
+    bad = resume(other, "train.steps=30", ckpt=shard.parent)
+    assert bad.returncode == 2 and "truncated" in bad.stderr
+
+
+def test_export_round_trip(straight, tmp_path):
+    import torch
+    from safetensors.torch import load_model
+
+    from dtrain_cli.config.schema import ModelConfig
+    from dtrain_cli.runtime.model import GPT
+
+    ref = straight[2]
+    out = tmp_path / "model.safetensors"
+    ckpt = catalog.checkpoints_dir(ref.run_dir) / "step_000020"
+    done = run_dtrain(["export", "--ckpt", str(ckpt), "--out", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    info = json.loads(out.with_suffix(".json").read_text())
+    model = GPT(ModelConfig(**info["model"]))
+    load_model(model, str(out))
+    import hashlib
+
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    assert h.hexdigest() == ref.summary()["param_digest"]  # the trained weights, bit for bit
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(tokens)
+    assert logits.shape == (2, 16, 256) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--ckpt", "/nonexistent/run"], "/nonexistent/run: no such file or folder"),
+        (["--ckpt", "{empty}"], "no complete checkpoint"),
+        (["--ckpt", "{run}", "model.n_layer=2"], "model.n_layer=2: cannot change on resume"),
+        (["--ckpt", "{run}", "train.steps=20"], "already at step 20"),
+        (["--ckpt", "{run}", "data.path=x"], "data.path=x: cannot change on resume"),
+    ],
+)
+def test_resume_bad_input(args, expected, straight, tmp_path):
+    empty = tmp_path / "runs" / "empty"
+    (empty / "checkpoints" / ".tmp-step_000005-x").mkdir(parents=True)
+    (empty / "plan.yaml").write_text("{}")
+    args = [a.format(empty=empty, run=straight[2].run_dir) for a in args]
+    before = sorted(p.name for p in catalog.checkpoints_dir(straight[2].run_dir).iterdir())
+    run = run_dtrain(["resume", *args], tmp_path)
+    assert run.returncode == 2, run.stderr
+    assert expected in run.stderr.replace("\n", "") and "Traceback" not in run.stderr
+    assert sorted(p.name for p in catalog.checkpoints_dir(straight[2].run_dir).iterdir()) == before
+
+
+def _mount_tmpfs(path: Path, options: str) -> None:
+    path.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+
+
+@pytest.mark.parametrize(
+    ("options", "cause"), [("size=12m", "No space left on device"), ("ro", "Read-only file system")]
+)
+def test_save_failure_is_one_line_and_keeps_the_last_good(options, cause, tmp_path):
+    ckpts = tmp_path / "runs" / "r" / "checkpoints"
+    _mount_tmpfs(ckpts, options)
+    try:
+        run = run_dtrain(
+            ["launch", *CK, "dp=2", "run.name=r", "checkpoint.every_steps=5"], tmp_path
+        )
+        assert run.returncode != 0
+        line = next(ln for ln in run.stderr.splitlines() if ln.startswith("error:"))
+        assert "cannot write checkpoint" in line and cause in line
+        assert "Traceback" not in run.stderr.split(line)[1]
+        if options.startswith("size"):  # the first save fit: it stays the newest complete
+            assert (ckpts / "latest").read_text().strip() == "step_000005"
+            catalog.verify(ckpts / "step_000005")
+    finally:
+        subprocess.run(["umount", str(ckpts)], check=False)
