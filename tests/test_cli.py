@@ -52,7 +52,7 @@ def test_plan_yaml_format():
         ["plan", "recipe=nope"],
         ["plan", "recipe=gpt_tiny", "optim.bogus=1"],
         ["plan", "recipe=gpt_tiny", "train.steps=0"],
-        ["launch", "recipe=gpt_tiny", "train.global_batch_size=7"],
+        ["launch", "recipe=gpt_tiny", "dp=2", "train.global_batch_size=7"],
         ["launch", "recipe=gpt_tiny", "precision=fp16"],
     ],
 )
@@ -82,7 +82,7 @@ def test_help_and_plan_do_not_import_torch():
 
 def test_subprocess_plan_and_bad_override(tmp_path):
     ok = run_dtrain(["plan", "recipe=gpt_small", "dp=2"], tmp_path)
-    assert ok.returncode == 0 and "10,942,464" in ok.stdout
+    assert ok.returncode == 0 and "14,491,392" in ok.stdout
     bad = run_dtrain(["plan", "recipe=gpt_small", "dp=2", "train.stepz=3"], tmp_path)
     assert bad.returncode == 2
     assert "unknown key 'train.stepz'" in bad.stderr and "Traceback" not in bad.stderr

@@ -69,7 +69,7 @@ def test_recipe_values_and_overrides_apply():
             "~train.global_batch_size",
         ],
     )
-    assert cfg.model.n_layer == 6 and cfg.model.n_embd == 384
+    assert cfg.model.n_layer == 8 and cfg.model.n_embd == 384
     assert cfg.parallel.dp == 2
     assert cfg.optim.base_lr == 3e-4 and cfg.optim.lr_scaling == "sqrt"
     assert cfg.precision.name == "bf16"

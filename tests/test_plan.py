@@ -141,3 +141,68 @@ def test_plan_yaml_round_trip(tmp_path):
     q = Plan.load(tmp_path / "plan.yaml")
     assert q == p
     assert math.isclose(q.lr.lr_at(3), p.lr.lr_at(3))
+
+
+def test_pipeline_plan_stages_bubble_and_warning():
+    p = plan_for("pp=2", "train.global_batch_size=8", "train.micro_batch_size=4")
+    pipe = p.pipeline
+    assert pipe.microbatches == 2 and pipe.calls_per_step == 1
+    assert pipe.bubble == pytest.approx(1 / 3)  # (p-1)/(m+p-1)
+    assert [s.layers for s in pipe.stages] == [[0, 2], [2, 4]]
+    assert pipe.stages[0].embeddings and pipe.stages[1].head
+    assert sum(s.params for s in pipe.stages) == p.estimates.num_params
+    assert any("bubble 33%" in w and "use >= 3" in w for w in p.warnings)
+    ok = plan_for("pp=2", "train.global_batch_size=8", "train.micro_batch_size=1")
+    assert ok.pipeline.bubble == pytest.approx(1 / 9) and not ok.warnings
+
+
+def test_interleaved_and_v_schedules_place_stages():
+    loop = plan_for("pp=2", "pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2")
+    assert [s.pp_rank for s in loop.pipeline.stages] == [0, 1, 0, 1]
+    v = plan_for("pp=2", "pipeline.schedule=zbv", "pipeline.virtual_stages=2")
+    assert [s.pp_rank for s in v.pipeline.stages] == [0, 1, 1, 0]
+    assert v.pipeline.bubble == pytest.approx(1 / (2 * v.pipeline.microbatches + 1))
+
+
+def test_default_micro_batch_fits_the_headline_command():
+    from dtrain_cli.config.compose import compose_config
+
+    p = build_plan(compose_config("gpt_small", ["dp=4", "pp=2"]), CPU)
+    assert p.world_size == 8 and p.batch.global_batch_size == 16
+    assert p.pipeline.microbatches >= 2
+
+
+def test_custom_layer_split():
+    p = plan_for("pp=2", "pipeline.layers_per_stage=[1,3]")
+    assert [s.layers for s in p.pipeline.stages] == [[0, 1], [1, 4]]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["pp=2", "pipeline.schedule=zerobubble"], "choose one of gpipe, 1f1b, interleaved_1f1b"),
+        (["pp=8"], "model.n_layer=4: not divisible by pp=8"),
+        (["tp=8"], "model.n_head=4: not divisible by tp=8"),
+        (
+            ["pp=2", "pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=3"],
+            "not divisible by pp*virtual_stages=6",
+        ),
+        (
+            ["pp=2", "pipeline.schedule=zbv"],
+            "pipeline.virtual_stages=1: schedule zbv needs exactly 2",
+        ),
+        (
+            ["pp=4", "train.global_batch_size=8", "train.micro_batch_size=4"],
+            "pipeline.microbatches=2: schedule 1f1b needs >= 4",
+        ),
+        (["pp=2", "pipeline.layers_per_stage=[1,2]"], "summing to model.n_layer=4"),
+        (["pp=2", "pipeline.microbatches=3"], "must divide"),
+    ],
+)
+def test_model_parallel_bad_input(overrides, expected):
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        build_plan(compose_config("gpt_tiny", overrides, validate=False), CPU)
+    assert expected in "\n".join(info.value.problems)

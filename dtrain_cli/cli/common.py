@@ -9,6 +9,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dtrain_cli.config.errors import ConfigError
 
@@ -26,7 +27,9 @@ CONFIG_DIR_HELP = "Extra config folder (group folders and recipes/); also $DTRAI
 
 def fail(problems: Sequence[str], code: int = EXIT_CONFIG) -> NoReturn:
     for p in problems:
-        err_console.print(f"[bold red]error:[/] {p}", markup=True, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"[bold red]error:[/] {escape(p)}", markup=True, highlight=False, soft_wrap=True
+        )
     raise typer.Exit(code)
 
 
@@ -37,7 +40,7 @@ def compose_and_plan(overrides: Sequence[str], config_dirs: Sequence[Path]):
 
     recipe, rest = split_recipe(overrides)
     try:
-        cfg = compose_config(recipe, rest, config_dirs)
+        cfg = compose_config(recipe, rest, config_dirs, validate=False)  # build_plan checks
         plan = build_plan(cfg)
     except ConfigError as exc:
         fail(exc.problems)

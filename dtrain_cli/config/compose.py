@@ -125,13 +125,15 @@ def compose_config(
     recipe: str,
     overrides: Sequence[str] = (),
     config_dirs: Sequence[str | Path] = (),
+    validate: bool = True,
 ) -> DtrainConfig:
-    """Compose and validate. Raises ConfigError naming every problem found."""
+    """Compose and (unless the caller validates with the plan) check values. Raises
+    ConfigError naming every problem found."""
     from dtrain_cli.config.validate import validate_config
 
-    cfg = compose_dictconfig(recipe, overrides, config_dirs)
-    typed = to_dataclass(cfg)
-    validate_config(typed)
+    typed = to_dataclass(compose_dictconfig(recipe, overrides, config_dirs))
+    if validate:
+        validate_config(typed)
     return typed
 
 

@@ -62,6 +62,20 @@ class ParallelConfig:
 
 
 @dataclass
+class PipelineConfig:
+    """Pipeline parallelism (pp > 1): stages, schedule and micro-batches."""
+
+    schedule: str = "1f1b"
+    """gpipe | 1f1b | interleaved_1f1b | looped_bfs | interleaved_zb | zbv | dualpipev."""
+    microbatches: int | None = None
+    """Micro-batches per schedule call; default all of a rank's micro-batches of one step."""
+    virtual_stages: int = 1
+    """Stages per pp rank (interleaved schedules: >= 2; zbv and dualpipev: exactly 2)."""
+    layers_per_stage: list[int] | None = None
+    """Transformer layers of each stage, e.g. [3, 3]; default an even split."""
+
+
+@dataclass
 class OptimConfig:
     name: str = "adamw"
     base_lr: float = 1e-3
@@ -103,7 +117,9 @@ class CheckpointConfig:
 @dataclass
 class TrainConfig:
     steps: int = 100
-    micro_batch_size: int = 8
+    micro_batch_size: int | None = None
+    """Samples per rank per forward/backward; default global_batch_size / dp (no
+    accumulation), or split into pipeline micro-batches when pp > 1; 8 if no global batch."""
     global_batch_size: int | None = None
     """Samples per optimizer step over all dp ranks; sets grad accumulation."""
     grad_accum: int | None = None
@@ -149,10 +165,49 @@ class RunConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Where ``dtrain sbatch`` sends a run (SLURM site defaults: ``configs/cluster/<site>.yaml``)
+    and how a run answers a preemption. Checked in :mod:`dtrain_cli.launch.slurm`."""
+
+    name: str = "local"
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str = "01:00:00"
+    """Wall-clock limit (#SBATCH --time): MM, HH:MM:SS or D-HH:MM:SS."""
+    gpus_per_node: int = 0
+    """GPUs per node (#SBATCH --gpus-per-node); > 0 runs one worker per GPU."""
+    cpus_per_task: int | None = None
+    """CPUs for each node's launcher and its workers (#SBATCH --cpus-per-task)."""
+    mem: str | None = None
+    """Memory per node (#SBATCH --mem), e.g. 200G."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run at every job start (module load ..., source .../activate): site code."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables exported in the job script (values are quoted)."""
+    sbatch_args: list[str] = field(default_factory=list)
+    """Extra #SBATCH options, one per item, e.g. --constraint=a100."""
+    python: str | None = None
+    """Python with dtrain on the compute nodes; default the one running ``dtrain sbatch``."""
+    rdzv_port: int = 0
+    """c10d rendezvous port on the first node; 0 = 20000 + job id % 20000."""
+    signal: str = "USR1"
+    """Asks workers to checkpoint at the next logging step and stop (SLURM: --signal)."""
+    signal_lead_s: int = 120
+    """Seconds before the time limit SLURM sends ``signal`` (it may come up to 60 s early)."""
+    checkpoint_on_sigterm: bool = True
+    """Under SLURM, SIGTERM (preemption, scontrol requeue) also asks for that checkpoint."""
+    requeue: bool = True
+    """After a preemption checkpoint the job requeues itself and resumes from it."""
+    max_requeues: int = 20
+
+
+@dataclass
 class DtrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -160,6 +215,7 @@ class DtrainConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
 
 def register_schema() -> None:

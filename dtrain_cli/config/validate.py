@@ -18,6 +18,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optim.decay": ("cosine", "linear", "constant"),
     "precision.name": ("fp32", "bf16", "fp16"),
     "logging.progress": ("auto", "bar", "lines", "off"),
+    "pipeline.schedule": (
+        "gpipe",
+        "1f1b",
+        "interleaved_1f1b",
+        "looped_bfs",
+        "interleaved_zb",
+        "zbv",
+        "dualpipev",
+    ),
     "launcher.start_method": ("fork", "spawn", "forkserver"),
     "run.device": ("auto", "cpu", "cuda"),
 }
@@ -33,6 +42,7 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "parallel.tp": (1, True),
     "parallel.pp": (1, True),
     "parallel.nnodes": (1, True),
+    "pipeline.virtual_stages": (1, True),
     "parallel.ddp_bucket_mb": (0, False),
     "optim.base_lr": (0, False),
     "optim.base_batch_size": (0, True),
@@ -46,7 +56,6 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "checkpoint.every_minutes": (0, True),
     "checkpoint.keep_last": (1, True),
     "train.steps": (1, True),
-    "train.micro_batch_size": (1, True),
     "train.eval_every": (0, True),
     "train.eval_batches": (1, True),
     "logging.every": (1, True),
@@ -80,7 +89,13 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         if bad:
             rule = f">= {low:g}" if inclusive else f"> {low:g}"
             problems.append(f"{key}={value}: must be {rule}")
-    for key in ("parallel.nproc_per_node", "train.global_batch_size", "train.grad_accum"):
+    for key in (
+        "parallel.nproc_per_node",
+        "train.global_batch_size",
+        "train.grad_accum",
+        "train.micro_batch_size",
+        "pipeline.microbatches",
+    ):
         value = get_key(cfg, key)
         if value is not None and value < 1:  # type: ignore[operator]
             problems.append(f"{key}={value}: must be >= 1 (or unset)")

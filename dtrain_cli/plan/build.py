@@ -14,6 +14,14 @@ from pathlib import Path
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig, ModelConfig
 from dtrain_cli.config.validate import config_problems
+from dtrain_cli.plan.layout import (
+    activation_bytes_per_layer,
+    batch_layout,
+    bubble_warning,
+    params_per_layer,
+    pipeline_layout,
+    tensor_parallel_problems,
+)
 from dtrain_cli.plan.plan import (
     MESH_DIM_NAMES,
     BatchPlan,
@@ -26,7 +34,6 @@ from dtrain_cli.plan.plan import (
 )
 
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
-BYTES_PER_ACTIVATION = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -54,12 +61,10 @@ def visible_gpu_count() -> int:
 
 def count_params(m: ModelConfig) -> int:
     """Parameters of :class:`dtrain_cli.runtime.model.GPT` (a test checks the two agree)."""
-    d, b = m.n_embd, int(m.bias)
-    norm = d * (1 + b)
-    per_layer = 2 * norm + (3 * d * d + 3 * d * b) + (d * d + d * b)
-    per_layer += (4 * d * d + 4 * d * b) + (4 * d * d + d * b)
+    d = m.n_embd
     head = 0 if m.tie_embeddings else m.vocab_size * d
-    return m.vocab_size * d + m.block_size * d + m.n_layer * per_layer + norm + head
+    norm = d * (1 + int(m.bias))
+    return m.vocab_size * d + m.block_size * d + m.n_layer * params_per_layer(m) + norm + head
 
 
 def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
@@ -102,34 +107,15 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
             "precision=fp16: fp16 with dynamic loss scaling needs a CUDA device, and this "
             "run is on cpu; use precision=bf16 or precision=fp32"
         )
-    if par.tp > 1:
-        problems.append(f"parallel.tp={par.tp}: tensor parallelism is not available yet; use tp=1")
-    if par.pp > 1:
-        problems.append(
-            f"parallel.pp={par.pp}: pipeline parallelism is not available yet; use pp=1"
-        )
-    if par.tp > 0 and m.n_head % par.tp:
-        problems.append(f"model.n_head={m.n_head}: not divisible by tp={par.tp}")
-    if par.pp > 0 and m.n_layer % par.pp:
-        problems.append(f"model.n_layer={m.n_layer}: not divisible by pp={par.pp}")
-
-    micro, accum, global_batch = tr.micro_batch_size, tr.grad_accum or 1, 0
-    per_step = micro * max(par.dp, 1)
-    if tr.global_batch_size is not None:
-        global_batch = tr.global_batch_size
-        if per_step > 0 and global_batch % per_step:
-            problems.append(
-                f"train.global_batch_size={global_batch}: not divisible by micro_batch_size*dp "
-                f"= {micro}*{par.dp} = {per_step}; use a multiple of {per_step}"
-            )
-        accum = max(1, global_batch // max(per_step, 1))
-    else:
-        global_batch = per_step * accum
+    tensor_parallel_problems(m, par.tp, par.pp, problems)
+    batch = batch_layout(cfg, problems)
+    pipeline = pipeline_layout(cfg, batch, problems)
 
     if problems:
         raise ConfigError(problems)
 
     opt = cfg.optim
+    global_batch = batch.global_batch_size
     base_batch = opt.base_batch_size or global_batch
     ratio = global_batch / base_batch
     factor = {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[opt.lr_scaling]
@@ -144,6 +130,8 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         steps=tr.steps,
     )
     warnings = []
+    if pipeline is not None and (w := bubble_warning(pipeline, par.pp)):
+        warnings.append(w)
     if opt.min_lr > lr.peak_lr:
         warnings.append(f"optim.min_lr={opt.min_lr} is above the scaled peak lr; capped to it")
 
@@ -167,14 +155,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         mesh=MeshPlan(
             dim_names=list(MESH_DIM_NAMES), shape=[mesh_sizes[n] for n in MESH_DIM_NAMES]
         ),
-        batch=BatchPlan(
-            micro_batch_size=micro,
-            grad_accum=accum,
-            dp=par.dp,
-            global_batch_size=global_batch,
-            seq_len=m.block_size,
-            tokens_per_step=global_batch * m.block_size,
-        ),
+        batch=batch,
         lr=lr,
         precision=PrecisionPlan(
             name=cfg.precision.name,
@@ -189,24 +170,23 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
             async_save=ck.async_save,
             steps=save_steps,
         ),
-        estimates=estimate(cfg),
+        estimates=estimate(cfg, batch),
         steps=tr.steps,
         strategy=par.strategy,
+        pipeline=pipeline,
         warnings=warnings,
     )
 
 
-def estimate(cfg: DtrainConfig) -> Estimates:
+def estimate(cfg: DtrainConfig, batch: BatchPlan) -> Estimates:
     """Per-rank memory (fp32 master weights) and FLOPs per token; estimates, not measurements."""
     m, par = cfg.model, cfg.parallel
     n = count_params(m)
     per_rank = math.ceil(n / (par.tp * par.pp))
     optim_words = {"adamw": 2, "sgd": 1 if cfg.optim.momentum > 0 else 0}[cfg.optim.name]
-    b, s, d, a = cfg.train.micro_batch_size, m.block_size, m.n_embd, m.n_head
-    act_bytes = BYTES_PER_ACTIVATION[cfg.precision.name]
-    # Korthikanti et al. 2022: s*b*d*(34 + 5*a*s/d) bytes per layer at 2-byte activations.
-    per_layer = s * b * d * (34 + 5 * a * s / d) * act_bytes / 2 / par.tp
-    logits = b * s * m.vocab_size * 4 * 2
+    b = batch.micro_batch_size
+    logits = b * m.block_size * m.vocab_size * 4 * 2
+    per_layer = activation_bytes_per_layer(cfg, b)
     activations = int(per_layer * m.n_layer / par.pp + logits)
     params_b, grads_b, optim_b = 4 * per_rank, 4 * per_rank, 4 * optim_words * per_rank
     non_embedding = n - m.block_size * m.n_embd

@@ -98,6 +98,32 @@ class CheckpointPlan:
 
 
 @dataclass
+class StagePlan:
+    stage: int
+    pp_rank: int
+    layers: list[int]
+    """[first, last + 1) transformer layers of this stage."""
+    embeddings: bool
+    head: bool
+    params: int
+    activation_bytes: int
+
+
+@dataclass
+class PipelinePlan:
+    schedule: str
+    num_stages: int
+    virtual_stages: int
+    microbatches: int
+    """Micro-batches per schedule call."""
+    calls_per_step: int
+    """Schedule calls per optimizer step (gradient accumulation on top of the pipeline)."""
+    bubble: float
+    """Theoretical idle fraction (p-1)/(v*m + p-1)."""
+    stages: list[StagePlan] = field(default_factory=list)
+
+
+@dataclass
 class Estimates:
     num_params: int
     params_per_rank: int
@@ -130,6 +156,7 @@ class Plan:
     estimates: Estimates
     steps: int
     strategy: str
+    pipeline: PipelinePlan | None = None
     warnings: list[str] = field(default_factory=list)
 
     def rank_table(self) -> list[dict[str, int]]:
@@ -160,6 +187,10 @@ class Plan:
         }
         for key, kind in parts.items():
             d[key] = kind(**d[key])
+        if d.get("pipeline"):
+            pipe = dict(d["pipeline"])
+            pipe["stages"] = [StagePlan(**s) for s in pipe.get("stages", [])]
+            d["pipeline"] = PipelinePlan(**pipe)
         return cls(**d)
 
     @classmethod

@@ -99,6 +99,33 @@ def render_plan(plan: Plan) -> Group:
         ranks.add_row(*(str(row[k]) for k in ("rank", *plan.mesh.dim_names)))
     if plan.world_size > MAX_RANK_ROWS:
         ranks.add_row("...", *("" for _ in plan.mesh.dim_names))
-    parts: list = [layout, batch, sched, ckpt, mem, ranks]
+    parts: list = [layout, batch, sched, ckpt, mem]
+    if plan.pipeline is not None:
+        parts.append(_pipeline_table(plan))
+    parts.append(ranks)
     parts += [f"[yellow]warning:[/] {w}" for w in plan.warnings]
     return Group(*parts)
+
+
+def _pipeline_table(plan: Plan) -> Table:
+    pipe = plan.pipeline
+    assert pipe is not None
+    title = (
+        f"pipeline: {pipe.schedule}, {pipe.num_stages} stages ({pipe.virtual_stages} per rank), "
+        f"{pipe.microbatches} micro-batches x {pipe.calls_per_step} call(s) per step, "
+        f"bubble {pipe.bubble:.1%} (theory)"
+    )
+    t = Table(title=title, title_justify="left")
+    for col in ("stage", "pp rank", "layers", "embed/head", "parameters", "activations"):
+        t.add_column(col)
+    for st in pipe.stages:
+        ends = "+".join(n for n, on in (("embed", st.embeddings), ("head", st.head)) if on)
+        t.add_row(
+            str(st.stage),
+            str(st.pp_rank),
+            f"{st.layers[0]}-{st.layers[1] - 1}",
+            ends or "-",
+            f"{st.params:,}",
+            _bytes(st.activation_bytes),
+        )
+    return t

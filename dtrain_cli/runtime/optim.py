@@ -1,13 +1,28 @@
-"""Optimizer and the plan's learning-rate schedule (``LRPlan.lr_at``) as a torch scheduler."""
+"""Optimizers and the plan's learning-rate schedule (``LRPlan.lr_at``) as torch schedulers.
+
+One optimizer per model part (pipeline stages on this rank), as torchtitan does, so
+optimizer state is keyed by the full model's parameter names and reshards between layouts.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from dtrain_cli.config.schema import OptimConfig
 from dtrain_cli.plan.plan import LRPlan
+
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, peak_lr: float) -> torch.optim.Optimizer:
@@ -39,3 +54,70 @@ class LRFactor:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, lr: LRPlan) -> LambdaLR:
     return LambdaLR(optimizer, lr_lambda=LRFactor(lr))
+
+
+def group_by_mesh(tensors: list[torch.Tensor]) -> dict[Any, list[torch.Tensor]]:
+    """Plain tensors under ``None``, DTensors by their device mesh (reductions and foreach
+    kernels cannot mix them)."""
+    groups: dict[Any, list[torch.Tensor]] = {}
+    for t in tensors:
+        key = (id(t.device_mesh), t.placements) if isinstance(t, DTensor) else None
+        groups.setdefault(key, []).append(t)
+    return groups
+
+
+def grad_norm(params: list[nn.Parameter], pp_group: Any | None) -> torch.Tensor:
+    """Global L2 norm of all gradients: DTensor shards (tensor parallel / FSDP) reduced by
+    DTensor, plain tensors locally, and the stages of a pipeline summed over ``pp_group``."""
+    grads = [p.grad for p in params if p.grad is not None]
+    device = grads[0].device if grads else torch.device("cpu")
+    sq = torch.zeros((), device=device)
+    for group in group_by_mesh(grads).values():
+        norm = torch.nn.utils.get_total_norm(group, foreach=True)
+        sq = sq + (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
+    if pp_group is not None:
+        dist.all_reduce(sq, group=pp_group)
+    return sq.sqrt()
+
+
+class Optimizers:
+    """The optimizers (one per model part) and their LR schedulers, stepped together."""
+
+    def __init__(self, parts: list[nn.Module], cfg: OptimConfig, lr: LRPlan) -> None:
+        self.parts = parts
+        self.optimizers = [build_optimizer(p, cfg, lr.peak_lr) for p in parts]
+        self.schedulers = [build_scheduler(o, lr) for o in self.optimizers]
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
+
+    def zero_grad(self) -> None:
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=True)
+
+    def scheduler_step(self) -> None:
+        for s in self.schedulers:
+            s.step()
+
+    @property
+    def lr_step(self) -> int:
+        return self.schedulers[0].last_epoch
+
+    @lr_step.setter
+    def lr_step(self, step: int) -> None:
+        for opt, sched in zip(self.optimizers, self.schedulers, strict=True):
+            sched.last_epoch = step
+            for group, factor in zip(opt.param_groups, sched.lr_lambdas, strict=True):
+                group["lr"] = group["initial_lr"] * factor(step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Flattened, keyed by full-model parameter names (merged over parts)."""
+        out: dict[str, Any] = {}
+        for part, opt in zip(self.parts, self.optimizers, strict=True):
+            out.update(get_optimizer_state_dict(part, opt, options=FLAT))
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for part, opt in zip(self.parts, self.optimizers, strict=True):
+            set_optimizer_state_dict(part, opt, optim_state_dict=state, options=FLAT)

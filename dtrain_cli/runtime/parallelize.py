@@ -1,24 +1,63 @@
 """Apply the plan's parallelism to a freshly built model: ``apply_<technique>`` functions.
 
-Order when more techniques land (as in torchtitan): pipeline split -> tensor parallel ->
-activation checkpointing -> compile -> data parallel (DDP / ZeRO / FSDP) last.
+Fixed order (as in torchtitan): pipeline split -> tensor parallel -> compile -> data
+parallel last. Each technique takes its sub-mesh by name (``ctx.mesh["tp"]``).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime.distributed import DistContext
+from dtrain_cli.runtime.model import build_model
+from dtrain_cli.runtime.pipeline import build_schedule, split_stage, stages_of_rank
+from dtrain_cli.runtime.tensor_parallel import apply_tensor_parallel
+
+
+@dataclass
+class ParallelModel:
+    """What this rank runs: its model part(s) and, with pp > 1, the pipeline schedule."""
+
+    parts: list[nn.Module]
+    stage_ids: list[int]
+    num_stages: int
+    schedule: Any | None = None
+
+    @property
+    def has_first_stage(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+    def train(self, mode: bool = True) -> None:
+        for part in self.parts:
+            part.train(mode)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters() if p.requires_grad]
 
 
 def apply_data_parallel(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
-    """DistributedDataParallel over the mesh's dp axis (bucketed all-reduce overlapped with
-    backward). With dp=1 DDP is skipped: there is nothing to reduce."""
+    """Replicas over the mesh's dp axis. 1-D: DistributedDataParallel (bucketed all-reduce
+    overlapped with backward). With tensor parallel (DTensor parameters): torch's
+    ``replicate`` on the dp sub-mesh, DDP semantics built for DTensor. dp=1: nothing."""
     if ctx.mesh["dp"].size() == 1:
         return model
+    if ctx.mesh["tp"].size() > 1:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        return replicate(model, mesh=ctx.mesh["dp"])
     return DDP(
         model,
         process_group=ctx.dp_group,
@@ -38,6 +77,40 @@ def apply_compile(model: nn.Module, cfg: DtrainConfig) -> nn.Module:
     return model
 
 
-def parallelize(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
-    model = apply_compile(model, cfg)
-    return apply_data_parallel(model, cfg, ctx)
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce on non-final micro-steps of an accumulation."""
+    if enabled:
+        yield
+    elif isinstance(model, DDP):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -> ParallelModel:
+    model = build_model(cfg.model, cfg.train.seed, ctx.device)
+    pipe = plan.pipeline
+    if pipe is not None:
+        stage_ids = stages_of_rank(pipe, ctx.mesh["pp"].get_local_rank())
+        parts: list[nn.Module] = [split_stage(model, pipe, s) for s in stage_ids]
+        del model
+    else:
+        stage_ids, parts = [0], [model]
+    if ctx.mesh["tp"].size() > 1:
+        for part in parts:
+            apply_tensor_parallel(part, ctx.mesh["tp"])  # type: ignore[arg-type]
+    parts = [apply_data_parallel(apply_compile(p, cfg), cfg, ctx) for p in parts]
+    pm = ParallelModel(parts, stage_ids, pipe.num_stages if pipe else 1)
+    if pipe is not None:
+        pm.schedule = build_schedule(
+            parts, stage_ids, pipe, ctx.device, ctx.mesh["pp"].get_group(), loss_fn
+        )
+    return pm

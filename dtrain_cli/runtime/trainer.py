@@ -1,15 +1,14 @@
-"""The training loop: step, log, validate (checkpoint hooks slot in at step boundaries).
+"""The training loop: step, log, validate, checkpoint at step boundaries.
 
-The loop knows nothing about *how* the model is parallel: :func:`parallelize` wraps it,
-and the step asks the wrapper only for ``no_sync`` (DDP's skip of the all-reduce on
-non-final micro-steps). Nothing in a step syncs the host with the device or calls a
-collective the user did not ask for: the loss is summed on device and reduced across
-dp ranks every ``logging.every`` steps.
+The loop knows nothing about *how* the model is parallel: :func:`parallelize` builds
+this rank's part(s) and a step runner (:mod:`.steps`) runs one optimizer step's
+forward/backward. Nothing in a step syncs the host with the device or calls a collective
+the user did not ask for: the reported loss is summed on device and reduced every
+``logging.every`` steps.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -23,49 +22,27 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from rich.console import Console
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
 from dtrain_cli.checkpoint.catalog import newest_complete
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime import faults
-from dtrain_cli.runtime.checkpoint import (
-    CheckpointManager,
-    apply_model_and_optimizer_state,
-    model_and_optimizer_state,
-)
-from dtrain_cli.runtime.data import BatchLayout, SampleStream, TokenWindows, open_splits
+from dtrain_cli.runtime import faults, preemption
+from dtrain_cli.runtime.checkpoint import CheckpointManager
+from dtrain_cli.runtime.data import BatchLayout, open_splits
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.metrics import MetricsSink, summary_table, truncate_metrics
-from dtrain_cli.runtime.model import build_model, lm_loss
-from dtrain_cli.runtime.optim import build_optimizer, build_scheduler
+from dtrain_cli.runtime.optim import Optimizers
 from dtrain_cli.runtime.parallelize import parallelize
 from dtrain_cli.runtime.precision import Precision
+from dtrain_cli.runtime.steps import Batches, LocalStep, PipelineStep
 
 log = logging.getLogger("dtrain")
-
-
-class Batches:
-    """This rank's micro-batches of the global sample stream (see :mod:`.data`)."""
-
-    def __init__(
-        self, windows: TokenWindows, layout: BatchLayout, seed: int, device: torch.device
-    ) -> None:
-        self.windows = windows
-        self.layout = layout
-        self.stream = SampleStream(len(windows), seed)
-        self.device = device
-        self.pin = device.type == "cuda"
-
-    def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        start = self.layout.micro_start(step, micro_step)
-        idx = self.stream.indices(start, self.layout.micro_batch_size)
-        return self.to_device(self.windows.gather(idx))
-
-    def to_device(self, array: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        t = torch.from_numpy(array)
-        if self.pin:
-            t = t.pin_memory().to(self.device, non_blocking=True)
-        return t[:, :-1], t[:, 1:]
 
 
 class Trainer:
@@ -86,12 +63,18 @@ class Trainer:
         )
         self.train_batches = Batches(splits["train"], self.layout, cfg.train.seed, ctx.device)
         self.val_windows = splits["val"]
-        model = build_model(cfg.model, cfg.train.seed, ctx.device)
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.model = parallelize(model, cfg, ctx)
-        self.optimizer = build_optimizer(model, cfg.optim, plan.lr.peak_lr)
-        self.scheduler = build_scheduler(self.optimizer, plan.lr)
         self.precision = Precision(plan.precision, cfg.precision, ctx.device)
+        pipelined = plan.pipeline is not None
+        # the pipeline schedule needs the step's loss function before it exists
+        self._pipeline_loss: list[Any] = []
+        self.pm = parallelize(cfg, plan, ctx, loss_fn=lambda o, t: self._pipeline_loss[0](o, t))
+        self.step_fn = (PipelineStep if pipelined else LocalStep)(self.pm, plan, self.precision)
+        if isinstance(self.step_fn, PipelineStep):
+            self._pipeline_loss.append(self.step_fn.loss_fn)
+        self.optimizers = Optimizers(self.pm.parts, cfg.optim, plan.lr)
+        # ranks whose loss counts once per dp replica: the last stage, tp rank 0
+        self.reports_loss = self.pm.has_last_stage and ctx.mesh["tp"].get_local_rank() == 0
+        self.pp_group = ctx.mesh["pp"].get_group() if pipelined else None
         self.step = 0
         self.last_val_loss: float | None = None
         self.last_loss = float("nan")
@@ -99,6 +82,7 @@ class Trainer:
             run_dir, ctx.rank, cfg.checkpoint.keep_last, cfg.checkpoint.async_save
         )
         self.resumed_from: str | None = None
+        self.busy_s = self.step_wall_s = 0.0
         self.resume()
         self.sink = None
         if ctx.is_logging_rank and console is not None:
@@ -112,18 +96,24 @@ class Trainer:
             )
 
     # -- checkpoint state ---------------------------------------------------------------------
+    def model_state(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for part in self.pm.parts:
+            out.update(get_model_state_dict(part))
+        return out
+
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds, as DCP state dicts (layout-independent names)."""
-        model_sd, optim_sd = model_and_optimizer_state(self.model, self.optimizer)
+        """What a checkpoint holds: DCP state dicts keyed by full-model names, so any
+        layout (dp, tp, pp) loads any other."""
         samples = self.layout.step_start(self.step)
         state: dict[str, Any] = {
-            "model": model_sd,
-            "optim": optim_sd,
+            "model": self.model_state(),
+            "optim": self.optimizers.state_dict(),
             "train": {
                 "step": torch.tensor(self.step),
                 "samples_seen": torch.tensor(samples),
                 "tokens_seen": torch.tensor(samples * self.plan.batch.seq_len),
-                "lr_step": torch.tensor(self.scheduler.last_epoch),
+                "lr_step": torch.tensor(self.optimizers.lr_step),
             },
         }
         if self.precision.scaler is not None:
@@ -138,17 +128,15 @@ class Trainer:
             return
         state = self.state()
         self.checkpoints.load(path, state)
-        apply_model_and_optimizer_state(self.model, self.optimizer, state["model"], state["optim"])
+        for part in self.pm.parts:
+            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
+        self.optimizers.load_state_dict(state["optim"])
         if self.precision.scaler is not None and "scaler" in state:
             self.precision.scaler.load_state_dict(state["scaler"])
         train = state["train"]
         self.step = int(train["step"])
         self.layout.base_step, self.layout.base_samples = self.step, int(train["samples_seen"])
-        self.scheduler.last_epoch = int(train["lr_step"])
-        for group, factor in zip(
-            self.optimizer.param_groups, self.scheduler.lr_lambdas, strict=True
-        ):
-            group["lr"] = group["initial_lr"] * factor(self.scheduler.last_epoch)
+        self.optimizers.lr_step = int(train["lr_step"])
         self.resumed_from = path.name
         if self.ctx.is_logging_rank:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
@@ -172,40 +160,39 @@ class Trainer:
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, want_norm: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        accum = self.plan.batch.grad_accum
-        loss_sum = torch.zeros((), device=self.ctx.device)
-        no_sync = getattr(self.model, "no_sync", contextlib.nullcontext)
-        for k in range(accum):
-            x, y = self.train_batches.micro_batch(self.step, k)
-            sync_now = k == accum - 1
-            with contextlib.nullcontext() if sync_now else no_sync():
-                with self.precision.autocast():
-                    loss = lm_loss(self.model(x), y) / accum
-                self.precision.backward(loss)
-            loss_sum += loss.detach()
-        norm = self.precision.step(self.optimizer, self.params, self.cfg.optim.grad_clip, want_norm)
-        self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return loss_sum, norm
+        loss = self.step_fn(self.train_batches, self.step)
+        overflow_group = None if self.plan.world_size == self.plan.batch.dp else dist.group.WORLD
+        norm = self.precision.step(
+            self.optimizers, self.cfg.optim.grad_clip, want_norm, self.pp_group, overflow_group
+        )
+        self.optimizers.zero_grad()
+        self.optimizers.scheduler_step()
+        return loss, norm
 
     # -- validation -------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over the first ``eval_batches`` global batches of the val split (the
-        same samples whatever the layout), micro-batches dealt round-robin to dp ranks."""
-        self.model.eval()
+        same samples whatever the layout), micro-batches dealt round-robin to dp ranks and
+        grouped by pipeline calls."""
+        self.pm.train(False)
         micro, dp, r = self.plan.batch.micro_batch_size, self.plan.batch.dp, self.ctx.dp_rank
+        group = self.plan.pipeline.microbatches if self.plan.pipeline else 1
         n = len(self.val_windows)
-        chunks = self.cfg.train.eval_batches * self.plan.batch.global_batch_size // micro
+        chunks = list(
+            range(r, self.cfg.train.eval_batches * self.plan.batch.global_batch_size // micro, dp)
+        )
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
-        for c in range(r, chunks, dp):
-            idx = (np.arange(micro) + c * micro) % n
+        for i in range(0, len(chunks), group):
+            idx = np.concatenate([np.arange(micro) + c * micro for c in chunks[i : i + group]]) % n
             x, y = self.train_batches.to_device(self.val_windows.gather(idx))
-            with self.precision.autocast():
-                loss = lm_loss(self.model(x), y)
-            totals += torch.stack([loss.double() * micro, torch.tensor(micro, device=x.device)])
-        dist.all_reduce(totals, group=self.ctx.dp_group)
-        self.model.train()
+            loss = self.step_fn.eval_loss(x, y)
+            if self.reports_loss:
+                totals += torch.stack(
+                    [loss.double() * len(idx), torch.tensor(len(idx), device=x.device)]
+                )
+        dist.all_reduce(totals)
+        self.pm.train(True)
         return (totals[0] / totals[1]).item()
 
     # -- the loop -----------------------------------------------------------------------------
@@ -220,10 +207,15 @@ class Trainer:
         window_steps, window_start = 0, time.perf_counter()
         train_start, first_step = window_start, self.step + 1
         tokens_per_s: list[float] = []
-        self.model.train()
+        self.pm.train(True)
+        stop = False  # preemption: checkpoint at this step boundary, then return (preemption.py)
         while self.step < plan.steps:
             log_now = (self.step + 1) % every == 0 or self.step + 1 == plan.steps
+            wall0, cpu0 = time.perf_counter(), time.process_time()
             loss, norm = self.train_step(want_norm=log_now)
+            if self.step >= first_step:  # busy vs wall per step, after the warm-up step
+                self.busy_s += time.process_time() - cpu0
+                self.step_wall_s += time.perf_counter() - wall0
             window[0] += loss
             window_steps += 1
             self.step += 1
@@ -236,9 +228,13 @@ class Trainer:
                     save_every_s
                 ):
                     window[1] = 1.0
-                dist.all_reduce(window, op=dist.ReduceOp.SUM, group=self.ctx.dp_group)
+                if not self.reports_loss:
+                    window[0] = 0.0
+                dist.all_reduce(window, op=dist.ReduceOp.SUM)  # over all ranks: see reports_loss
                 self.last_loss = window[0].item() / (window_steps * plan.batch.dp)
                 save_now = save_now or window[1].item() > 0
+                stop = preemption.stop_agreed(self.ctx.device) and self.step < plan.steps
+                save_now = save_now or stop
                 elapsed = time.perf_counter() - window_start
                 tps = tokens_per_step * window_steps / elapsed
                 if self.step - window_steps >= first_step:  # first window: warm-up costs
@@ -265,6 +261,9 @@ class Trainer:
                 self.save_checkpoint()
                 window_start = time.perf_counter()
             self.checkpoints.poll()
+            if stop:
+                self.checkpoints.close()
+                return preemption.preempted(self.run_dir, self.step, self.ctx.rank)
             if self.sink:
                 self.sink.advance(self.step)
         self.checkpoints.close()
@@ -272,14 +271,47 @@ class Trainer:
         return self._summary(wall, tokens_per_s)
 
     def replica_digests(self) -> list[str]:
-        """sha256 of this rank's parameter bytes, gathered over the dp group: DDP replicas
-        must hold bit-identical parameters (the check users run when they doubt the sync)."""
+        """sha256 of this rank's parameter bytes (local shards), gathered over the dp group:
+        data-parallel replicas must hold bit-identical parameters."""
         h = hashlib.sha256()
-        for p in self.params:
-            h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        for p in self.pm.parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            h.update(local.detach().cpu().contiguous().numpy().tobytes())
         out: list[str | None] = [None] * self.plan.batch.dp
         dist.all_gather_object(out, h.hexdigest(), group=self.ctx.dp_group)
         return [str(d) for d in out]
+
+    def param_moments(self) -> tuple[float, float]:
+        """Sum and sum of squares of the full model's parameters, whatever the layout."""
+        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        counts_once = self.ctx.dp_rank == 0 and self.ctx.mesh["tp"].get_local_rank() == 0
+        for p in self.pm.parameters():
+            full = p.full_tensor() if isinstance(p, DTensor) else p  # collective under TP
+            if counts_once:
+                full = full.detach().double()
+                sums += torch.stack([full.sum(), full.square().sum()])
+        dist.all_reduce(sums)
+        return float(sums[0]), float(sums[1])
+
+    def bubble_report(self) -> dict[str, Any]:
+        """Measured idle fraction per pipeline stage (1 - CPU busy time / step wall time,
+        averaged over the stage's ranks) next to the theory. On CUDA, host CPU time does not
+        measure kernels, so only the theory is reported."""
+        pipe = self.plan.pipeline
+        if pipe is None:
+            return {}
+        idle = 1.0 - self.busy_s / self.step_wall_s if self.step_wall_s > 0 else float("nan")
+        rows: list[Any] = [None] * self.plan.world_size
+        dist.all_gather_object(rows, (self.ctx.mesh["pp"].get_local_rank(), idle))
+        per_rank: dict[int, list[float]] = {}
+        for pp_rank, value in rows:
+            per_rank.setdefault(pp_rank, []).append(value)
+        measured = [round(float(np.mean(v)), 4) for _, v in sorted(per_rank.items())]
+        report: dict[str, Any] = {"bubble_theory": round(pipe.bubble, 4)}
+        if self.ctx.device.type == "cpu":
+            report["bubble_measured_per_pp_rank"] = measured
+            report["bubble_measured"] = round(float(np.mean(measured)), 4)
+        return report
 
     def _mark_first_step(self) -> None:
         self.times["first_step_done"] = time.time()
@@ -290,6 +322,7 @@ class Trainer:
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
         startup = {k: round(v - t0, 3) for k, v in self.times.items()}
         digests = self.replica_digests()
+        param_sum, param_sq_sum = self.param_moments()
         summary = {
             "recipe": self.plan.recipe,
             "world_size": self.plan.world_size,
@@ -299,12 +332,13 @@ class Trainer:
             "tokens_per_s": float(np.median(tokens_per_s)) if tokens_per_s else float("nan"),
             "train_wall_s": wall,
             "params": self.plan.estimates.num_params,
-            "param_sum": float(sum(p.detach().double().sum() for p in self.params)),
-            "param_sq_sum": float(sum(p.detach().double().square().sum() for p in self.params)),
+            "param_sum": param_sum,
+            "param_sq_sum": param_sq_sum,
             "param_digest": digests[0],
             "replicas_identical": len(set(digests)) == 1,
             "resumed_from": self.resumed_from,
             "checkpoint_stall_s": self.checkpoints.save_stall_s,
+            **self.bubble_report(),
             **{f"startup_{k}_s": v for k, v in startup.items()},
         }
         if self.ctx.is_logging_rank:

@@ -20,6 +20,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from dtrain_cli.config.compose import config_from_yaml
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime import preemption
 from dtrain_cli.runtime.distributed import (
     init_distributed,
     mesh_coordinates,
@@ -41,6 +42,7 @@ def worker_main(run_dir: str) -> dict[str, Any]:
     rank = int(os.environ["RANK"])
     console = make_console(rank == 0)
     setup_logging(path, rank, console)
+    preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
     ctx = init_distributed(plan)
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))

@@ -1,0 +1,125 @@
+"""Preemption: a signal asks every rank to checkpoint at the next logging step, then stop.
+
+    dtrain launch recipe=gpt_tiny dp=2 train.steps=100000 &
+    kill -USR1 <pid of dtrain>     # -> checkpoint at a step boundary, exit code 75
+    dtrain resume --ckpt runs/<run>   # or, under SLURM, the job requeues itself
+
+The signal handler only sets a flag (no I/O, no collective, no checkpoint: a handler runs
+between two bytecodes of whatever the main thread was doing, possibly inside a collective).
+The trainer's hook, :func:`stop_agreed`, runs on every rank at every logging step: a MAX
+all-reduce of the flag over the WORLD group, so every rank stops at the same step even when
+only some got the signal (a rank of another dp group, a node SLURM signalled late). Logging
+steps are where the trainer already syncs the host with the device for the loss, so the
+check adds one 4-byte collective per logging window and no host sync; the stop comes at
+most ``logging.every`` steps after the signal (size SLURM's ``cluster.signal_lead_s`` for
+that plus one checkpoint). Rank 0 then writes ``preempted.json`` beside the checkpoint;
+the launcher turns it into exit code :data:`EXIT_PREEMPTED`.
+
+Torch is imported only inside :func:`stop_agreed`: the CLI reads the constants cheaply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+EXIT_PREEMPTED = 75
+"""Exit code of a run stopped by preemption with its checkpoint saved (EX_TEMPFAIL)."""
+MARKER = "preempted.json"
+"""Written by rank 0 into the run dir once the preemption checkpoint is complete."""
+SIGNAL_NAMES = ("USR1", "USR2", "TERM", "INT", "HUP", "QUIT", "CONT", "URG", "XCPU")
+
+
+def signal_number(name: str) -> int:
+    """``USR1``/``SIGUSR1``/``10`` -> 10; ValueError naming what is allowed."""
+    text = name.strip().upper()
+    if text.isdigit():
+        return int(text)
+    short = text.removeprefix("SIG")
+    if short not in SIGNAL_NAMES:
+        raise ValueError(f"signal {name!r} is not supported; use one of {', '.join(SIGNAL_NAMES)}")
+    return int(getattr(signal, f"SIG{short}"))
+
+
+class PreemptionWatcher:
+    """Remembers that a watched signal arrived. ``install`` once per process, in the main
+    thread; ``requested`` is cheap and local (no collective)."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.signum: int | None = None
+
+    def install(self, signals: Iterable[str | int]) -> None:
+        for sig in signals:
+            num = sig if isinstance(sig, int) else signal_number(sig)
+            signal.signal(num, self._handle)
+        self.installed = True
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.signum = signum  # only the flag: the trainer acts at the next step boundary
+
+    def requested(self) -> bool:
+        return self.signum is not None
+
+
+WATCHER = PreemptionWatcher()
+
+
+def watched_signals(signal_name: str, checkpoint_on_sigterm: bool) -> list[str]:
+    """The configured signal, plus SIGTERM inside a SLURM job (preemption, scontrol requeue,
+    the time limit) when ``checkpoint_on_sigterm``. Outside SLURM, SIGTERM keeps its meaning
+    (the local launcher's Ctrl-C stops workers with it)."""
+    out = [signal_name] if signal_name else []
+    if checkpoint_on_sigterm and "SLURM_JOB_ID" in os.environ:
+        out.append("TERM")
+    return out
+
+
+def install(signal_name: str, checkpoint_on_sigterm: bool = True) -> None:
+    """Worker start: watch the run's preemption signal(s) (every rank must call this)."""
+    WATCHER.install(watched_signals(signal_name, checkpoint_on_sigterm))
+
+
+def stop_agreed(device: Any) -> bool:
+    """Trainer hook, called by every rank at the same steps (logging steps): True on all
+    ranks when any rank was signalled. A MAX all-reduce over the WORLD group; no collective
+    (and False) when no watcher is installed in this process."""
+    if not WATCHER.installed:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if WATCHER.requested() else 0.0], device=device)
+    if dist.is_initialized():
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item() > 0)
+
+
+def preempted(run_dir: Path, step: int, rank: int) -> dict[str, Any]:
+    """Trainer hook after the preemption checkpoint: rank 0 writes the marker the launcher
+    turns into :data:`EXIT_PREEMPTED`. Returns the worker's result."""
+    info = {"preempted": True, "step": step, "signal": WATCHER.signum, "time": time.time()}
+    if rank == 0:
+        tmp = run_dir / f".{MARKER}.tmp"
+        tmp.write_text(json.dumps(info))
+        tmp.replace(run_dir / MARKER)
+    return info
+
+
+def clear_marker(run_dir: Path) -> None:
+    """Launcher, before starting workers: a marker from an earlier attempt is stale."""
+    (run_dir / MARKER).unlink(missing_ok=True)
+
+
+def read_marker(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / MARKER
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
