@@ -10,12 +10,15 @@ from __future__ import annotations
 import typer
 
 from dtrain_cli import __version__
+from dtrain_cli.cli.agent_cmd import agent
 from dtrain_cli.cli.checkpoints_cmd import checkpoints
 from dtrain_cli.cli.export_cmd import export
 from dtrain_cli.cli.launch_cmd import launch
 from dtrain_cli.cli.plan_cmd import plan
 from dtrain_cli.cli.recipes_cmd import recipes
 from dtrain_cli.cli.resume_cmd import resume
+from dtrain_cli.cli.sbatch_cmd import sbatch
+from dtrain_cli.cli.validate_cmd import validate_cluster
 
 OVERRIDE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -32,6 +35,9 @@ app.command(context_settings=OVERRIDE_SETTINGS)(resume)
 app.command()(recipes)
 app.command()(checkpoints)
 app.command()(export)
+app.command(context_settings=OVERRIDE_SETTINGS)(sbatch)
+app.command(name="validate-cluster")(validate_cluster)
+app.command()(agent)
 
 
 def _version(value: bool) -> None:

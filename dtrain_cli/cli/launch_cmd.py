@@ -23,20 +23,36 @@ from dtrain_cli.plan.plan import Plan
 def launch(
     overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
+    nnodes: str | None = typer.Option(None, "--nnodes", help="Nodes (N); run on each node."),
+    node_rank: int | None = typer.Option(None, "--node-rank", help="This node: 0 hosts rdzv."),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="node0 host:port."),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Same on every node; run name."),
 ) -> None:
     """Train: compose the recipe, save config.yaml + plan.yaml in a new run dir, start workers."""
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
-    cfg, plan = compose_and_plan(overrides or [], config_dir)
+    from dtrain_cli.launch.multinode import NodeArgs, apply_node_args, join_run_dir, parse_nnodes
+
+    count, problems = parse_nnodes(nnodes)
+    extra = [f"parallel.nnodes={count}"] if count else []
+    if problems:
+        fail(problems)
+    cfg, plan = compose_and_plan([*(overrides or []), *extra], config_dir)
+    problems = apply_node_args(cfg, NodeArgs(count, node_rank, rdzv_endpoint, rdzv_id))
+    if problems:
+        fail(problems)
     from dtrain_cli.launch.rundir import materialize
 
     try:
-        run_dir = materialize(cfg, plan)
-    except OSError as exc:
-        fail([f"run.root={cfg.run.root}: cannot create the run directory ({exc.strerror or exc})"])
-    start_workers(run_dir, cfg, plan)
+        run_dir = join_run_dir(cfg, plan) if plan.nnodes > 1 else materialize(cfg, plan)
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or exc
+        fail([f"run.root={cfg.run.root}: cannot create the run directory ({why})"])
+    start_workers(run_dir, cfg, plan, node_rank)
 
 
-def start_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
+def start_workers(
+    run_dir: Path, cfg: DtrainConfig, plan: Plan, node_rank: int | None = None
+) -> None:
     """Hand the materialized run to the local launcher; map its outcome to an exit code."""
     console.print(
         f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) ({plan.mesh.label()}) "
@@ -46,7 +62,7 @@ def start_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
     from dtrain_cli.launch.local import launch_local
 
     try:
-        result = launch_local(run_dir, cfg, plan)
+        result = launch_local(run_dir, cfg, plan, node_rank)
     except FileNotFoundError as exc:
         fail([str(exc)])
     if not result.ok:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.launch.signals import forward_signal
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime import preemption
 
 # Errors the runtime raises on purpose, with a message that names the cause: shown as one
 # line (their traceback stays in logs/rank_<k>.log).
@@ -29,7 +31,12 @@ class LaunchResult:
     message: str = ""
 
 
-def launch_local(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> LaunchResult:
+def launch_local(
+    run_dir: Path, cfg: DtrainConfig, plan: Plan, node_rank: int | None = None
+) -> LaunchResult:
+    """Start this node's workers. Multi-node: every node's agent meets at
+    ``launcher.rdzv_endpoint`` under ``launcher.rdzv_id``; ``node_rank`` 0 hosts the
+    rendezvous store (worker ranks are assigned by the rendezvous, as with torchrun)."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -54,14 +61,20 @@ def launch_local(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> LaunchResult:
         run_id=lc.rdzv_id or f"dtrain-{uuid.uuid4().hex[:12]}",
         rdzv_backend="c10d",
         rdzv_endpoint=lc.rdzv_endpoint,
-        rdzv_configs={"timeout": lc.rdzv_timeout_s},
+        rdzv_configs={
+            "timeout": lc.rdzv_timeout_s,
+            "join_timeout": lc.rdzv_timeout_s,  # what c10d reads ("timeout" is etcd's)
+            **({"is_host": node_rank == 0} if node_rank is not None and plan.nnodes > 1 else {}),
+        },
         max_restarts=plan.max_restarts,
         monitor_interval=lc.monitor_interval_s,
         start_method=plan.start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic")),
     )
+    preemption.clear_marker(run_dir)
     try:
-        elastic_launch(config, worker_main)(str(run_dir))
+        with forward_signal(cfg.cluster.signal):
+            elastic_launch(config, worker_main)(str(run_dir))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         detail = failure.message if isinstance(failure.message, str) else str(failure.message)
@@ -77,7 +90,20 @@ def launch_local(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> LaunchResult:
             False, code, f"rank {rank} failed (exit code {failure.exitcode}): {detail.strip()}"
         )
     except SignalException as exc:
+        if (marker := preemption.read_marker(run_dir)) is not None:
+            return preempted_result(marker)
         return LaunchResult(
             False, 128 + int(exc.sigval), f"stopped by {exc.sigval.name}; workers terminated"
         )
+    if (marker := preemption.read_marker(run_dir)) is not None:
+        return preempted_result(marker)
     return LaunchResult(True, 0)
+
+
+def preempted_result(marker: dict) -> LaunchResult:
+    return LaunchResult(
+        False,
+        preemption.EXIT_PREEMPTED,
+        f"preempted: checkpoint saved at step {marker.get('step')}; the run continues from it "
+        "(requeued SLURM job, or `dtrain resume --ckpt RUN_DIR`)",
+    )

@@ -1,0 +1,49 @@
+"""``dtrain agent RUN_DIR``: start this node's workers for a run dir that already exists.
+
+    srun dtrain agent runs/exp1 --nnodes 2 --rdzv-endpoint node1:29500 --rdzv-id job42
+
+What the ``dtrain sbatch`` script runs on every node: no composing, the run dir's
+config.yaml and plan.yaml decide everything (the workers resume from its newest complete
+checkpoint, so a requeued job continues). The node rank defaults to ``$SLURM_NODEID``.
+Exit code 75 means preempted with a checkpoint saved.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import typer
+
+from dtrain_cli.cli.common import fail
+
+
+def agent(
+    run_dir: Path = typer.Argument(..., help="A run dir with config.yaml and plan.yaml."),
+    nnodes: int | None = typer.Option(None, "--nnodes", help="Must match the plan."),
+    node_rank: int | None = typer.Option(None, "--node-rank", help="Default $SLURM_NODEID."),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="node0 host:port."),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Same on every node."),
+) -> None:
+    """Start this node's workers for an existing run dir (what `dtrain sbatch` jobs run)."""
+    os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    from dtrain_cli.config.compose import config_from_yaml
+    from dtrain_cli.launch.multinode import NodeArgs, apply_node_args
+    from dtrain_cli.plan.plan import Plan
+
+    run_dir = run_dir.resolve()
+    if not (run_dir / "plan.yaml").is_file() or not (run_dir / "config.yaml").is_file():
+        fail([f"{run_dir}: not a run dir (no config.yaml/plan.yaml); see `dtrain sbatch`"])
+    cfg = config_from_yaml(run_dir / "config.yaml")
+    plan = Plan.load(run_dir / "plan.yaml")
+    if nnodes is not None and nnodes != plan.nnodes:
+        fail([f"--nnodes={nnodes}: the run's plan is for {plan.nnodes} node(s)"])
+    if node_rank is None and os.environ.get("SLURM_NODEID", "").isdigit():
+        node_rank = int(os.environ["SLURM_NODEID"])
+    problems = apply_node_args(cfg, NodeArgs(plan.nnodes, node_rank, rdzv_endpoint, rdzv_id))
+    if problems:
+        fail(problems)
+    from dtrain_cli.cli.launch_cmd import start_workers
+
+    start_workers(run_dir, cfg, plan, node_rank)

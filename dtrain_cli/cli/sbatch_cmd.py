@@ -1,0 +1,146 @@
+"""``dtrain sbatch``: a run as a SLURM batch job. Torch-free (``--dry-run`` stays fast).
+
+    dtrain sbatch recipe=gpt_small nodes=2 gpus_per_node=8 partition=gpu time=04:00:00 --dry-run
+    dtrain sbatch recipe=gpt_small nodes=2 gpus_per_node=8 --submit     # prints the job id
+    dtrain sbatch --validate nodes=2 --submit                          # validate-cluster job
+
+Compose -> plan (for the job's nodes, not this login node) -> script text
+(:func:`dtrain_cli.launch.slurm.render_sbatch`). ``--submit`` creates the run dir
+(config.yaml, plan.yaml, slurm/job.sbatch), runs ``sbatch --parsable`` and prints the id.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+
+from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, err_console, fail
+from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.launch.slurm import SbatchJob
+from dtrain_cli.plan.plan import Plan
+
+# sbatch's own shorthands, on top of dtrain's (dp=, steps= ...)
+SBATCH_SHORTHANDS = {
+    "nodes": "parallel.nnodes",
+    "gpus_per_node": "cluster.gpus_per_node",
+    "cpus_per_task": "cluster.cpus_per_task",
+    "partition": "cluster.partition",
+    "account": "cluster.account",
+    "qos": "cluster.qos",
+    "time": "cluster.time",
+    "mem": "cluster.mem",
+}
+
+
+def expand_sbatch_shorthands(overrides: list[str]) -> list[str]:
+    out = []
+    for ov in overrides:
+        key, sep, value = ov.partition("=")
+        out.append(f"{SBATCH_SHORTHANDS[key]}={value}" if sep and key in SBATCH_SHORTHANDS else ov)
+    return out
+
+
+@dataclass
+class Built:
+    cfg: DtrainConfig
+    plan: Plan | None
+    job: SbatchJob
+    problems: list[str]
+
+
+def build_job(
+    overrides: list[str],
+    config_dirs: list[Path],
+    validate: bool = False,
+    run_dir: Path | None = None,
+    python: str | None = None,
+    workdir: Path | None = None,
+) -> Built:
+    """Compose -> plan for the job's nodes -> :class:`SbatchJob`. Pure apart from reading
+    configs; ``run_dir``/``python``/``workdir`` default to the new run dir, this Python and
+    the current directory. Raises ConfigError for composition errors."""
+    from dtrain_cli.config.compose import compose_config, split_recipe
+    from dtrain_cli.launch.rundir import new_run_dir
+    from dtrain_cli.launch.slurm import cluster_problems, job_from_plan, job_problems, validate_job
+    from dtrain_cli.plan.build import Resources, build_plan
+
+    args = expand_sbatch_shorthands(overrides)
+    recipe, rest = split_recipe(args)
+    cfg = compose_config(recipe, rest, config_dirs)
+    problems = cluster_problems(cfg.cluster)
+    gpus = cfg.cluster.gpus_per_node
+    if gpus and not any(a.split("=")[0] in ("dp", "parallel.dp") for a in args):
+        # one worker per GPU on every node, unless dp was given
+        par = cfg.parallel
+        par.nproc_per_node = gpus
+        par.dp = max(1, par.nnodes * gpus // (par.tp * par.pp))
+    if validate:
+        cfg.run.name = cfg.run.name or f"validate-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = (run_dir or new_run_dir(cfg)).resolve()
+    python, workdir = python or sys.executable, (workdir or Path.cwd()).resolve()
+    plan = None
+    if validate:
+        job = validate_job(cfg, run_dir, python, workdir)
+    else:
+        # the plan of the job's nodes: their GPUs and CPUs, not this login node's
+        cpus = cfg.cluster.cpus_per_task or Resources.detect().num_cpus
+        try:
+            plan = build_plan(cfg, Resources(num_gpus=gpus, num_cpus=cpus))
+        except ConfigError as exc:
+            raise ConfigError(problems + exc.problems) from None
+        job = job_from_plan(cfg, plan, run_dir, python, workdir)
+    return Built(cfg, plan, job, problems + job_problems(job))
+
+
+def sbatch(
+    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the script (the default)."),
+    submit: bool = typer.Option(False, "--submit", help="sbatch it; print the job id."),
+    validate: bool = typer.Option(False, "--validate", help="A validate-cluster job instead."),
+) -> None:
+    """Write the run's SLURM batch script: print it (--dry-run) or submit it (--submit)."""
+    from dtrain_cli.launch.rundir import materialize
+    from dtrain_cli.launch.slurm import SCRIPT_NAME, render_sbatch
+
+    if dry_run and submit:
+        fail(["--dry-run and --submit: choose one"])
+    try:
+        built = build_job(list(overrides or []), config_dir, validate)
+    except ConfigError as exc:
+        fail(exc.problems)
+    if built.problems:
+        fail(built.problems)
+    script = render_sbatch(built.job)
+    if not submit:
+        sys.stdout.write(script)
+        return
+    if shutil.which("sbatch") is None:
+        fail(["sbatch: not found on PATH; is this a SLURM login node? (--dry-run prints)"], 1)
+    run_dir = built.job.run_dir
+    try:
+        if built.plan is not None:
+            materialize(built.cfg, built.plan, run_dir)
+        (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        fail([f"run dir {run_dir}: cannot create it ({exc})"])
+    path = run_dir / "slurm" / SCRIPT_NAME
+    path.write_text(script)
+    env = {**os.environ, "DTRAIN_LAUNCH_T0": repr(time.time())}  # first step is timed from here
+    out = subprocess.run(
+        ["sbatch", "--parsable", str(path)], capture_output=True, text=True, env=env
+    )
+    if out.returncode != 0:
+        fail([f"sbatch failed (exit {out.returncode}): {out.stderr.strip() or out.stdout}"], 1)
+    job_id = out.stdout.strip().split(";")[0]
+    (run_dir / "slurm" / "job_id").write_text(job_id + "\n")
+    err_console.print(f"submitted job {job_id}: {run_dir}", highlight=False, soft_wrap=True)
+    print(job_id)

@@ -1,0 +1,137 @@
+"""Multi-node ``dtrain launch``: the flags, their checks, and the run dir every node shares.
+
+    # on every node: node 0's address in the endpoint, the same --rdzv-id everywhere
+    dtrain launch recipe=gpt_small dp=4 --nnodes 2 --node-rank 0 \
+        --rdzv-endpoint host0:29500 --rdzv-id exp1
+
+Each node composes the same config and plan; the run dir is named after the rendezvous id
+(``run.name`` defaults to it, and the id to ``run.name``), so every node writes to the same
+folder on a shared file system. The first node to arrive creates it (``launch.json`` with
+O_EXCL: no race); the others check that it holds their config. Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dtrain_cli.config.compose import config_to_yaml
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.plan.plan import Plan
+
+LAUNCH_FILE = "launch.json"
+
+
+@dataclass
+class NodeArgs:
+    nnodes: int | None = None
+    node_rank: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+
+
+def parse_nnodes(text: str | None) -> tuple[int | None, list[str]]:
+    """``"2"`` -> 2; ``"2:2"`` -> 2; ``"1:4"`` -> an error (the plan fixes the world size)."""
+    if text is None:
+        return None, []
+    parts = text.split(":")
+    try:
+        low, high = (int(parts[0]), int(parts[-1])) if 1 <= len(parts) <= 2 else (0, 0)
+    except ValueError:
+        return None, [f"--nnodes={text}: not a node count; use N (or N:N)"]
+    if low < 1 or high < 1:
+        return None, [f"--nnodes={text}: must be a positive node count, e.g. --nnodes 2"]
+    if low != high:
+        return None, [
+            f"--nnodes={text}: elastic node ranges are not supported: the plan fixes dp*tp*pp, "
+            f"so every node count needs its own plan; use --nnodes {high} (or {low})"
+        ]
+    return low, []
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int] | None:
+    """``host:port`` / ``[v6]:port`` -> (host, port); None when malformed."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def apply_node_args(cfg: DtrainConfig, args: NodeArgs) -> list[str]:
+    """Put the flags into ``cfg.launcher``/``cfg.run``; returns problems (one line each)."""
+    problems: list[str] = []
+    nnodes = cfg.parallel.nnodes
+    if args.rdzv_endpoint is not None:
+        if parse_endpoint(args.rdzv_endpoint) is None:
+            problems.append(
+                f"--rdzv-endpoint={args.rdzv_endpoint}: expected host:port, e.g. node0:29500"
+            )
+        cfg.launcher.rdzv_endpoint = args.rdzv_endpoint
+    if args.rdzv_id is not None:
+        cfg.launcher.rdzv_id = args.rdzv_id
+    if args.node_rank is not None and not 0 <= args.node_rank < nnodes:
+        problems.append(
+            f"--node-rank={args.node_rank}: must be in [0, {nnodes}) for --nnodes {nnodes}"
+        )
+    if nnodes > 1:
+        parsed = parse_endpoint(cfg.launcher.rdzv_endpoint)
+        if parsed is None or parsed[1] == 0:
+            problems.append(
+                f"--rdzv-endpoint={cfg.launcher.rdzv_endpoint}: {nnodes} nodes need a fixed "
+                "host:port they all reach (node 0's address, e.g. --rdzv-endpoint node0:29500)"
+            )
+        cfg.launcher.rdzv_id = cfg.launcher.rdzv_id or cfg.run.name
+        cfg.run.name = cfg.run.name or cfg.launcher.rdzv_id
+        if not cfg.launcher.rdzv_id:
+            problems.append(
+                f"--nnodes {nnodes}: every node must name the same run; pass the same "
+                "--rdzv-id ID (or run.name=NAME) on every node"
+            )
+    return problems
+
+
+def join_run_dir(cfg: DtrainConfig, plan: Plan, wait_s: float = 60.0) -> Path:
+    """The run dir all nodes of one multi-node launch share. The first node creates it
+    (``launch.json`` created with O_EXCL decides who), the others wait for its
+    ``plan.yaml`` and check it matches theirs. Raises FileExistsError / ValueError."""
+    path = (Path(cfg.run.root) / str(cfg.run.name)).resolve()
+    (path / "logs").mkdir(parents=True, exist_ok=True)
+    marker = {"rdzv_id": cfg.launcher.rdzv_id, "nnodes": plan.nnodes}
+    config_text = config_to_yaml(cfg)
+    try:
+        fd = os.open(path / LAUNCH_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return _check_joined(path, marker, config_text, wait_s)
+    if (path / "plan.yaml").exists():  # a run from before multi-node launches wrote one
+        os.close(fd)
+        raise FileExistsError(f"{path} already holds a run; choose another run.name/--rdzv-id")
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(marker))
+    (path / ".config.yaml.tmp").write_text(config_text)
+    (path / ".config.yaml.tmp").replace(path / "config.yaml")
+    plan.save(path / ".plan.yaml.tmp")
+    (path / ".plan.yaml.tmp").replace(path / "plan.yaml")
+    return path
+
+
+def _check_joined(path: Path, marker: dict, config_text: str, wait_s: float) -> Path:
+    deadline = time.monotonic() + wait_s
+    while not (path / "plan.yaml").exists():
+        if time.monotonic() > deadline:
+            raise FileExistsError(f"{path}: another node started this run but wrote no plan.yaml")
+        time.sleep(0.05)
+    theirs = json.loads((path / LAUNCH_FILE).read_text() or "{}")
+    if theirs != marker:
+        raise FileExistsError(
+            f"{path} already holds a run (rendezvous id {theirs.get('rdzv_id')!r}); "
+            "choose another run.name/--rdzv-id"
+        )
+    if (path / "config.yaml").read_text() != config_text:
+        raise ValueError(
+            f"{path}/config.yaml differs from this node's config: every node must run the "
+            "same recipe and overrides"
+        )
+    return path

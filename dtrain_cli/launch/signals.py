@@ -1,0 +1,71 @@
+"""The launcher's side of preemption: pass the preemption signal on to this node's workers.
+
+    kill -USR1 <dtrain launch pid>      # workers checkpoint at the next logging step
+
+The elastic agent runs in the ``dtrain`` process and starts the workers as its children.
+SLURM's ``--signal=B:USR1@N`` reaches the batch shell, which passes it to ``srun``, which
+passes it to each node's agent (this process); by default USR1 would kill the agent and
+orphan the workers. Here the agent keeps running and forwards the signal to its children,
+whose :mod:`dtrain_cli.runtime.preemption` watcher sets the flag the trainer acts on.
+A worker that got the signal directly too (SLURM signals every process of a step) just
+sets its flag twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+from dtrain_cli.runtime.preemption import signal_number
+
+
+def child_pids(parent: int | None = None) -> list[int]:
+    """Forked children of ``parent`` (default: this process): its direct children that run
+    the same command line (the workers; not helpers such as a compiler), from /proc."""
+    parent = os.getpid() if parent is None else parent
+    try:
+        cmdline = Path(f"/proc/{parent}/cmdline").read_bytes()
+    except OSError:
+        return []
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) != parent:
+            continue
+        with contextlib.suppress(OSError):
+            if (stat.parent / "cmdline").read_bytes() == cmdline:
+                out.append(int(stat.parent.name))
+    return out
+
+
+@contextlib.contextmanager
+def forward_signal(name: str | None) -> Iterator[list[int]]:
+    """While the agent runs: on signal ``name``, send it to every child process.
+    Yields the list of signals received (for the launcher's report)."""
+    received: list[int] = []
+    if not name:
+        yield received
+        return
+    num = signal_number(name)
+    owner = os.getpid()
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != owner:  # a forked worker before it installed its own watcher
+            return
+        received.append(signum)
+        for pid in child_pids(owner):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signum)
+
+    previous = signal.signal(num, forward)
+    try:
+        yield received
+    finally:
+        signal.signal(num, previous)

@@ -1,0 +1,265 @@
+"""The sbatch script of a run, as a pure function of its config, plan and run dir. Torch-free.
+
+    dtrain sbatch recipe=gpt_small nodes=2 gpus_per_node=8 partition=gpu time=04:00:00 --dry-run
+
+One ``srun`` task per node starts dtrain's launcher (``dtrain agent RUN_DIR``), which runs
+the same elastic agent as ``dtrain launch``: rendezvous at the first host of
+``SLURM_JOB_NODELIST``, node rank from ``SLURM_NODEID``. The run dir is fixed when the job
+is submitted, so a requeued job continues the same run from its newest checkpoint.
+Preemption: SLURM sends ``cluster.signal`` to the batch shell ``signal_lead_s`` before the
+time limit (``--signal=B:...``); the shell passes it to srun, the workers checkpoint at the
+next logging step and exit 75; the shell then requeues the job, unless ``slurm/FINISHED``
+says the run completed.
+
+Every value that reaches the shell is quoted with :func:`shlex.quote` (sbatch strips the
+same quotes in ``#SBATCH`` lines); values that cannot be quoted there (newlines, control
+characters) are refused as config errors. ``cluster.setup`` lines are the site's own shell
+code and are written as they are.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dtrain_cli.config.schema import ClusterConfig, DtrainConfig
+from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime.preemption import EXIT_PREEMPTED, SIGNAL_NAMES
+
+SCRIPT_NAME = "job.sbatch"
+FINISHED = "FINISHED"
+TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$")
+MEM_RE = re.compile(r"^\d+[KMGT]?$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class SbatchJob:
+    """Everything the script says, resolved (paths absolute)."""
+
+    run_dir: Path
+    job_name: str
+    nnodes: int
+    nproc_per_node: int
+    python: str
+    workdir: Path
+    cluster: ClusterConfig
+    node_command: list[str] = field(default_factory=list)
+    """Arguments after ``$PYTHON -m dtrain_cli`` on every node (before the rdzv flags)."""
+    summary: str = ""
+    requeue: bool = True
+    preemptible: bool = True
+    """Training: SLURM warns with ``cluster.signal``; workers checkpoint and stop (exit 75)."""
+
+
+def cluster_problems(c: ClusterConfig) -> list[str]:
+    """Value checks of the ``cluster`` group, one line each (exit 2 in the CLI)."""
+    problems = []
+    if not TIME_RE.match(c.time):
+        problems.append(
+            f"cluster.time={c.time!r}: not a SLURM time; use MM, HH:MM:SS or D-HH:MM:SS"
+        )
+    if c.signal.upper().removeprefix("SIG") not in SIGNAL_NAMES:
+        problems.append(
+            f"cluster.signal={c.signal!r}: not allowed; choose one of {', '.join(SIGNAL_NAMES)}"
+        )
+    for key, value, low in (
+        ("gpus_per_node", c.gpus_per_node, 0),
+        ("signal_lead_s", c.signal_lead_s, 1),
+        ("max_requeues", c.max_requeues, 0),
+        ("rdzv_port", c.rdzv_port, 0),
+        ("cpus_per_task", c.cpus_per_task, 1),
+    ):
+        if value is not None and value < low:
+            problems.append(f"cluster.{key}={value}: must be >= {low}")
+    if c.rdzv_port > 65535:
+        problems.append(f"cluster.rdzv_port={c.rdzv_port}: must be <= 65535 (0 = from job id)")
+    if c.mem is not None and not MEM_RE.match(c.mem):
+        problems.append(f"cluster.mem={c.mem!r}: use a SLURM size such as 64G or 500M")
+    for key in c.env:
+        if not ENV_KEY_RE.match(key):
+            problems.append(f"cluster.env: {key!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    for key, value in (
+        ("partition", c.partition),
+        ("account", c.account),
+        ("qos", c.qos),
+        ("python", c.python),
+        *(("sbatch_args", a) for a in c.sbatch_args),
+        *((f"env.{k}", v) for k, v in c.env.items()),
+    ):
+        problems += _one_line(f"cluster.{key}", value)
+    for arg in c.sbatch_args:
+        if not arg.startswith("-"):
+            problems.append(
+                f"cluster.sbatch_args: {arg!r} is not an option; e.g. --constraint=a100"
+            )
+    return problems
+
+
+def _one_line(key: str, value: str | None) -> list[str]:
+    if value is not None and CONTROL_RE.search(value):
+        return [f"{key}={value!r}: newlines and control characters are not allowed"]
+    return []
+
+
+def job_problems(job: SbatchJob) -> list[str]:
+    return (
+        _one_line("job name (run.name)", job.job_name)
+        + _one_line("run directory (run.root/run.name)", str(job.run_dir))
+        + _one_line("working directory", str(job.workdir))
+    )
+
+
+def job_from_plan(
+    cfg: DtrainConfig, plan: Plan, run_dir: Path, python: str, workdir: Path
+) -> SbatchJob:
+    """A training job: every node runs ``dtrain agent RUN_DIR``."""
+    c = cfg.cluster
+    return SbatchJob(
+        run_dir=run_dir,
+        job_name=run_dir.name,
+        nnodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        python=c.python or python,
+        workdir=workdir,
+        cluster=c,
+        node_command=["agent", str(run_dir), "--nnodes", str(plan.nnodes)],
+        summary=(
+            f"run {run_dir.name} (recipe {plan.recipe}): {plan.nnodes} node(s) x "
+            f"{plan.nproc_per_node} process(es), {plan.device}/{plan.backend}, {plan.steps} steps"
+        ),
+        requeue=c.requeue,
+    )
+
+
+def validate_job(cfg: DtrainConfig, run_dir: Path, python: str, workdir: Path) -> SbatchJob:
+    """A ``dtrain validate-cluster`` job on the requested nodes (``dtrain sbatch --validate``)."""
+    c = cfg.cluster
+    nproc = c.gpus_per_node or cfg.parallel.nproc_per_node or 1
+    nnodes = cfg.parallel.nnodes
+    return SbatchJob(
+        run_dir=run_dir,
+        job_name=run_dir.name,
+        nnodes=nnodes,
+        nproc_per_node=nproc,
+        python=c.python or python,
+        workdir=workdir,
+        cluster=c,
+        node_command=[
+            "validate-cluster",
+            "--nnodes",
+            str(nnodes),
+            "--nproc-per-node",
+            str(nproc),
+            "--run-dir",
+            str(run_dir),
+        ],
+        summary=f"validate-cluster on {nnodes} node(s) x {nproc} process(es)",
+        requeue=False,
+        preemptible=False,
+    )
+
+
+def _header(job: SbatchJob) -> list[str]:
+    c, q = job.cluster, shlex.quote
+    # "%" starts a SLURM file-name pattern: "%%" is a literal one
+    out_path = q(str(job.run_dir).replace("%", "%%") + "/slurm/job-%j.out")
+    lines = [
+        f"--job-name={q(job.job_name)}",
+        f"--nodes={job.nnodes}",
+        "--ntasks-per-node=1",
+    ]
+    if c.gpus_per_node:
+        lines.append(f"--gpus-per-node={c.gpus_per_node}")
+    if c.cpus_per_task:
+        lines.append(f"--cpus-per-task={c.cpus_per_task}")
+    if c.mem:
+        lines.append(f"--mem={q(c.mem)}")
+    lines.append(f"--time={q(c.time)}")
+    for key in ("partition", "account", "qos"):
+        value = getattr(c, key)
+        if value:
+            lines.append(f"--{key}={q(value)}")
+    lines += [f"--output={out_path}", f"--error={out_path}", "--open-mode=append"]
+    lines.append("--requeue" if job.requeue else "--no-requeue")
+    if job.preemptible:
+        sig = c.signal.upper().removeprefix("SIG")
+        lines.append(f"--signal=B:{sig}@{c.signal_lead_s}")
+    lines += [q(a) for a in c.sbatch_args]
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def render_sbatch(job: SbatchJob) -> str:
+    """The script text. Pure: the same job gives the same bytes (golden-file tested)."""
+    c, q = job.cluster, shlex.quote
+    sig = c.signal.upper().removeprefix("SIG")
+    port = str(c.rdzv_port) if c.rdzv_port else "$((20000 + SLURM_JOB_ID % 20000))"
+    node_cmd = " ".join(q(a) for a in job.node_command)
+    script_path = q(str(job.run_dir / "slurm" / SCRIPT_NAME))
+    lines = [
+        "#!/bin/bash",
+        f"# dtrain sbatch: {_comment(job.summary)}",
+        f"# Resubmit (continues from the newest checkpoint): sbatch {_comment(script_path)}",
+        *_header(job),
+        "set -uo pipefail",
+        "",
+        f"RUN_DIR={q(str(job.run_dir))}",
+        f"PYTHON={q(job.python)}",
+        f"cd {q(str(job.workdir))} || exit 1",
+    ]
+    if c.setup:
+        lines += ["", "# site setup (cluster.setup)", *c.setup]
+    if c.env:
+        lines += ["", *(f"export {k}={q(v)}" for k, v in sorted(c.env.items()))]
+    lines += [
+        "",
+        'echo "dtrain: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on'
+        ' $SLURM_JOB_NODELIST"',
+        f'if [ -e "$RUN_DIR/slurm/{FINISHED}" ]; then',
+        '  echo "dtrain: $RUN_DIR already finished; not running it again"',
+        "  exit 0",
+        "fi",
+        'RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"RDZV_PORT={port}",
+        "TRAPPED=0",
+        'forward() { TRAPPED=1; echo "dtrain: got SIG$1, workers checkpoint and stop"; '
+        'kill -s "$1" "$SRUN_PID" 2>/dev/null; }',
+        f"trap 'forward {sig}' {sig}",
+        # one task per node; SLURM_NODEID (node rank) is read by `dtrain agent` on each node
+        'srun --export=ALL --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m dtrain_cli '
+        f"{node_cmd} \\",
+        '  --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" '
+        '--rdzv-id "dtrain-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" &',
+        "SRUN_PID=$!",
+        "while :; do",
+        "  TRAPPED=0",
+        '  wait "$SRUN_PID"; rc=$?',
+        '  [ "$TRAPPED" = 1 ] && [ "$rc" -gt 128 ] || break  # a trap cut the wait short',
+        "done",
+        'if [ "$rc" -eq 0 ]; then',
+        f'  date > "$RUN_DIR/slurm/{FINISHED}"  # a requeue of a finished run exits at once',
+        '  echo "dtrain: finished"',
+        "  exit 0",
+        "fi",
+    ]
+    if job.requeue:
+        lines += [
+            f'if [ "$rc" -eq {EXIT_PREEMPTED} ] && [ ! -e "$RUN_DIR/slurm/{FINISHED}" ]; then',
+            f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {c.max_requeues} ]; then',
+            '    echo "dtrain: checkpoint saved; requeueing job $SLURM_JOB_ID"',
+            '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
+            "  fi",
+            f'  echo "dtrain: not requeued (cluster.max_requeues={c.max_requeues} or scontrol'
+            ' failed); continue with: dtrain resume --ckpt $RUN_DIR"',
+            "fi",
+        ]
+    lines += ['echo "dtrain: srun exited with $rc"', 'exit "$rc"', ""]
+    return "\n".join(lines)
+
+
+def _comment(text: str) -> str:
+    """Text for a ``#`` comment line: one line, nothing that could end the comment."""
+    return CONTROL_RE.sub("?", text)
