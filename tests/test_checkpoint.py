@@ -129,7 +129,8 @@ def test_automatic_recovery_after_sigkill(straight, tmp_path):
     ]
     run = run_dtrain(cmd, tmp_path, timeout=240, env={"DTRAIN_FAULTS": "kill:step=13:rank=1"})
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.summary()["resumed_from"] == "step_000010"
+    # async: the step-10 save may still have been in flight when rank 1 died at step 13
+    assert run.summary()["resumed_from"] in ("step_000005", "step_000010")
     assert train_steps(run) == list(range(1, 21))
     assert run.summary()["param_digest"] == straight[2].summary()["param_digest"]
     assert [c.step for c in catalog.list_checkpoints(run.run_dir)] == [10, 15, 20]

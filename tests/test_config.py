@@ -47,7 +47,7 @@ def test_every_recipe_documents_its_command():
 
 
 @pytest.mark.parametrize(
-    ("recipe", "group"), list(itertools.product(["gpt_tiny", "gpt_small"], GROUPS))
+    ("recipe", "group"), list(itertools.product(["gpt_tiny", "gpt_small", "cnn_bn"], GROUPS))
 )
 def test_every_group_option_composes(recipe: str, group: str, tmp_path):
     for option in options(group):

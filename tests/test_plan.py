@@ -7,7 +7,8 @@ import math
 import pytest
 
 from dtrain_cli.config.compose import compose_config
-from dtrain_cli.plan.build import Resources, build_plan, count_params
+from dtrain_cli.plan.build import Resources, build_plan
+from dtrain_cli.plan.memory import count_params
 from dtrain_cli.plan.plan import LRPlan, Plan
 
 CPU = Resources(num_gpus=0, num_cpus=2)
@@ -206,3 +207,62 @@ def test_model_parallel_bad_input(overrides, expected):
     with pytest.raises(ConfigError) as info:
         build_plan(compose_config("gpt_tiny", overrides, validate=False), CPU)
     assert expected in "\n".join(info.value.problems)
+
+
+def test_strategy_estimates_and_comm_bytes():
+    ddp = plan_for("dp=4", "train.global_batch_size=32").estimates
+    zero = plan_for("dp=4", "train.global_batch_size=32", "parallel.strategy=zero1").estimates
+    fsdp = plan_for("dp=4", "train.global_batch_size=32", "parallel.strategy=fsdp").estimates
+    assert zero.bytes_optimizer == pytest.approx(ddp.bytes_optimizer / 4, rel=1e-6)
+    assert fsdp.bytes_grads == pytest.approx(ddp.bytes_grads / 4, rel=1e-6)
+    assert fsdp.bytes_params < ddp.bytes_params / 2
+    n = ddp.num_params
+    assert ddp.grad_payload_bytes == 4 * n and ddp.comm_bytes_per_step == int(2 * 0.75 * 4 * n)
+    fp16 = plan_for("dp=4", "train.global_batch_size=32", "comm.compression=fp16").estimates
+    assert fp16.grad_payload_bytes == 2 * n
+    psgd = plan_for(
+        "dp=4", "train.global_batch_size=32", "comm.compression=powersgd", "comm.powersgd_rank=1"
+    ).estimates
+    assert psgd.grad_payload_bytes < fp16.grad_payload_bytes / 10
+
+
+def test_cnn_param_count_matches_the_model():
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.runtime.model import build_model
+
+    cfg = compose_config("cnn_bn", [])
+    import torch
+
+    model = build_model(cfg.model, 0, torch.device("cpu"))
+    assert count_params(cfg.model) == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides", "expected"),
+    [
+        ("gpt_tiny", ["parallel.strategy=zero2"], "choose one of ddp, zero1, fsdp"),
+        ("gpt_tiny", ["parallel.cpu_offload=true"], "an fsdp option, but parallel.strategy=ddp"),
+        (
+            "gpt_tiny",
+            ["dp=2", "parallel.strategy=fsdp", "comm.compression=fp16"],
+            "DDP communication hooks apply",
+        ),
+        ("gpt_tiny", ["comm.powersgd_rank=0"], "comm.powersgd_rank=0: must be >= 1"),
+        ("gpt_tiny", ["pp=2", "sync.mode=local_sgd"], "sync.mode=local_sgd: needs strategy=ddp"),
+        ("gpt_tiny", ["tp=2", "parallel.strategy=zero1"], "use parallel.strategy=fsdp with tp"),
+        ("gpt_tiny", ["data=shapes"], "images need model.arch=cnn_bn"),
+        ("cnn_bn", ["tp=2"], "model.arch=cnn_bn: data parallel only"),
+    ],
+)
+def test_strategy_bad_input(recipe, overrides, expected):
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        build_plan(compose_config(recipe, overrides, validate=False), CPU)
+    assert expected in "\n".join(info.value.problems)
+
+
+def test_sync_bn_on_a_model_without_batchnorm_warns():
+    p = plan_for("model.sync_bn=true")
+    assert any("has no BatchNorm" in w for w in p.warnings)

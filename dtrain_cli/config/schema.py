@@ -31,6 +31,14 @@ class ModelConfig:
     bias: bool = True
     tie_embeddings: bool = False
     """Tie the LM head to the token embedding (off: keeps pipeline stages independent)."""
+    arch: str = "gpt"
+    """gpt (language model on tokens) | cnn_bn (conv + BatchNorm classifier on images)."""
+    sync_bn: bool = False
+    """Synchronize BatchNorm statistics over the dp group (cnn_bn)."""
+    channels: list[int] = field(default_factory=lambda: [16, 32])
+    """cnn_bn: output channels of each conv + BN + ReLU block."""
+    num_classes: int = 10
+    image_size: int = 16
 
 
 @dataclass
@@ -43,6 +51,8 @@ class DataConfig:
     token_dtype: str = "uint16"
     """dtype of pre-tokenized .bin files (nanoGPT writes uint16)."""
     synthetic_tokens: int = 2_000_000
+    num_samples: int = 4096
+    """source=shapes: images drawn (train + val)."""
     cache_dir: str | None = None
     """Where tokenized corpora are cached; default $DTRAIN_CACHE or ~/.cache/dtrain."""
 
@@ -53,12 +63,40 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     strategy: str = "ddp"
-    """How the dp axis holds state: ddp (replicated)."""
+    """How the dp axis holds state: ddp (replicated) | zero1 (optimizer state sharded,
+    ZeroRedundancyOptimizer) | fsdp (params, grads and optimizer state sharded, FSDP2)."""
     nproc_per_node: int | None = None
     """Processes per node; default dp*tp*pp / nnodes."""
     nnodes: int = 1
-    ddp_bucket_mb: float = 25.0
     find_unused_parameters: bool = False
+    reshard_after_forward: bool = True
+    """fsdp: free gathered parameters after forward (ZeRO-3); false keeps them (ZeRO-2)."""
+    cpu_offload: bool = False
+    """fsdp: keep sharded parameters and optimizer state in CPU memory."""
+
+
+@dataclass
+class CommConfig:
+    """Gradient communication of data parallel (DDP communication hooks)."""
+
+    compression: str = "none"
+    """none | fp16 | bf16 | powersgd (low-rank, with error feedback)."""
+    powersgd_rank: int = 4
+    powersgd_start_iter: int = 10
+    """PowerSGD: exact all-reduce for this many steps first (warm-up)."""
+    bucket_mb: float = 25.0
+    """DDP gradient bucket size: smaller starts communication earlier in backward."""
+
+
+@dataclass
+class SyncConfig:
+    """When replicas synchronize: every step (sync) or by periodic model averaging."""
+
+    mode: str = "sync"
+    """sync | local_sgd (replicas step alone, parameters averaged every ``every`` steps)."""
+    every: int = 8
+    warmup_steps: int = 0
+    """local_sgd: fully synchronous steps before local steps start."""
 
 
 @dataclass
@@ -208,6 +246,8 @@ class DtrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -12,21 +12,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.errors import ConfigError
-from dtrain_cli.config.schema import DtrainConfig, ModelConfig
+from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import config_problems
 from dtrain_cli.plan.layout import (
-    activation_bytes_per_layer,
     batch_layout,
     bubble_warning,
-    params_per_layer,
     pipeline_layout,
+    strategy_problems,
     tensor_parallel_problems,
 )
+from dtrain_cli.plan.memory import estimate
 from dtrain_cli.plan.plan import (
     MESH_DIM_NAMES,
-    BatchPlan,
     CheckpointPlan,
-    Estimates,
     LRPlan,
     MeshPlan,
     Plan,
@@ -57,14 +55,6 @@ def visible_gpu_count() -> int:
         return total
     ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
     return min(total, len(ids))
-
-
-def count_params(m: ModelConfig) -> int:
-    """Parameters of :class:`dtrain_cli.runtime.model.GPT` (a test checks the two agree)."""
-    d = m.n_embd
-    head = 0 if m.tie_embeddings else m.vocab_size * d
-    norm = d * (1 + int(m.bias))
-    return m.vocab_size * d + m.block_size * d + m.n_layer * params_per_layer(m) + norm + head
 
 
 def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
@@ -108,6 +98,8 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
             "run is on cpu; use precision=bf16 or precision=fp32"
         )
     tensor_parallel_problems(m, par.tp, par.pp, problems)
+    warnings: list[str] = []
+    strategy_problems(cfg, problems, warnings)
     batch = batch_layout(cfg, problems)
     pipeline = pipeline_layout(cfg, batch, problems)
 
@@ -129,7 +121,6 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         min_lr=min(opt.min_lr, opt.base_lr * factor),
         steps=tr.steps,
     )
-    warnings = []
     if pipeline is not None and (w := bubble_warning(pipeline, par.pp)):
         warnings.append(w)
     if opt.min_lr > lr.peak_lr:
@@ -175,28 +166,4 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         strategy=par.strategy,
         pipeline=pipeline,
         warnings=warnings,
-    )
-
-
-def estimate(cfg: DtrainConfig, batch: BatchPlan) -> Estimates:
-    """Per-rank memory (fp32 master weights) and FLOPs per token; estimates, not measurements."""
-    m, par = cfg.model, cfg.parallel
-    n = count_params(m)
-    per_rank = math.ceil(n / (par.tp * par.pp))
-    optim_words = {"adamw": 2, "sgd": 1 if cfg.optim.momentum > 0 else 0}[cfg.optim.name]
-    b = batch.micro_batch_size
-    logits = b * m.block_size * m.vocab_size * 4 * 2
-    per_layer = activation_bytes_per_layer(cfg, b)
-    activations = int(per_layer * m.n_layer / par.pp + logits)
-    params_b, grads_b, optim_b = 4 * per_rank, 4 * per_rank, 4 * optim_words * per_rank
-    non_embedding = n - m.block_size * m.n_embd
-    return Estimates(
-        num_params=n,
-        params_per_rank=per_rank,
-        bytes_params=params_b,
-        bytes_grads=grads_b,
-        bytes_optimizer=optim_b,
-        bytes_activations=activations,
-        bytes_total=params_b + grads_b + optim_b + activations,
-        flops_per_token=6 * non_embedding + 12 * m.n_layer * m.n_embd * m.block_size,
     )

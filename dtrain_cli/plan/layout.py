@@ -195,3 +195,60 @@ def bubble_warning(pipe: PipelinePlan, pp: int) -> str | None:
         f"micro-batches; use >= {need} (pipeline.microbatches, a smaller "
         f"train.micro_batch_size or a larger global batch) to bring it under"
     )
+
+
+def strategy_problems(cfg: DtrainConfig, problems: list[str], warnings: list[str]) -> None:
+    """Combinations of strategy, compression, sync mode and model that do not go together."""
+    par, m = cfg.parallel, cfg.model
+    strategy, comp, sync = par.strategy, cfg.comm.compression, cfg.sync.mode
+    if strategy != "fsdp" and (par.cpu_offload or not par.reshard_after_forward):
+        key = (
+            "parallel.cpu_offload=true"
+            if par.cpu_offload
+            else "parallel.reshard_after_forward=false"
+        )
+        problems.append(
+            f"{key}: an fsdp option, but parallel.strategy={strategy}; "
+            f"set parallel.strategy=fsdp or drop it"
+        )
+    if comp != "none" and (strategy == "fsdp" or par.tp > 1):
+        problems.append(
+            f"comm.compression={comp}: DDP communication hooks apply to "
+            f"strategy ddp/zero1 without tp; this run uses strategy={strategy}, "
+            f"tp={par.tp}"
+        )
+    if strategy == "zero1" and par.tp > 1:
+        problems.append(
+            "parallel.strategy=zero1: ZeroRedundancyOptimizer does not take "
+            "tensor-parallel (DTensor) parameters; use parallel.strategy=fsdp with tp"
+        )
+    if sync == "local_sgd":
+        if par.pp > 1 or par.tp > 1 or strategy != "ddp":
+            problems.append(
+                f"sync.mode=local_sgd: needs strategy=ddp with tp=1 and pp=1 "
+                f"(got strategy={strategy}, tp={par.tp}, pp={par.pp})"
+            )
+        if comp != "none":
+            problems.append(
+                f"comm.compression={comp}: local SGD does not all-reduce "
+                f"gradients after warm-up; use comm.compression=none"
+            )
+        if cfg.sync.warmup_steps > cfg.train.steps:
+            problems.append(
+                f"sync.warmup_steps={cfg.sync.warmup_steps}: longer than training "
+                f"(train.steps={cfg.train.steps})"
+            )
+    if m.arch == "cnn_bn":
+        if par.tp > 1 or par.pp > 1:
+            problems.append(f"model.arch=cnn_bn: data parallel only (got tp={par.tp}, pp={par.pp})")
+        if cfg.data.source != "shapes":
+            problems.append(
+                f"data.source={cfg.data.source}: model.arch=cnn_bn trains on "
+                f"images; use data=shapes"
+            )
+    elif cfg.data.source == "shapes":
+        problems.append("data.source=shapes: images need model.arch=cnn_bn (e.g. recipe=cnn_bn)")
+    if m.sync_bn and m.arch != "cnn_bn":
+        warnings.append(
+            f"model.sync_bn=true: model.arch={m.arch} has no BatchNorm; nothing to synchronize"
+        )

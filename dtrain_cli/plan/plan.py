@@ -134,6 +134,10 @@ class Estimates:
     bytes_total: int
     flops_per_token: int
     """6 N + 12 L d T (forward + backward, attention included), for MFU."""
+    comm_bytes_per_step: int = 0
+    """Bytes each rank sends over the dp group per step (ring), after compression."""
+    grad_payload_bytes: int = 0
+    """Gradient bytes each rank contributes per step after compression."""
 
 
 @dataclass

@@ -26,6 +26,7 @@ import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,6 +65,8 @@ def prepare_corpus(cfg: DataConfig, seed: int = 0) -> dict[str, Path]:
     """Tokenize (once) and return the token file of each split. Safe to call concurrently."""
     if cfg.source == "tokens":
         return _token_files(cfg)
+    if cfg.source == "shapes":  # drawn in memory by each worker (runtime/shapes.py)
+        return {}
     if cfg.source == "synthetic":
         key = f"synthetic-{cfg.synthetic_tokens}-{seed}-{cfg.val_fraction}"
         files: list[Path] = []
@@ -137,6 +140,11 @@ class TokenWindows:
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.block_size
 
+    def pairs(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, next-token targets) of the chosen windows."""
+        w = self.gather(indices)
+        return w[:, :-1], w[:, 1:]
+
     def gather(self, indices: np.ndarray) -> np.ndarray:
         """(len(indices), block_size + 1) int64 array of the chosen windows."""
         starts = indices.astype(np.int64) * self.block_size
@@ -198,7 +206,18 @@ class BatchLayout:
         )
 
 
-def open_splits(data: DataConfig, model: ModelConfig, seed: int) -> dict[str, TokenWindows]:
+def open_splits(data: DataConfig, model: ModelConfig, seed: int) -> dict[str, Any]:
+    """train/val datasets: ``len()`` and ``pairs(indices) -> (inputs, targets)``."""
+    if data.source == "shapes":
+        from dtrain_cli.runtime.shapes import ShapeImages
+
+        n_val = max(1, int(data.num_samples * data.val_fraction))
+        n_train = data.num_samples - n_val
+        args = (model.image_size, model.num_classes, seed)
+        return {
+            "train": ShapeImages(n_train, *args, offset=0),
+            "val": ShapeImages(n_val, *args, offset=n_train),
+        }
     paths = prepare_corpus(data, seed)
     dtype = data.token_dtype if data.source == "tokens" else "uint16"
     return {

@@ -110,13 +110,36 @@ class GPT(nn.Module):
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross entropy, computed in fp32 whatever the autocast dtype."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+    """Mean cross entropy over every position (next tokens, or one label per image),
+    computed in fp32 whatever the autocast dtype."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> GPT:
+class ConvBNNet(nn.Module):
+    """conv 3x3 + BatchNorm + ReLU blocks (stride 2 after the first), global average
+    pooling and a linear classifier: the smallest model where BatchNorm statistics matter."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        c_in = 3
+        for i, c in enumerate(cfg.channels):
+            blocks += [
+                nn.Conv2d(c_in, c, 3, stride=1 if i == 0 else 2, padding=1),
+                nn.BatchNorm2d(c),
+                nn.ReLU(),
+            ]
+            c_in = c
+        self.features = nn.Sequential(*blocks)
+        self.head = nn.Linear(c_in, cfg.num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(images).mean(dim=(2, 3)))
+
+
+def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> nn.Module:
     """The same weights on every rank for the same seed, whatever the layout."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = GPT(cfg)
+        model = ConvBNNet(cfg) if cfg.arch == "cnn_bn" else GPT(cfg)
     return model.to(device)

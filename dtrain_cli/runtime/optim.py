@@ -25,8 +25,11 @@ from dtrain_cli.plan.plan import LRPlan
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, peak_lr: float) -> torch.optim.Optimizer:
-    """AdamW or SGD; weight decay only on matrices (not biases, norms)."""
+def build_optimizer(
+    model: nn.Module, cfg: OptimConfig, peak_lr: float, zero_group: Any | None = None
+) -> torch.optim.Optimizer:
+    """AdamW or SGD; weight decay only on matrices (not biases, norms). With ``zero_group``
+    the optimizer state is sharded over that group (ZeRO-1, ``ZeroRedundancyOptimizer``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
@@ -35,10 +38,16 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, peak_lr: float) -> torch
         {"params": no_decay, "weight_decay": 0.0},
     ]
     if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=peak_lr, momentum=cfg.momentum)
-    return torch.optim.AdamW(
-        groups, lr=peak_lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, foreach=True
-    )
+        cls: type[torch.optim.Optimizer] = torch.optim.SGD
+        kwargs: dict[str, Any] = {"lr": peak_lr, "momentum": cfg.momentum}
+    else:
+        cls = torch.optim.AdamW
+        kwargs = {"lr": peak_lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+    if zero_group is None:
+        return cls(groups, **kwargs)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(groups, optimizer_class=cls, process_group=zero_group, **kwargs)
 
 
 class LRFactor:
@@ -83,9 +92,11 @@ def grad_norm(params: list[nn.Parameter], pp_group: Any | None) -> torch.Tensor:
 class Optimizers:
     """The optimizers (one per model part) and their LR schedulers, stepped together."""
 
-    def __init__(self, parts: list[nn.Module], cfg: OptimConfig, lr: LRPlan) -> None:
+    def __init__(
+        self, parts: list[nn.Module], cfg: OptimConfig, lr: LRPlan, zero_group: Any | None = None
+    ) -> None:
         self.parts = parts
-        self.optimizers = [build_optimizer(p, cfg, lr.peak_lr) for p in parts]
+        self.optimizers = [build_optimizer(p, cfg, lr.peak_lr, zero_group) for p in parts]
         self.schedulers = [build_scheduler(o, lr) for o in self.optimizers]
 
     @property
@@ -112,12 +123,74 @@ class Optimizers:
                 group["lr"] = group["initial_lr"] * factor(step)
 
     def state_dict(self) -> dict[str, Any]:
-        """Flattened, keyed by full-model parameter names (merged over parts)."""
+        """Flattened, keyed by full-model parameter names (merged over parts); a ZeRO rank
+        contributes the entries of the parameters it owns, in the same format."""
         out: dict[str, Any] = {}
         for part, opt in zip(self.parts, self.optimizers, strict=True):
-            out.update(get_optimizer_state_dict(part, opt, options=FLAT))
+            if is_zero(opt):
+                out.update(zero_state_dict(part, opt))
+            else:
+                out.update(get_optimizer_state_dict(part, opt, options=FLAT))
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for part, opt in zip(self.parts, self.optimizers, strict=True):
-            set_optimizer_state_dict(part, opt, optim_state_dict=state, options=FLAT)
+            if is_zero(opt):
+                load_zero_state_dict(part, opt, state)
+            else:
+                set_optimizer_state_dict(part, opt, optim_state_dict=state, options=FLAT)
+
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds (its shard under ZeRO / FSDP)."""
+        total = 0
+        for opt in self.optimizers:
+            local = opt.optim if is_zero(opt) else opt
+            for st in local.state.values():
+                for v in st.values():
+                    if isinstance(v, torch.Tensor):
+                        t = v.to_local() if isinstance(v, DTensor) else v
+                        total += t.numel() * t.element_size()
+        return total
+
+
+def is_zero(opt: torch.optim.Optimizer) -> bool:
+    return type(opt).__name__ == "ZeroRedundancyOptimizer"
+
+
+def param_names(part: nn.Module) -> dict[nn.Parameter, str]:
+    """Parameter -> full-model name (wrapper prefixes such as DDP's ``module.`` removed)."""
+    names = {}
+    for name, p in part.named_parameters():
+        names[p] = ".".join(s for s in name.split(".") if s not in ("module", "_orig_mod"))
+    return names
+
+
+def zero_state_dict(part: nn.Module, zero: Any) -> dict[str, Any]:
+    """The ZeRO shard in the flattened format of ``get_optimizer_state_dict``:
+    ``state.<fqn>.<key>`` and ``param_groups.<fqn>.<hyperparameter>``."""
+    from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+    local = zero.optim
+    _init_optim_state(local)
+    names, out = param_names(part), {}
+    for group in local.param_groups:
+        for p in group["params"]:
+            for k, v in local.state[p].items():
+                out[f"state.{names[p]}.{k}"] = v
+            for k, v in group.items():
+                if k != "params":
+                    out[f"param_groups.{names[p]}.{k}"] = v
+    return out
+
+
+def load_zero_state_dict(part: nn.Module, zero: Any, state: dict[str, Any]) -> None:
+    current = zero_state_dict(part, zero)  # the shapes and references to fill
+    for key, value in current.items():
+        new = state[key]
+        if isinstance(value, torch.Tensor):
+            value.copy_(new)
+    local, names = zero.optim, param_names(part)
+    for group in local.param_groups:
+        for k in group:
+            if k != "params" and group["params"]:
+                group[k] = state[f"param_groups.{names[group['params'][0]]}.{k}"]

@@ -1,7 +1,8 @@
 """Apply the plan's parallelism to a freshly built model: ``apply_<technique>`` functions.
 
-Fixed order (as in torchtitan): pipeline split -> tensor parallel -> compile -> data
-parallel last. Each technique takes its sub-mesh by name (``ctx.mesh["tp"]``).
+Fixed order (as in torchtitan): pipeline split -> tensor parallel -> synchronized
+BatchNorm -> compile -> data parallel last (:mod:`.data_parallel`). Each technique takes
+its sub-mesh by name (``ctx.mesh["tp"]``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime.data_parallel import apply_data_parallel
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.model import build_model
 from dtrain_cli.runtime.pipeline import build_schedule, split_stage, stages_of_rank
@@ -46,26 +48,6 @@ class ParallelModel:
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters() if p.requires_grad]
-
-
-def apply_data_parallel(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
-    """Replicas over the mesh's dp axis. 1-D: DistributedDataParallel (bucketed all-reduce
-    overlapped with backward). With tensor parallel (DTensor parameters): torch's
-    ``replicate`` on the dp sub-mesh, DDP semantics built for DTensor. dp=1: nothing."""
-    if ctx.mesh["dp"].size() == 1:
-        return model
-    if ctx.mesh["tp"].size() > 1:
-        from torch.distributed._composable.replicate_with_fsdp import replicate
-
-        return replicate(model, mesh=ctx.mesh["dp"])
-    return DDP(
-        model,
-        process_group=ctx.dp_group,
-        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
-        bucket_cap_mb=cfg.parallel.ddp_bucket_mb,
-        find_unused_parameters=cfg.parallel.find_unused_parameters,
-        gradient_as_bucket_view=True,
-    )
 
 
 def apply_compile(model: nn.Module, cfg: DtrainConfig) -> nn.Module:
@@ -107,6 +89,10 @@ def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -
     if ctx.mesh["tp"].size() > 1:
         for part in parts:
             apply_tensor_parallel(part, ctx.mesh["tp"])  # type: ignore[arg-type]
+    if cfg.model.sync_bn and ctx.mesh["dp"].size() > 1:
+        from dtrain_cli.runtime.sync_batchnorm import apply_sync_batchnorm
+
+        parts = [apply_sync_batchnorm(p, ctx.dp_group, ctx.device) for p in parts]
     parts = [apply_data_parallel(apply_compile(p, cfg), cfg, ctx) for p in parts]
     pm = ParallelModel(parts, stage_ids, pipe.num_stages if pipe else 1)
     if pipe is not None:

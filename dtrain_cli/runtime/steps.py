@@ -19,7 +19,7 @@ import torch
 
 from dtrain_cli.plan.layout import V_SHAPED
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.data import BatchLayout, SampleStream, TokenWindows
+from dtrain_cli.runtime.data import BatchLayout, SampleStream
 from dtrain_cli.runtime.model import lm_loss
 from dtrain_cli.runtime.parallelize import ParallelModel, gradient_sync
 from dtrain_cli.runtime.precision import Precision
@@ -28,9 +28,7 @@ from dtrain_cli.runtime.precision import Precision
 class Batches:
     """This rank's micro-batches of the global sample stream (see :mod:`.data`)."""
 
-    def __init__(
-        self, windows: TokenWindows, layout: BatchLayout, seed: int, device: torch.device
-    ) -> None:
+    def __init__(self, windows: Any, layout: BatchLayout, seed: int, device: torch.device) -> None:
         self.windows = windows
         self.layout = layout
         self.stream = SampleStream(len(windows), seed)
@@ -40,18 +38,18 @@ class Batches:
     def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         start = self.layout.micro_start(step, micro_step)
         idx = self.stream.indices(start, self.layout.micro_batch_size)
-        return self.to_device(self.windows.gather(idx))
+        return self.to_device(*self.windows.pairs(idx))
 
     def micro_batches(self, step: int, first: int, count: int) -> tuple[torch.Tensor, ...]:
         """Micro-steps ``first .. first+count-1`` concatenated (one pipeline call)."""
         parts = [self.micro_batch(step, k) for k in range(first, first + count)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
-    def to_device(self, array: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        t = torch.from_numpy(array)
+    def to_device(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        pair = (torch.from_numpy(x), torch.from_numpy(y))
         if self.pin:
-            t = t.pin_memory().to(self.device, non_blocking=True)
-        return t[:, :-1], t[:, 1:]
+            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in pair)
+        return pair
 
 
 class LocalStep:

@@ -35,6 +35,7 @@ from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime import faults, preemption
 from dtrain_cli.runtime.checkpoint import CheckpointManager
 from dtrain_cli.runtime.data import BatchLayout, open_splits
+from dtrain_cli.runtime.data_parallel import LocalSGD
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.metrics import MetricsSink, summary_table, truncate_metrics
 from dtrain_cli.runtime.optim import Optimizers
@@ -71,7 +72,19 @@ class Trainer:
         self.step_fn = (PipelineStep if pipelined else LocalStep)(self.pm, plan, self.precision)
         if isinstance(self.step_fn, PipelineStep):
             self._pipeline_loss.append(self.step_fn.loss_fn)
-        self.optimizers = Optimizers(self.pm.parts, cfg.optim, plan.lr)
+        sharded_dp = plan.strategy in ("zero1", "fsdp") and plan.batch.dp > 1
+        zero_group = ctx.dp_group if plan.strategy == "zero1" and plan.batch.dp > 1 else None
+        self.optimizers = Optimizers(self.pm.parts, cfg.optim, plan.lr, zero_group)
+        self.local_sgd = (
+            LocalSGD(cfg, self.pm.parameters(), ctx.dp_group)
+            if cfg.sync.mode == "local_sgd" and plan.batch.dp > 1
+            else None
+        )
+        # overflow (fp16) must be decided the same everywhere when ranks hold other gradients
+        self.overflow_group = (
+            dist.group.WORLD if plan.world_size > plan.batch.dp or sharded_dp else None
+        )
+        self.memory_measured: dict[str, int] = {}
         # ranks whose loss counts once per dp replica: the last stage, tp rank 0
         self.reports_loss = self.pm.has_last_stage and ctx.mesh["tp"].get_local_rank() == 0
         self.pp_group = ctx.mesh["pp"].get_group() if pipelined else None
@@ -137,6 +150,11 @@ class Trainer:
         self.step = int(train["step"])
         self.layout.base_step, self.layout.base_samples = self.step, int(train["samples_seen"])
         self.optimizers.lr_step = int(train["lr_step"])
+        if self.local_sgd is not None:
+            self.local_sgd.set_step(self.step)
+        for part in self.pm.parts:
+            if hasattr(getattr(part, "comm_state", None), "iter"):
+                part.comm_state.iter = self.step  # post-local-SGD warm-up counts steps
         self.resumed_from = path.name
         if self.ctx.is_logging_rank:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.step)
@@ -145,6 +163,8 @@ class Trainer:
         )
 
     def save_checkpoint(self) -> None:
+        if self.local_sgd is not None:  # replicas may differ between averagings: save one
+            self.local_sgd.average_now()
         meta = {
             "step": self.step,
             "samples_seen": self.layout.step_start(self.step),
@@ -161,13 +181,53 @@ class Trainer:
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, want_norm: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         loss = self.step_fn(self.train_batches, self.step)
-        overflow_group = None if self.plan.world_size == self.plan.batch.dp else dist.group.WORLD
         norm = self.precision.step(
-            self.optimizers, self.cfg.optim.grad_clip, want_norm, self.pp_group, overflow_group
+            self.optimizers,
+            self.cfg.optim.grad_clip,
+            want_norm,
+            self.pp_group,
+            self.overflow_group,
         )
+        if not self.memory_measured:
+            self.memory_measured = self.measure_memory()
+        if self.local_sgd is not None:  # before zero_grad: torch averages params with grads
+            self.local_sgd.after_step()
+            if self.local_sgd.last_divergence is not None:
+                if self.sink:
+                    self.sink.log(
+                        self.step + 1,
+                        {
+                            "divergence": self.local_sgd.last_divergence,
+                            "identical_after": float(self.local_sgd.identical_after),
+                        },
+                        kind="sync",
+                    )
+                self.local_sgd.last_divergence = None
         self.optimizers.zero_grad()
         self.optimizers.scheduler_step()
         return loss, norm
+
+    def measure_memory(self) -> dict[str, int]:
+        """Bytes this rank actually holds in parameters and optimizer state (local shards)."""
+        params = 0
+        for p in self.pm.parameters():
+            t = p.to_local() if isinstance(p, DTensor) else p
+            params += t.numel() * t.element_size()
+        return {"params": params, "optimizer": self.optimizers.state_bytes()}
+
+    def comm_times(self, steps: int) -> dict[str, float]:
+        """Per-step communication time of the DDP buckets since the last call, and the part
+        not hidden behind backward compute."""
+        busy = exposed = 0.0
+        found = False
+        for part in self.pm.parts:
+            timer = getattr(part, "comm_timer", None)
+            if timer is not None:
+                b, e = timer.take()
+                busy, exposed, found = busy + b, exposed + e, True
+        if not found:
+            return {}
+        return {"comm_ms": 1000 * busy / steps, "comm_exposed_ms": 1000 * exposed / steps}
 
     # -- validation -------------------------------------------------------------------------
     @torch.no_grad()
@@ -185,7 +245,7 @@ class Trainer:
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
         for i in range(0, len(chunks), group):
             idx = np.concatenate([np.arange(micro) + c * micro for c in chunks[i : i + group]]) % n
-            x, y = self.train_batches.to_device(self.val_windows.gather(idx))
+            x, y = self.train_batches.to_device(*self.val_windows.pairs(idx))
             loss = self.step_fn.eval_loss(x, y)
             if self.reports_loss:
                 totals += torch.stack(
@@ -248,6 +308,7 @@ class Trainer:
                             "grad_norm": float(norm) if norm is not None else float("nan"),
                             "tokens_per_s": tps,
                             "step_time_ms": 1000 * elapsed / window_steps,
+                            **self.comm_times(window_steps),
                         },
                     )
                 window.zero_()
@@ -267,6 +328,8 @@ class Trainer:
             if self.sink:
                 self.sink.advance(self.step)
         self.checkpoints.close()
+        if self.local_sgd is not None:
+            self.local_sgd.average_now()
         wall = time.perf_counter() - train_start
         return self._summary(wall, tokens_per_s)
 
@@ -322,6 +385,7 @@ class Trainer:
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
         startup = {k: round(v - t0, 3) for k, v in self.times.items()}
         digests = self.replica_digests()
+        est = self.plan.estimates
         param_sum, param_sq_sum = self.param_moments()
         summary = {
             "recipe": self.plan.recipe,
@@ -338,6 +402,16 @@ class Trainer:
             "replicas_identical": len(set(digests)) == 1,
             "resumed_from": self.resumed_from,
             "checkpoint_stall_s": self.checkpoints.save_stall_s,
+            "strategy": self.plan.strategy,
+            "memory_params_bytes": {
+                "estimate": est.bytes_params,
+                "measured": self.memory_measured.get("params"),
+            },
+            "memory_optimizer_bytes": {
+                "estimate": est.bytes_optimizer,
+                "measured": self.memory_measured.get("optimizer"),
+            },
+            "comm_bytes_per_step_estimate": est.comm_bytes_per_step,
             **self.bubble_report(),
             **{f"startup_{k}_s": v for k, v in startup.items()},
         }

@@ -1,0 +1,211 @@
+"""Data parallelism over the mesh's dp axis, one ``apply_*`` per strategy.
+
+    dtrain launch recipe=gpt_small dp=4 parallel.strategy=fsdp
+    dtrain launch recipe=gpt_small dp=4 comm.compression=powersgd comm.powersgd_rank=4
+    dtrain launch recipe=gpt_small dp=4 sync.mode=local_sgd sync.every=8
+
+- ``ddp`` / ``zero1``: ``DistributedDataParallel`` (bucketed all-reduce overlapped with
+  backward) with an optional communication hook: torch's fp16 and PowerSGD hooks, and a
+  bf16 hook (torch's own insists on NCCL; gloo reduces bf16 fine), or post-local-SGD.
+  With tensor parallel (DTensor parameters) torch's ``replicate`` on the dp sub-mesh.
+- ``fsdp``: FSDP2 ``fully_shard`` per transformer block and on the root; parameters,
+  gradients and optimizer state sharded (ZeRO-3; ``reshard_after_forward=false`` keeps
+  gathered parameters between forward and backward: ZeRO-2 behaviour); mixed precision
+  from ``precision`` (bf16 parameters and compute, fp32 gradient reduction).
+"""
+
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
+    PostLocalSGDState,
+    post_localSGD_hook,
+)
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.runtime.distributed import DistContext
+
+
+def bf16_compress_hook(
+    group: dist.ProcessGroup, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """torch's bf16_compress_hook without its NCCL-only guard: cast the bucket to bf16,
+    all-reduce (gloo and NCCL both reduce bf16), cast back in place."""
+    buffer = bucket.buffer()
+    compressed = buffer.to(torch.bfloat16).div_(group.size())
+
+    def decompress(fut: torch.futures.Future) -> torch.Tensor:
+        return buffer.copy_(fut.value()[0])
+
+    return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
+
+
+class CommTimer:
+    """Wraps a DDP communication hook to time each bucket's collective: total time in
+    communication, and the part left after the last bucket was handed over (exposed: not
+    hidden behind backward compute). Read and reset at logging steps."""
+
+    def __init__(self, hook: Any, state: Any) -> None:
+        self.hook, self.state = hook, state
+        self.busy_s = 0.0
+        self.last_call = self.last_done = 0.0
+        self.exposed_s = 0.0
+
+    def run(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        start = time.perf_counter()
+        self.last_call = start
+
+        def done(fut: torch.futures.Future) -> torch.Tensor:
+            end = time.perf_counter()
+            self.busy_s += end - start
+            self.last_done = max(self.last_done, end)
+            if bucket.is_last():
+                self.exposed_s += max(0.0, self.last_done - self.last_call)
+            return fut.value()
+
+        return self.hook(self.state, bucket).then(done)
+
+    def take(self) -> tuple[float, float]:
+        out = (self.busy_s, self.exposed_s)
+        self.busy_s = self.exposed_s = 0.0
+        return out
+
+
+def timed_hook(state: CommTimer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The DDP hook dtrain registers: the configured hook, timed (state is a CommTimer)."""
+    return state.run(bucket)
+
+
+def comm_hook(cfg: DtrainConfig, group: dist.ProcessGroup) -> tuple[Any, Any]:
+    """(hook, state) for DDP's ``register_comm_hook`` from comm.* and sync.*."""
+    if cfg.sync.mode == "local_sgd":
+        state = PostLocalSGDState(
+            process_group=group,
+            subgroup=None,
+            start_localSGD_iter=cfg.sync.warmup_steps,
+            post_local_gradient_allreduce=False,  # replicas step alone; averaged periodically
+        )
+        return post_localSGD_hook, state
+    comp = cfg.comm.compression
+    if comp == "fp16":
+        return default_hooks.fp16_compress_hook, group
+    if comp == "bf16":
+        return bf16_compress_hook, group
+    if comp == "powersgd":
+        state = powerSGD_hook.PowerSGDState(
+            process_group=group,
+            matrix_approximation_rank=cfg.comm.powersgd_rank,
+            start_powerSGD_iter=max(cfg.comm.powersgd_start_iter, 2),  # torch requires >= 2
+            use_error_feedback=True,
+            warm_start=True,
+            random_seed=cfg.train.seed,
+        )
+        return powerSGD_hook.powerSGD_hook, state
+    return default_hooks.allreduce_hook, group
+
+
+def apply_ddp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
+    ddp = DDP(
+        model,
+        process_group=ctx.dp_group,
+        device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+        bucket_cap_mb=cfg.comm.bucket_mb,
+        find_unused_parameters=cfg.parallel.find_unused_parameters,
+        gradient_as_bucket_view=True,
+    )
+    hook, state = comm_hook(cfg, ctx.dp_group)
+    timer = CommTimer(hook, state)
+    ddp.register_comm_hook(timer, timed_hook)
+    ddp.comm_timer = timer  # type: ignore[attr-defined]
+    ddp.comm_state = state  # type: ignore[attr-defined]
+    return ddp
+
+
+def apply_fsdp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    par = cfg.parallel
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    low = dtypes.get(cfg.precision.name)
+    kwargs: dict[str, Any] = {
+        "mesh": ctx.mesh["dp"],
+        "reshard_after_forward": par.reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32),
+    }
+    if par.cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
+    blocks = getattr(model, "layers", None)
+    for block in blocks.values() if blocks is not None else []:
+        fully_shard(block, **kwargs)
+    return fully_shard(model, **kwargs)
+
+
+def apply_data_parallel(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
+    """Replicas (or shards) over the mesh's dp axis. dp=1: nothing to do."""
+    if ctx.mesh["dp"].size() == 1:
+        return model
+    if cfg.parallel.strategy == "fsdp":
+        return apply_fsdp(model, cfg, ctx)
+    if ctx.mesh["tp"].size() > 1:
+        from torch.distributed._composable.replicate_with_fsdp import replicate
+
+        return replicate(model, mesh=ctx.mesh["dp"])
+    return apply_ddp(model, cfg, ctx)
+
+
+class LocalSGD:
+    """Periodic model averaging (torch's ``PeriodicModelAverager``) after the optimizer
+    step. Logs how far replicas drifted apart before each averaging."""
+
+    def __init__(self, cfg: DtrainConfig, params: list[nn.Parameter], group: Any) -> None:
+        from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+
+        self.averager = PeriodicModelAverager(
+            period=cfg.sync.every, warmup_steps=cfg.sync.warmup_steps, process_group=group
+        )
+        self.params = params
+        self.group = group
+        self.last_divergence: float | None = None
+        self.identical_after = True
+
+    def after_step(self) -> None:
+        """Average now if this is an averaging step; record the divergence it removed (the
+        largest relative distance of a replica from the average) and check that replicas
+        are identical afterwards."""
+        step = self.averager.step
+        averaging = step >= self.averager.warmup_steps and (
+            (step - self.averager.warmup_steps) % self.averager.period == 0
+        )
+        before = [p.detach().clone() for p in self.params] if averaging else None
+        self.averager.average_parameters(self.params)
+        if before is not None:
+            self.last_divergence = self._divergence(before)
+            self.identical_after = self.replicas_identical()
+
+    def _divergence(self, before: list[torch.Tensor]) -> float:
+        pairs = zip(before, self.params, strict=True)
+        diff = torch.stack([(b - p.detach()).norm() ** 2 for b, p in pairs]).sum().sqrt()
+        size = torch.stack([p.detach().norm() ** 2 for p in self.params]).sum().sqrt()
+        rel = (diff / size).reshape(1)
+        dist.all_reduce(rel, op=dist.ReduceOp.MAX, group=self.group)
+        return float(rel)
+
+    def replicas_identical(self) -> bool:
+        total = torch.stack([p.detach().double().sum() for p in self.params]).sum()
+        both = torch.stack([total, -total])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(both[0] == -both[1])
+
+    def average_now(self) -> None:
+        """Average outside the period (before a checkpoint, at the end): one model to save."""
+        from torch.distributed.algorithms.model_averaging.utils import average_parameters
+
+        average_parameters(iter(self.params), self.group)
+
+    def set_step(self, step: int) -> None:
+        self.averager.step = step

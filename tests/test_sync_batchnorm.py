@@ -1,0 +1,114 @@
+"""Synchronized BatchNorm on CPU/gloo equals plain BatchNorm on the concatenated batch."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from dtrain_cli.runtime.sync_batchnorm import CPUSyncBatchNorm, apply_sync_batchnorm
+
+WORLD = 2
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 4, 5, 5, generator=g) * 3 + 1
+    r = torch.randn(8, 4, 5, 5, generator=g)  # loss = sum(y * r): a non-trivial dy
+    return x, r
+
+
+def _reference() -> dict[str, torch.Tensor]:
+    x, r = _batch()
+    bn = nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5, generator=torch.Generator().manual_seed(1))
+        bn.bias.uniform_(-0.5, 0.5, generator=torch.Generator().manual_seed(2))
+    x = x.clone().requires_grad_(True)
+    y = bn(x)
+    (y * r).sum().backward()
+    return {
+        "y": y.detach(),
+        "dx": x.grad,
+        "dw": bn.weight.grad,
+        "db": bn.bias.grad,
+        "rm": bn.running_mean,
+        "rv": bn.running_var,
+        "w": bn.weight.detach(),
+        "b": bn.bias.detach(),
+    }
+
+
+def _worker(rank: int, port: int, queue: mp.SimpleQueue) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    ref = _reference()
+    model = nn.Sequential(nn.BatchNorm2d(4))
+    with torch.no_grad():
+        model[0].weight.copy_(ref["w"])
+        model[0].bias.copy_(ref["b"])
+    model = apply_sync_batchnorm(model, dist.group.WORLD, torch.device("cpu"))
+    assert isinstance(model[0], CPUSyncBatchNorm)
+    x, r = _batch()
+    half = slice(rank * 4, rank * 4 + 4)
+    xs = x[half].clone().requires_grad_(True)
+    y = model(xs)
+    (y * r[half]).sum().backward()
+    dw, db = model[0].weight.grad.clone(), model[0].bias.grad.clone()
+    dist.all_reduce(dw)  # the loss is a sum over ranks: parameter gradients add up
+    dist.all_reduce(db)
+    pairs = [
+        (y.detach(), ref["y"][half]),
+        (xs.grad, ref["dx"][half]),
+        (dw, ref["dw"]),
+        (db, ref["db"]),
+        (model[0].running_mean, ref["rm"]),
+        (model[0].running_var, ref["rv"]),
+    ]
+    # relative to each tensor's scale (weight gradients are sums over 100 elements)
+    err = max(((a - b).abs().max() / b.abs().max().clamp_min(1.0)).item() for a, b in pairs)
+    model.eval()  # eval uses the (synchronized) running statistics, no collective
+    y_eval = model(xs)
+    queue.put((rank, err, y_eval.shape == xs.shape))
+    dist.destroy_process_group()
+
+
+def test_sync_batchnorm_equals_global_batchnorm():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_worker, args=(port, queue), nprocs=WORLD, start_method="spawn")
+    results = sorted(queue.get() for _ in range(WORLD))
+    for rank, err, ok in results:
+        assert err <= 1e-6, f"rank {rank}: max difference {err}"
+        assert ok
+
+
+@pytest.mark.multiproc
+def test_cnn_bn_recipe_trains_with_sync_bn(tmp_path):
+    from tests.conftest import run_dtrain
+
+    run = run_dtrain(
+        [
+            "launch",
+            "recipe=cnn_bn",
+            "dp=2",
+            "model.sync_bn=true",
+            "train.steps=30",
+            "logging.every=10",
+            "logging.tensorboard=false",
+        ],
+        tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    losses = [r["loss"] for r in run.metrics()]
+    assert losses[-1] < losses[0]
+    assert run.summary()["replicas_identical"] is True
