@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from dtrain_cli.cli.common import (
     CONFIG_DIR_HELP,
@@ -67,7 +68,10 @@ def start_workers(
         fail([str(exc)])
     if not result.ok:
         err_console.print(
-            f"[bold red]error:[/] {result.message}", highlight=False, markup=True, soft_wrap=True
+            f"[bold red]error:[/] {escape(result.message)}",
+            highlight=False,
+            markup=True,
+            soft_wrap=True,
         )
         err_console.print(f"logs: {run_dir / 'logs'}", highlight=False)
         raise typer.Exit(result.exit_code)
