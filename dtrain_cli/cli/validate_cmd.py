@@ -129,11 +129,13 @@ def run_live(req: Any, rdzv_id: str | None, timeout: float, sizes: list[int]) ->
         rdzv_configs=rdzv_configs,
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="fork",
+        # not fork: forking the agent while its store threads run left a worker stuck
+        # before its first store call in ~1 of 4 runs with 4 ranks (forkserver: 0 of 16)
+        start_method="forkserver",
         logs_specs=DefaultLogsSpecs(log_dir=str(Path(tmp) / "elastic")),
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    args = (req.backend, timeout, sizes, str(req.run_dir), run_id, str(report_path))
+    args = (req.backend, timeout, sizes, str(req.run_dir), run_id, str(report_path), os.getpid())
     try:
         results = elastic_launch(config, check_main)(*args)
     except SignalException:  # a rank stopped the agent: some rank never arrived

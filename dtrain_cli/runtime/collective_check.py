@@ -148,6 +148,7 @@ def check_main(
     run_dir: str | None,
     token: str,
     report_path: str,
+    agent_pid: int,
 ) -> dict[str, Any]:
     """Entry point of every worker (elastic agent, fork start). Rank 0 returns the report
     and writes it to ``report_path`` (read by the CLI when the agent had to be stopped)."""
@@ -177,7 +178,7 @@ def check_main(
         if rank == 0:
             _write(report_path, report)
         if local_rank == 0:
-            os.kill(os.getppid(), signal.SIGTERM)
+            os.kill(agent_pid, signal.SIGTERM)
         return report
     device = torch.device("cpu")
     if backend == "nccl":
