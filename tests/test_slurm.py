@@ -158,6 +158,18 @@ def test_two_node_job_matches_the_single_node_run(reference, tmp_path):
         assert abs(a - b) <= 1e-5 * abs(a)
 
 
+def test_validate_cluster_as_a_two_node_job(slurm, tmp_path):
+    run = run_dtrain(["sbatch", "--validate", "nodes=2", "--submit"], tmp_path)
+    assert run.returncode == 0, run.stderr
+    job_id = run.stdout.strip()
+    info = wait_job(job_id, TERMINAL)
+    out = next(tmp_path.glob(f"runs/validate-*/slurm/job-{job_id}.out")).read_text()
+    assert info["JobState"] == "COMPLETED" and info["NumNodes"] == "2", out
+    assert out.count("validate-cluster: ok") == 2  # one report per node
+    assert "node[1-2] -> node1, node2" in out and "all 2 ranks arrived" in out
+    assert "all_reduce, 2 ranks" in out
+
+
 def test_preemption_checkpoints_requeues_and_finishes_like_an_uninterrupted_run(
     reference, tmp_path
 ):
