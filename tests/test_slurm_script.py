@@ -101,26 +101,30 @@ def test_no_value_reaches_the_shell_unquoted(tmp_path):
     run_dir = tmp_path / f"runs {NASTY}"
     (run_dir / "slurm").mkdir(parents=True)
     python = str(tmp_path / f"py {NASTY}")
+    workdir = tmp_path / f"wd {NASTY}"
+    workdir.mkdir()
     built = build_job(
         [
             "recipe=gpt_tiny",
             "dp=2",
             f"cluster.partition='{NASTY.replace(chr(39), '')}'",
             f"cluster.account='{NASTY.replace(chr(39), '')}'",
+            f"cluster.qos='{NASTY.replace(chr(39), '')}'",
             "+cluster.env.A='$(touch PWNED4)`touch PWNED5`'",
             "cluster.sbatch_args=['--comment=$(touch PWNED6)']",
         ],
         [],
         run_dir=run_dir,
         python=python,
-        workdir=tmp_path,
+        workdir=workdir,
     )
     assert built.problems == []
     script = render_sbatch(built.job)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stub(bin_dir, "scontrol", "echo node1")
-    stub(bin_dir, "srun", f'printf "%s\\n" "$@" > {shlex.quote(str(tmp_path / "argv"))}; exit 0')
+    record = f'pwd > {shlex.quote(str(tmp_path / "cwd"))}; printf "%s\\n" "$@" > '
+    stub(bin_dir, "srun", record + f"{shlex.quote(str(tmp_path / 'argv'))}; exit 0")
     env = {
         "PATH": f"{bin_dir}:/usr/bin:/bin",
         "SLURM_JOB_ID": "42",
@@ -134,6 +138,7 @@ def test_no_value_reaches_the_shell_unquoted(tmp_path):
     argv = (tmp_path / "argv").read_text().splitlines()
     assert argv[argv.index(python) + 4] == str(run_dir)  # python -m dtrain_cli agent RUN_DIR
     assert "--rdzv-endpoint" in argv and "node1:20042" in argv
+    assert (tmp_path / "cwd").read_text().strip() == str(workdir)
     assert (run_dir / "slurm" / "FINISHED").is_file()
     assert "export A='$(touch PWNED4)`touch PWNED5`'" in script
 
