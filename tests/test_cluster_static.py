@@ -161,6 +161,7 @@ def test_multinode_flags_need_a_shared_name_and_a_fixed_endpoint():
             ["--nnodes", "2", "--rdzv-id", "x", "--rdzv-endpoint", "h:1", "--node-rank", "5"],
             "[0, 2)",
         ),
+        (["cluster.signal=KILL"], "cluster.signal: signal 'KILL' is not supported; use one of"),
     ],
 )
 def test_launch_multinode_flag_errors_exit_2(args, message, tmp_path, monkeypatch):

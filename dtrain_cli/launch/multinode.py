@@ -21,6 +21,7 @@ from pathlib import Path
 from dtrain_cli.config.compose import config_to_yaml
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime.preemption import signal_number
 
 LAUNCH_FILE = "launch.json"
 
@@ -64,6 +65,10 @@ def apply_node_args(cfg: DtrainConfig, args: NodeArgs) -> list[str]:
     """Put the flags into ``cfg.launcher``/``cfg.run``; returns problems (one line each)."""
     problems: list[str] = []
     nnodes = cfg.parallel.nnodes
+    try:
+        signal_number(cfg.cluster.signal)  # the agent forwards it, workers watch it
+    except ValueError as exc:
+        problems.append(f"cluster.signal: {exc}")
     if args.rdzv_endpoint is not None:
         if parse_endpoint(args.rdzv_endpoint) is None:
             problems.append(
