@@ -1,6 +1,5 @@
-"""Composition (Hydra) and validation of the typed run config. Torch-free."""
+"""Composition (Hydra) and validation of the typed run config. Torch-free.
 
-from dtrain_cli.config.errors import ConfigError
-from dtrain_cli.config.schema import DtrainConfig
-
-__all__ = ["ConfigError", "DtrainConfig"]
+Nothing is imported here, so importing one submodule (say ``config.errors`` from the CLI)
+does not pull Hydra in: ``dtrain --help`` stays fast.
+"""

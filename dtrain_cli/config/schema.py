@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hydra.core.config_store import ConfigStore
-
 SCHEMA_NAME = "dtrain_schema"
 
 
@@ -260,4 +258,6 @@ class DtrainConfig:
 
 def register_schema() -> None:
     """Store the schema so ``configs/base.yaml`` can extend it (``defaults: [dtrain_schema]``)."""
+    from hydra.core.config_store import ConfigStore  # here, not at import: keeps --help fast
+
     ConfigStore.instance().store(name=SCHEMA_NAME, node=DtrainConfig)

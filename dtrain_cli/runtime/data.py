@@ -170,8 +170,12 @@ class SampleStream:
         return self._perm
 
     def indices(self, start: int, count: int) -> np.ndarray:
+        first, last = start // self.num_windows, (start + count - 1) // self.num_windows
+        if first == last:  # the common case: one slice of one epoch's permutation
+            offset = start - first * self.num_windows
+            return self._permutation(first)[offset : offset + count].copy()
         out = np.empty(count, dtype=np.int64)
-        for i in range(count):  # at most one epoch boundary per call in practice
+        for i in range(count):  # across an epoch boundary
             pos = start + i
             out[i] = self._permutation(pos // self.num_windows)[pos % self.num_windows]
         return out

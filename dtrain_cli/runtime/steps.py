@@ -12,6 +12,7 @@ the step's micro-batches on ranks that see the loss (the last stage), zero elsew
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -34,11 +35,16 @@ class Batches:
         self.stream = SampleStream(len(windows), seed)
         self.device = device
         self.pin = device.type == "cuda"
+        self.wait_s = 0.0
+        """Time the training loop spent getting batches (reported per step in the summary)."""
 
     def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
         start = self.layout.micro_start(step, micro_step)
         idx = self.stream.indices(start, self.layout.micro_batch_size)
-        return self.to_device(*self.windows.pairs(idx))
+        out = self.to_device(*self.windows.pairs(idx))
+        self.wait_s += time.perf_counter() - t0
+        return out
 
     def micro_batches(self, step: int, first: int, count: int) -> tuple[torch.Tensor, ...]:
         """Micro-steps ``first .. first+count-1`` concatenated (one pipeline call)."""

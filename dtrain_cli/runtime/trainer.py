@@ -96,6 +96,7 @@ class Trainer:
         )
         self.resumed_from: str | None = None
         self.busy_s = self.step_wall_s = 0.0
+        self.steps_run = 0
         self.resume()
         self.sink = None
         if ctx.is_logging_rank and console is not None:
@@ -330,6 +331,7 @@ class Trainer:
         self.checkpoints.close()
         if self.local_sgd is not None:
             self.local_sgd.average_now()
+        self.steps_run = self.step - first_step + 1
         wall = time.perf_counter() - train_start
         return self._summary(wall, tokens_per_s)
 
@@ -402,6 +404,7 @@ class Trainer:
             "replicas_identical": len(set(digests)) == 1,
             "resumed_from": self.resumed_from,
             "checkpoint_stall_s": self.checkpoints.save_stall_s,
+            "data_wait_ms_per_step": 1000 * self.train_batches.wait_s / max(1, self.steps_run),
             "strategy": self.plan.strategy,
             "memory_params_bytes": {
                 "estimate": est.bytes_params,
