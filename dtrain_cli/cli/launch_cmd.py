@@ -60,8 +60,9 @@ def start_workers(
         f"on {plan.device}/{plan.backend} -> {run_dir}",
         highlight=False,
     )
-    from dtrain_cli.launch.local import launch_local
+    from dtrain_cli.launch.local import launch_local, prestart_workers
 
+    prestart_workers(plan)
     try:
         result = launch_local(run_dir, cfg, plan, node_rank)
     except FileNotFoundError as exc:

@@ -24,6 +24,19 @@ from dtrain_cli.runtime import preemption
 EXPECTED_ERRORS = ("CheckpointError:", "FileNotFoundError:", "ValueError: ")
 
 
+def prestart_workers(plan: Plan) -> None:
+    """``start_method=forkserver``: start the fork server now, preloading torch and the
+    runtime, so its imports overlap with this process's own (torch, the elastic agent,
+    rendezvous) and every worker is forked from a process that has no threads."""
+    if plan.start_method != "forkserver":
+        return
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["dtrain_cli.runtime.worker"])
+    forkserver.ensure_running()
+
+
 @dataclass
 class LaunchResult:
     ok: bool

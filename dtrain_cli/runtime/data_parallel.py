@@ -7,6 +7,7 @@
 - ``ddp`` / ``zero1``: ``DistributedDataParallel`` (bucketed all-reduce overlapped with
   backward) with an optional communication hook: torch's fp16 and PowerSGD hooks, and a
   bf16 hook (torch's own insists on NCCL; gloo reduces bf16 fine), or post-local-SGD.
+  DDP's own runtime logging times forward, backward and communication on logging steps.
   With tensor parallel (DTensor parameters) torch's ``replicate`` on the dp sub-mesh.
 - ``fsdp``: FSDP2 ``fully_shard`` per transformer block and on the root; parameters,
   gradients and optimizer state sharded (ZeRO-3; ``reshard_after_forward=false`` keeps
@@ -14,7 +15,6 @@
   from ``precision`` (bf16 parameters and compute, fp32 gradient reduction).
 """
 
-import time
 from typing import Any
 
 import torch
@@ -31,11 +31,12 @@ from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.runtime.distributed import DistContext
 
 
-def bf16_compress_hook(
+def bf16_allreduce_hook(
     group: dist.ProcessGroup, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
-    """torch's bf16_compress_hook without its NCCL-only guard: cast the bucket to bf16,
-    all-reduce (gloo and NCCL both reduce bf16), cast back in place."""
+    """torch's bf16_compress_hook without its NCCL-only guard (DDP refuses a hook of that
+    name off NCCL): cast the bucket to bf16, all-reduce (gloo and NCCL both reduce bf16),
+    cast back in place."""
     buffer = bucket.buffer()
     compressed = buffer.to(torch.bfloat16).div_(group.size())
 
@@ -45,44 +46,9 @@ def bf16_compress_hook(
     return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
 
 
-class CommTimer:
-    """Wraps a DDP communication hook to time each bucket's collective: total time in
-    communication, and the part left after the last bucket was handed over (exposed: not
-    hidden behind backward compute). Read and reset at logging steps."""
-
-    def __init__(self, hook: Any, state: Any) -> None:
-        self.hook, self.state = hook, state
-        self.busy_s = 0.0
-        self.last_call = self.last_done = 0.0
-        self.exposed_s = 0.0
-
-    def run(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-        start = time.perf_counter()
-        self.last_call = start
-
-        def done(fut: torch.futures.Future) -> torch.Tensor:
-            end = time.perf_counter()
-            self.busy_s += end - start
-            self.last_done = max(self.last_done, end)
-            if bucket.is_last():
-                self.exposed_s += max(0.0, self.last_done - self.last_call)
-            return fut.value()
-
-        return self.hook(self.state, bucket).then(done)
-
-    def take(self) -> tuple[float, float]:
-        out = (self.busy_s, self.exposed_s)
-        self.busy_s = self.exposed_s = 0.0
-        return out
-
-
-def timed_hook(state: CommTimer, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The DDP hook dtrain registers: the configured hook, timed (state is a CommTimer)."""
-    return state.run(bucket)
-
-
-def comm_hook(cfg: DtrainConfig, group: dist.ProcessGroup) -> tuple[Any, Any]:
-    """(hook, state) for DDP's ``register_comm_hook`` from comm.* and sync.*."""
+def comm_hook(cfg: DtrainConfig, group: dist.ProcessGroup) -> tuple[Any, Any] | None:
+    """(hook, state) for DDP's ``register_comm_hook`` from comm.* and sync.*; None keeps
+    DDP's built-in (C++) all-reduce."""
     if cfg.sync.mode == "local_sgd":
         state = PostLocalSGDState(
             process_group=group,
@@ -95,7 +61,7 @@ def comm_hook(cfg: DtrainConfig, group: dist.ProcessGroup) -> tuple[Any, Any]:
     if comp == "fp16":
         return default_hooks.fp16_compress_hook, group
     if comp == "bf16":
-        return bf16_compress_hook, group
+        return bf16_allreduce_hook, group
     if comp == "powersgd":
         state = powerSGD_hook.PowerSGDState(
             process_group=group,
@@ -106,7 +72,7 @@ def comm_hook(cfg: DtrainConfig, group: dist.ProcessGroup) -> tuple[Any, Any]:
             random_seed=cfg.train.seed,
         )
         return powerSGD_hook.powerSGD_hook, state
-    return default_hooks.allreduce_hook, group
+    return None
 
 
 def apply_ddp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
@@ -118,12 +84,41 @@ def apply_ddp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Modul
         find_unused_parameters=cfg.parallel.find_unused_parameters,
         gradient_as_bucket_view=True,
     )
-    hook, state = comm_hook(cfg, ctx.dp_group)
-    timer = CommTimer(hook, state)
-    ddp.register_comm_hook(timer, timed_hook)
-    ddp.comm_timer = timer  # type: ignore[attr-defined]
-    ddp.comm_state = state  # type: ignore[attr-defined]
+    hook = comm_hook(cfg, ctx.dp_group)
+    if hook is not None:
+        ddp.register_comm_hook(hook[1], hook[0])
+        ddp.comm_state = hook[1]  # type: ignore[attr-defined]
+    # DDP times forward, backward compute, backward communication and their overlap on
+    # sampled iterations; sample the logging steps (read by ddp_step_times()).
+    ddp._set_ddp_runtime_logging_sample_rate(max(1, cfg.logging.every))
     return ddp
+
+
+def ddp_step_times(model: nn.Module) -> dict[str, float]:
+    """DDP's own timings of its latest sampled step, in ms: forward, backward compute,
+    gradient communication, and the communication not hidden behind backward compute."""
+    if not isinstance(model, DDP):
+        return {}
+    data = model._get_ddp_logging_data()
+    if "backward_comm_time" not in data:
+        return {}
+    ms = {
+        k: data.get(k, 0) / 1e6
+        for k in (
+            "forward_compute_time",
+            "backward_compute_time",
+            "backward_comm_time",
+            "backward_compute_comm_overlap_time",
+        )
+    }
+    return {
+        "forward_ms": ms["forward_compute_time"],
+        "backward_compute_ms": ms["backward_compute_time"],
+        "comm_ms": ms["backward_comm_time"],
+        "comm_exposed_ms": max(
+            0.0, ms["backward_comm_time"] - ms["backward_compute_comm_overlap_time"]
+        ),
+    }
 
 
 def apply_fsdp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:

@@ -42,7 +42,7 @@ def build_optimizer(
         kwargs: dict[str, Any] = {"lr": peak_lr, "momentum": cfg.momentum}
     else:
         cls = torch.optim.AdamW
-        kwargs = {"lr": peak_lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps}
+        kwargs = {"lr": peak_lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps, "foreach": True}
     if zero_group is None:
         return cls(groups, **kwargs)
     from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -98,10 +98,9 @@ class Optimizers:
         self.parts = parts
         self.optimizers = [build_optimizer(p, cfg, lr.peak_lr, zero_group) for p in parts]
         self.schedulers = [build_scheduler(o, lr) for o in self.optimizers]
-
-    @property
-    def params(self) -> list[nn.Parameter]:
-        return [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        self.params = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
+        self.plain_params = not any(isinstance(p, DTensor) for p in self.params)
+        """No DTensor parameters (no tensor parallel / FSDP): torch's clip_grad_norm_ applies."""
 
     def zero_grad(self) -> None:
         for o in self.optimizers:

@@ -6,7 +6,6 @@ every rank: with tensor or pipeline parallel each rank sees other gradients, so 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,13 +28,11 @@ class Precision:
             else None
         )
 
-    @contextlib.contextmanager
-    def autocast(self) -> Iterator[None]:
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """torch.autocast for bf16/fp16; a no-op context for fp32."""
         if self.dtype is None:
-            yield
-        else:
-            with torch.autocast(self.device_type, dtype=self.dtype):
-                yield
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return self.scaler.scale(loss) if self.scaler else loss
@@ -67,9 +64,13 @@ class Precision:
         norm = None
         if max_norm > 0 or want_norm:
             params = optimizers.params
-            norm = grad_norm(params, pp_group)
-            if max_norm > 0:
-                clip_to_norm(params, max_norm, norm)
+            if pp_group is None and optimizers.plain_params:  # no shards, no stages
+                limit = max_norm if max_norm > 0 else float("inf")
+                norm = torch.nn.utils.clip_grad_norm_(params, limit, foreach=True)
+            else:
+                norm = grad_norm(params, pp_group)
+                if max_norm > 0:
+                    clip_to_norm(params, max_norm, norm)
         for opt in optimizers.optimizers:
             if self.scaler:
                 self.scaler.step(opt)

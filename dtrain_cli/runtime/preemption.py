@@ -6,16 +6,15 @@
 
 The signal handler only sets a flag (no I/O, no collective, no checkpoint: a handler runs
 between two bytecodes of whatever the main thread was doing, possibly inside a collective).
-The trainer's hook, :func:`stop_agreed`, runs on every rank at every logging step: a MAX
-all-reduce of the flag over the WORLD group, so every rank stops at the same step even when
-only some got the signal (a rank of another dp group, a node SLURM signalled late). Logging
-steps are where the trainer already syncs the host with the device for the loss, so the
-check adds one 4-byte collective per logging window and no host sync; the stop comes at
-most ``logging.every`` steps after the signal (size SLURM's ``cluster.signal_lead_s`` for
+The trainer reads :func:`requested` on every rank at every logging step and sums it over
+the WORLD group inside the all-reduce it already makes there (with the loss), so every rank
+stops at the same step even when only some got the signal (a rank of another dp group, a
+node SLURM signalled late), at no extra collective or host sync; the stop comes at most
+``logging.every`` steps after the signal (size SLURM's ``cluster.signal_lead_s`` for
 that plus one checkpoint). Rank 0 then writes ``preempted.json`` beside the checkpoint;
 the launcher turns it into exit code :data:`EXIT_PREEMPTED`.
 
-Torch is imported only inside :func:`stop_agreed`: the CLI reads the constants cheaply.
+No torch here: the CLI reads the constants cheaply.
 """
 
 from __future__ import annotations
@@ -86,19 +85,10 @@ def install(signal_name: str, checkpoint_on_sigterm: bool = True) -> None:
     WATCHER.install(watched_signals(signal_name, checkpoint_on_sigterm))
 
 
-def stop_agreed(device: Any) -> bool:
-    """Trainer hook, called by every rank at the same steps (logging steps): True on all
-    ranks when any rank was signalled. A MAX all-reduce over the WORLD group; no collective
-    (and False) when no watcher is installed in this process."""
-    if not WATCHER.installed:
-        return False
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([1.0 if WATCHER.requested() else 0.0], device=device)
-    if dist.is_initialized():
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item() > 0)
+def requested() -> bool:
+    """This rank was signalled. The trainer adds it to the small vector it all-reduces at
+    every logging step (with the loss), so every rank agrees without a collective of its own."""
+    return WATCHER.installed and WATCHER.requested()
 
 
 def preempted(run_dir: Path, step: int, rank: int) -> dict[str, Any]:

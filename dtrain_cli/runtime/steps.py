@@ -65,15 +65,21 @@ class LocalStep:
         self.precision = precision
 
     def __call__(self, batches: Batches, step: int) -> torch.Tensor:
-        total = torch.zeros((), device=batches.device)
+        if self.accum == 1:  # the common case, without accumulation bookkeeping
+            x, y = batches.micro_batch(step, 0)
+            with self.precision.autocast():
+                loss = lm_loss(self.model(x), y)
+            self.precision.backward(loss)
+            return loss.detach()
+        losses = []
         for k in range(self.accum):
             x, y = batches.micro_batch(step, k)
             with gradient_sync(self.model, enabled=k == self.accum - 1):
                 with self.precision.autocast():
                     loss = lm_loss(self.model(x), y) / self.accum
                 self.precision.backward(loss)
-            total += loss.detach()
-        return total
+            losses.append(loss.detach())
+        return torch.stack(losses).sum()
 
     def eval_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.precision.autocast():

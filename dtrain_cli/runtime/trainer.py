@@ -35,7 +35,7 @@ from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime import faults, preemption
 from dtrain_cli.runtime.checkpoint import CheckpointManager
 from dtrain_cli.runtime.data import BatchLayout, open_splits
-from dtrain_cli.runtime.data_parallel import LocalSGD
+from dtrain_cli.runtime.data_parallel import LocalSGD, ddp_step_times
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.metrics import MetricsSink, summary_table, truncate_metrics
 from dtrain_cli.runtime.optim import Optimizers
@@ -216,22 +216,15 @@ class Trainer:
             params += t.numel() * t.element_size()
         return {"params": params, "optimizer": self.optimizers.state_bytes()}
 
-    def comm_times(self, steps: int) -> dict[str, float]:
-        """Per-step communication time of the DDP buckets since the last call, and the part
-        not hidden behind backward compute."""
-        busy = exposed = 0.0
-        found = False
+    def comm_times(self) -> dict[str, float]:
+        """Forward / backward / communication times of the latest logging step (DDP's own
+        runtime logging), to show whether communication hides behind backward."""
         for part in self.pm.parts:
-            timer = getattr(part, "comm_timer", None)
-            if timer is not None:
-                b, e = timer.take()
-                busy, exposed, found = busy + b, exposed + e, True
-        if not found:
-            return {}
-        return {"comm_ms": 1000 * busy / steps, "comm_exposed_ms": 1000 * exposed / steps}
+            times = ddp_step_times(part)
+            if times:
+                return times
+        return {}
 
-    # -- validation -------------------------------------------------------------------------
-    @torch.no_grad()
     def evaluate(self) -> float:
         """Mean loss over the first ``eval_batches`` global batches of the val split (the
         same samples whatever the layout), micro-batches dealt round-robin to dp ranks and
@@ -263,8 +256,9 @@ class Trainer:
         save_steps = set(plan.checkpoint.steps)
         save_every_s = 60.0 * plan.checkpoint.every_minutes
         tokens_per_step = plan.batch.tokens_per_step
-        # [loss sum, "time to save" votes]: reduced together, only at logging steps
-        window = torch.zeros(2, device=self.ctx.device)
+        # [loss sum, "time to save" votes, "stop" votes]: one all-reduce, at logging steps
+        window = torch.zeros(3, device=self.ctx.device)
+        window_losses: list[torch.Tensor] = []
         window_steps, window_start = 0, time.perf_counter()
         train_start, first_step = window_start, self.step + 1
         tokens_per_s: list[float] = []
@@ -277,7 +271,7 @@ class Trainer:
             if self.step >= first_step:  # busy vs wall per step, after the warm-up step
                 self.busy_s += time.process_time() - cpu0
                 self.step_wall_s += time.perf_counter() - wall0
-            window[0] += loss
+            window_losses.append(loss)
             window_steps += 1
             self.step += 1
             if self.step == first_step:
@@ -289,13 +283,15 @@ class Trainer:
                     save_every_s
                 ):
                     window[1] = 1.0
-                if not self.reports_loss:
-                    window[0] = 0.0
+                if preemption.requested():
+                    window[2] = 1.0
+                if self.reports_loss:
+                    window[0] = torch.stack(window_losses).sum()
                 dist.all_reduce(window, op=dist.ReduceOp.SUM)  # over all ranks: see reports_loss
-                self.last_loss = window[0].item() / (window_steps * plan.batch.dp)
-                save_now = save_now or window[1].item() > 0
-                stop = preemption.stop_agreed(self.ctx.device) and self.step < plan.steps
-                save_now = save_now or stop
+                loss_sum, save_votes, stop_votes = window.tolist()
+                self.last_loss = loss_sum / (window_steps * plan.batch.dp)
+                stop = stop_votes > 0 and self.step < plan.steps
+                save_now = save_now or save_votes > 0 or stop
                 elapsed = time.perf_counter() - window_start
                 tps = tokens_per_step * window_steps / elapsed
                 if self.step - window_steps >= first_step:  # first window: warm-up costs
@@ -309,10 +305,11 @@ class Trainer:
                             "grad_norm": float(norm) if norm is not None else float("nan"),
                             "tokens_per_s": tps,
                             "step_time_ms": 1000 * elapsed / window_steps,
-                            **self.comm_times(window_steps),
+                            **self.comm_times(),
                         },
                     )
                 window.zero_()
+                window_losses.clear()
                 window_steps, window_start = 0, time.perf_counter()
             if (eval_every and self.step % eval_every == 0) or self.step == plan.steps:
                 self.last_val_loss = self.evaluate()
