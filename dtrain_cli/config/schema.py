@@ -179,7 +179,9 @@ class LoggingConfig:
 @dataclass
 class LauncherConfig:
     start_method: str = "fork"
-    """How the elastic agent starts workers: fork (inherits imports) | spawn | forkserver."""
+    """fork (from the agent, which imported torch and the runtime once: fastest) |
+    forkserver (a server started before the agent imports torch; workers forked from it,
+    a process without threads) | spawn (each worker imports anew)."""
     max_restarts: int = 0
     rdzv_endpoint: str = "localhost:0"
     """host:port of the c10d rendezvous store; port 0 picks a free one (single node)."""

@@ -1,9 +1,11 @@
 """Start the workers on this node with torch's elastic agent (the machinery behind torchrun).
 
 c10d rendezvous, ``max_restarts`` from the plan, and ``start_method=fork`` by default:
-the agent imports torch and the runtime once, and forked workers inherit those imports,
-so the first step comes sooner than with torchrun (which re-imports in every worker).
-Forking is safe because this process never initializes CUDA.
+the agent imports torch and the runtime once and forked workers inherit them, so the
+first step comes sooner than with torchrun (which imports anew in every worker). Nothing
+here initializes CUDA before the fork. ``launcher.start_method=forkserver`` instead forks
+workers from a server that :func:`prestart_workers` starts before this process imports
+torch (no threads in the process that forks; about as fast here).
 """
 
 from __future__ import annotations
