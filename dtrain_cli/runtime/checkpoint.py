@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException as DcpCheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dtrain_cli.checkpoint import catalog
@@ -140,11 +140,19 @@ class CheckpointManager:
             tmp.mkdir(parents=True, exist_ok=True)
             save_file(rng_state(), str(tmp / f"rng_rank_{self.rank}.safetensors"))
             faults.maybe_fail("kill_in_save", step=step, rank=self.rank)
-            writer = dcp.FileSystemWriter(str(tmp), sync_files=True, overwrite=True)
             if self.async_save:
-                future = dcp.async_save(state, storage_writer=writer, process_group=self._pg)
+                # the save plan is reused across saves (the layout does not change), so the
+                # stall is staging the CPU copy, not planning collectives every time
+                writer = dcp.FileSystemWriter(str(tmp), sync_files=True, overwrite=True)
+                future = dcp.async_save(
+                    state,
+                    storage_writer=writer,
+                    process_group=self._pg,
+                    planner=DefaultSavePlanner(enable_plan_caching=True),
+                )
                 self._pending = (future, tmp, final, {"meta": meta, "files": files})
             else:
+                writer = dcp.FileSystemWriter(str(tmp), sync_files=True, overwrite=True)
                 dcp.save(state, storage_writer=writer)
                 self._finish(tmp, final, meta, files)
         except (Exception, DcpCheckpointException) as exc:  # DCP's is a BaseException

@@ -1,0 +1,74 @@
+"""Benchmark 2: wall time of short CLI commands, from process start to exit."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from harness import (
+    BIN,
+    EN_DASH,
+    Cmd,
+    Section,
+    Workspace,
+    interleaved,
+    log,
+    markdown_table,
+    rounds_label,
+    run_guarded,
+    spread,
+    used_rounds,
+)
+
+
+@dataclass(frozen=True)
+class Probe:
+    label: str
+    argv: tuple[str, ...]
+    target: str
+
+
+PROBES = (
+    Probe("dtrain --help", (str(BIN / "dtrain"), "--help"), "≤ 0.3 s"),
+    Probe(
+        "dtrain plan recipe=gpt_small",
+        (str(BIN / "dtrain"), "plan", "recipe=gpt_small"),
+        "≤ 1.0 s",
+    ),
+    Probe("torchrun --help", (str(BIN / "torchrun"), "--help"), "reference"),
+    Probe("python -c pass", (sys.executable, "-c", "pass"), "floor: the interpreter"),
+    Probe("python -c 'import torch'", (sys.executable, "-c", "import torch"), "reference"),
+)
+
+
+def cli_latency(ws: Workspace) -> Section:
+    reps = 2 if ws.quick else 5
+    walls: dict[str, list[float]] = {p.label: [] for p in PROBES}
+    clean: dict[str, list[bool]] = {p.label: [] for p in PROBES}
+    by_label = {p.label: p for p in PROBES}
+    for _, label in interleaved(reps, list(walls)):
+        walls[label].append(run_guarded(Cmd(list(by_label[label].argv)), ws, label).wall_s)
+        clean[label].append(not ws.guard.last_disturbed)
+    log("cli: " + ", ".join(f"{k} {min(v):.2f}s" for k, v in walls.items()))
+    rows = [
+        [
+            f"`{p.label}`",
+            rounds_label(clean[p.label]),
+            spread([walls[p.label][i] for i in used_rounds(clean[p.label])], lambda x: f"{x:.3f}"),
+            p.target,
+        ]
+        for p in PROBES
+    ]
+    return Section(
+        title="2. CLI latency",
+        what=(
+            "Wall seconds from starting the process to its exit (subprocess, output to a "
+            "file), the commands interleaved round-robin with the order reversed every "
+            "round. `python -c 'import torch'` and `torchrun --help` show the cost of "
+            "importing torch, which `dtrain --help` and `dtrain plan` must avoid."
+        ),
+        table=markdown_table(
+            ["command", "reps used", f"wall s, median (min{EN_DASH}max)", "target"], rows
+        ),
+        commands=[Cmd(list(p.argv)).shown(ws) for p in PROBES],
+    )

@@ -1,0 +1,114 @@
+"""dtrain's benchmark suite: ``make bench`` (= ``.venv/bin/python bench/run.py``).
+
+    .venv/bin/python bench/run.py                 # everything, ~8 minutes on 2 cores
+    .venv/bin/python bench/run.py --quick         # smoke run: fewer rounds and steps
+    .venv/bin/python bench/run.py --only cli      # one benchmark (repeatable)
+
+Writes the whole of bench/RESULTS.md each run. No torch import here: every measured
+program runs in its own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from checkpoint_bench import checkpoint_bench
+from cli_latency import cli_latency
+from harness import REPO, Section, Workspace, load_average, log, machine_lines
+from layout_bench import pipeline_bench, strategy_bench
+from programs import Pair, Workload
+from startup import time_to_first_step
+from throughput import fixed_cost, framework_overhead
+
+BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
+    "overhead": framework_overhead,
+    "fixed_cost": fixed_cost,
+    "cli": cli_latency,
+    "startup": time_to_first_step,
+    "checkpoint": checkpoint_bench,
+    "pipeline": pipeline_bench,
+    "strategies": strategy_bench,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Benchmark dtrain against plain torchrun + DDP.")
+    p.add_argument("--quick", action="store_true", help="fewer rounds and steps (smoke run)")
+    p.add_argument(
+        "--only",
+        action="append",
+        choices=list(BENCHMARKS),
+        metavar="NAME",
+        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
+    )
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
+    p.add_argument("--keep", action="store_true", help="keep the scratch folder (run dirs)")
+    return p.parse_args(argv)
+
+
+def warm_up(ws: Workspace) -> None:
+    """Tokenize the corpus into the scratch cache and run both programs once, uncounted,
+    so no measured round pays for a cold cache (data, page cache, .pyc files)."""
+    pair = Pair(ws, Workload("warmup", "gpt_tiny", 2, 1, 1, ("optim.warmup_steps=0",)))
+    pair.dtrain()
+    pair.plain()
+
+
+def results_markdown(
+    sections: list[Section], args: argparse.Namespace, ws: Workspace, load: tuple[str, str]
+) -> str:
+    cmd = (
+        "make bench" if not (args.quick or args.only) else "bench/run.py " + " ".join(sys.argv[1:])
+    )
+    mode = "quick (smoke run; too few rounds to trust)" if args.quick else "full"
+    head = [
+        "# dtrain benchmark results",
+        f"Written by `{cmd}` (`.venv/bin/python bench/run.py`), mode: {mode}. "
+        "Each run overwrites this file; bench/README.md says what each benchmark measures.",
+        "## Machine",
+        "\n".join(
+            [
+                *machine_lines(),
+                f"- load average (1/5/15 min) at start: {load[0]}; at end: {load[1]}",
+                f"- {ws.guard.report()}",
+                "- commands that failed and were run again: "
+                + ("; ".join(ws.failures) if ws.failures else "none"),
+                f"- `$REPO` = {REPO}; `$W` = a fresh scratch folder (`{ws.root}`), also the "
+                "working directory of every command",
+            ]
+        ),
+    ]
+    return "\n\n".join([*head, *(s.markdown() for s in sections)]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = list(dict.fromkeys(args.only or BENCHMARKS))
+    ws = Workspace.create(args.quick)
+    load_start = load_average()
+    start = time.perf_counter()
+    log(f"scratch folder {ws.root}; benchmarks: {', '.join(names)}")
+    try:
+        if set(names) & {"overhead", "fixed_cost", "startup"}:
+            warm_up(ws)
+        sections = []
+        for name in names:
+            t = time.perf_counter()
+            sections.append(BENCHMARKS[name](ws))
+            log(f"{name} done in {time.perf_counter() - t:.0f} s")
+        text = results_markdown(sections, args, ws, (load_start, load_average()))
+        args.out.write_text(text)
+    finally:
+        if not args.keep:
+            shutil.rmtree(ws.root, ignore_errors=True)
+    log(f"wrote {args.out} in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
