@@ -29,7 +29,6 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.api import CheckpointException as DcpCheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from dtrain_cli.checkpoint import catalog
 from dtrain_cli.checkpoint.catalog import CheckpointError
@@ -225,19 +224,3 @@ class CheckpointManager:
         if self._pg is not None:
             dist.destroy_process_group(self._pg)
             self._pg = None
-
-
-def model_and_optimizer_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Layout-independent state dicts (DDP/FSDP/TP prefixes and shards handled by torch)."""
-    return get_state_dict(model, optimizer)
-
-
-def apply_model_and_optimizer_state(
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    model_sd: dict[str, Any],
-    optim_sd: dict[str, Any],
-) -> None:
-    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)

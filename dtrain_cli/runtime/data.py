@@ -180,9 +180,6 @@ class SampleStream:
             out[i] = self._permutation(pos // self.num_windows)[pos % self.num_windows]
         return out
 
-    def epoch_of(self, position: int) -> int:
-        return position // self.num_windows
-
 
 @dataclass
 class BatchLayout:
@@ -228,12 +225,6 @@ def open_splits(data: DataConfig, model: ModelConfig, seed: int) -> dict[str, An
         split: TokenWindows.open(path, dtype, model.block_size, model.vocab_size)
         for split, path in paths.items()
     }
-
-
-def corpus_summary(windows: dict[str, TokenWindows]) -> str:
-    return ", ".join(
-        f"{k}: {len(v.tokens):,} tokens ({len(v):,} windows)" for k, v in windows.items()
-    )
 
 
 if __name__ == "__main__":  # python -m dtrain_cli.runtime.data : prepare the built-in corpus
