@@ -42,7 +42,15 @@ def build_optimizer(
         kwargs: dict[str, Any] = {"lr": peak_lr, "momentum": cfg.momentum}
     else:
         cls = torch.optim.AdamW
-        kwargs = {"lr": peak_lr, "betas": (cfg.beta1, cfg.beta2), "eps": cfg.eps, "foreach": True}
+        # foreach kernels are faster but cannot mix plain tensors and DTensors (tensor
+        # parallel keeps norms replicated as plain tensors): per-tensor loop then
+        sharded = any(isinstance(p, DTensor) for p in params)
+        kwargs = {
+            "lr": peak_lr,
+            "betas": (cfg.beta1, cfg.beta2),
+            "eps": cfg.eps,
+            "foreach": not sharded,
+        }
     if zero_group is None:
         return cls(groups, **kwargs)
     from torch.distributed.optim import ZeroRedundancyOptimizer
