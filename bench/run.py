@@ -1,6 +1,6 @@
 """dtrain's benchmark suite: ``make bench`` (= ``.venv/bin/python bench/run.py``).
 
-    .venv/bin/python bench/run.py                 # everything, ~8 minutes on 2 cores
+    .venv/bin/python bench/run.py                 # everything (see bench/README.md)
     .venv/bin/python bench/run.py --quick         # smoke run: fewer rounds and steps
     .venv/bin/python bench/run.py --only cli      # one benchmark (repeatable)
 
@@ -96,18 +96,38 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if set(names) & {"overhead", "fixed_cost", "startup"}:
             warm_up(ws)
-        sections = []
-        for name in names:
-            t = time.perf_counter()
-            sections.append(BENCHMARKS[name](ws))
-            log(f"{name} done in {time.perf_counter() - t:.0f} s")
+        sections = [run_one(name, ws) for name in names]
         text = results_markdown(sections, args, ws, (load_start, load_average()))
         args.out.write_text(text)
     finally:
         if not args.keep:
             shutil.rmtree(ws.root, ignore_errors=True)
+    failed = [s.title for s in sections if s.title.startswith(FAILED)]
     log(f"wrote {args.out} in {time.perf_counter() - start:.0f} s")
-    return 0
+    if failed:
+        log("failed: " + "; ".join(failed))
+    return 1 if failed else 0
+
+
+FAILED = "FAILED: "
+
+
+def run_one(name: str, ws: Workspace) -> Section:
+    """One benchmark's section; a benchmark that raises gets a section saying so, and the
+    others still run (the exit code is then 1)."""
+    t = time.perf_counter()
+    try:
+        section = BENCHMARKS[name](ws)
+    except Exception as exc:  # a broken benchmark must not cost the others' results
+        log(f"{name} failed after {time.perf_counter() - t:.0f} s: {exc!r}")
+        detail = "\n".join(str(exc).splitlines()[-15:])
+        return Section(
+            title=f"{FAILED}{name}",
+            what=f"`{type(exc).__name__}` after {time.perf_counter() - t:.0f} s:",
+            table=f"```\n{detail}\n```",
+        )
+    log(f"{name} done in {time.perf_counter() - t:.0f} s")
+    return section
 
 
 if __name__ == "__main__":
