@@ -292,7 +292,8 @@ class Trainer:
                 self.last_loss = loss_sum / (window_steps * plan.batch.dp)
                 stop = stop_votes > 0 and self.step < plan.steps
                 save_now = save_now or save_votes > 0 or stop
-                elapsed = time.perf_counter() - window_start
+                now = time.perf_counter()
+                elapsed = now - window_start  # the record written below counts in the next window
                 tps = tokens_per_step * window_steps / elapsed
                 if self.step - window_steps >= first_step:  # first window: warm-up costs
                     tokens_per_s.append(tps)
@@ -310,7 +311,7 @@ class Trainer:
                     )
                 window.zero_()
                 window_losses.clear()
-                window_steps, window_start = 0, time.perf_counter()
+                window_steps, window_start = 0, now
             if (eval_every and self.step % eval_every == 0) or self.step == plan.steps:
                 self.last_val_loss = self.evaluate()
                 if self.sink:
