@@ -169,8 +169,16 @@ def test_default_micro_batch_fits_the_headline_command():
     from dtrain_cli.config.compose import compose_config
 
     p = build_plan(compose_config("gpt_small", ["dp=4", "pp=2"]), CPU)
-    assert p.world_size == 8 and p.batch.global_batch_size == 16
+    assert p.world_size == 8 and p.batch.global_batch_size == 32
     assert p.pipeline.microbatches >= 2
+    # the exact command: 8 micro-batches of the 8 samples each dp rank runs
+    q = build_plan(
+        compose_config(
+            "gpt_small", ["dp=4", "pp=2", "pipeline.schedule=1f1b", "pipeline.microbatches=8"]
+        ),
+        CPU,
+    )
+    assert q.pipeline.microbatches == 8 and q.batch.micro_batch_size == 1
 
 
 def test_custom_layer_split():

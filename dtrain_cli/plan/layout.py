@@ -146,7 +146,9 @@ def pipeline_layout(
         problems.append(f"pipeline.virtual_stages={v}: schedule {name} needs exactly 2")
     num_stages = pp * v
     m_count = pipe.microbatches or batch.grad_accum
-    if batch.grad_accum % m_count:
+    if batch.grad_accum % m_count and not any(
+        p.startswith(f"pipeline.microbatches={m_count}:") for p in problems
+    ):  # the batch split already said why
         problems.append(
             f"pipeline.microbatches={m_count}: must divide the {batch.grad_accum} micro-batches "
             f"each rank runs per step (global_batch / (micro_batch_size*dp))"
