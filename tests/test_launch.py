@@ -73,3 +73,25 @@ def test_lr_follows_the_plan(run_dp2):
 def test_console_shows_progress_and_summary(run_dp2):
     assert "step 10/10" in run_dp2.stdout and "run summary" in run_dp2.stdout
     assert "done:" in run_dp2.stdout
+
+
+def test_startup_breakdown_adds_up_to_the_first_step(run_dp2):
+    """The phases in summary.json run from the command's start to the end of step 1."""
+    s = run_dp2.summary()
+    phases = s["startup_phases_s"]
+    assert list(phases) == [
+        "compose",
+        "agent",
+        "rendezvous+start",
+        "process_group",
+        "model+data+optim",
+        "step_1",
+    ]
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) == pytest.approx(s["startup_first_step_done_s"], abs=0.01)
+    line = next(
+        x
+        for x in run_dp2.stderr.splitlines() + run_dp2.stdout.splitlines()
+        if "first step done" in x
+    )
+    assert "compose" in line and "step_1" in line

@@ -158,6 +158,11 @@ def _complete_newest_first(run_dir: Path) -> Iterator[Path]:
             yield info.path
 
 
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether the run has a checkpoint to resume from (not verified: a cheap check)."""
+    return next(_complete_newest_first(run_dir), None) is not None
+
+
 def newest_complete(run_dir: Path, warn: Any = None) -> Path | None:
     """The newest checkpoint that verifies; a broken one is reported through ``warn`` and
     skipped (falls back to the previous complete checkpoint)."""

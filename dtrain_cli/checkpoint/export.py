@@ -26,8 +26,8 @@ def export_safetensors(ckpt: Path, out: Path) -> tuple[Path, Path]:
 
     from dtrain_cli.checkpoint.catalog import CheckpointError, read_meta
     from dtrain_cli.config.compose import config_from_yaml
-    from dtrain_cli.runtime.checkpoint import SafeLoadPlanner
     from dtrain_cli.runtime.model import GPT
+    from dtrain_cli.runtime.safe_load import SafeLoadPlanner
 
     cfg = config_from_yaml(ckpt / "config.yaml")
     model = GPT(cfg.model)

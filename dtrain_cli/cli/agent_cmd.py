@@ -28,6 +28,9 @@ def agent(
 ) -> None:
     """Start this node's workers for an existing run dir (what `dtrain sbatch` jobs run)."""
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    from dtrain_cli.launch import worker_server
+
+    worker_server.start()  # imports torch on another core while we read the run dir
     from dtrain_cli.config.compose import config_from_yaml
     from dtrain_cli.launch.multinode import NodeArgs, apply_node_args
     from dtrain_cli.plan.plan import Plan

@@ -31,6 +31,9 @@ def launch(
 ) -> None:
     """Train: compose the recipe, save config.yaml + plan.yaml in a new run dir, start workers."""
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    from dtrain_cli.launch import worker_server
+
+    worker_server.start(overrides)  # imports torch on another core while we compose
     from dtrain_cli.launch.multinode import NodeArgs, apply_node_args, join_run_dir, parse_nnodes
 
     count, problems = parse_nnodes(nnodes)
@@ -38,6 +41,7 @@ def launch(
     if problems:
         fail(problems)
     cfg, plan = compose_and_plan([*(overrides or []), *extra], config_dir)
+    composed = time.time()
     problems = apply_node_args(cfg, NodeArgs(count, node_rank, rdzv_endpoint, rdzv_id))
     if problems:
         fail(problems)
@@ -48,11 +52,15 @@ def launch(
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or exc
         fail([f"run.root={cfg.run.root}: cannot create the run directory ({why})"])
-    start_workers(run_dir, cfg, plan, node_rank)
+    start_workers(run_dir, cfg, plan, node_rank, {"composed": composed})
 
 
 def start_workers(
-    run_dir: Path, cfg: DtrainConfig, plan: Plan, node_rank: int | None = None
+    run_dir: Path,
+    cfg: DtrainConfig,
+    plan: Plan,
+    node_rank: int | None = None,
+    milestones: dict[str, float] | None = None,
 ) -> None:
     """Hand the materialized run to the local launcher; map its outcome to an exit code."""
     console.print(
@@ -60,13 +68,16 @@ def start_workers(
         f"on {plan.device}/{plan.backend} -> {run_dir}",
         highlight=False,
     )
-    from dtrain_cli.launch.local import launch_local, prestart_workers
+    from dtrain_cli.launch import worker_server
+    from dtrain_cli.launch.local import launch_local, prepare_workers
 
-    prestart_workers(plan)
+    prepare_workers(run_dir, cfg, plan)
     try:
-        result = launch_local(run_dir, cfg, plan, node_rank)
+        result = launch_local(run_dir, cfg, plan, node_rank, milestones)
     except FileNotFoundError as exc:
         fail([str(exc)])
+    finally:
+        worker_server.stop()
     if not result.ok:
         err_console.print(
             f"[bold red]error:[/] {escape(result.message)}",

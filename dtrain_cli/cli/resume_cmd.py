@@ -26,6 +26,9 @@ def resume(
     import os
 
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    from dtrain_cli.launch import worker_server
+
+    worker_server.start(overrides)
     from dtrain_cli.checkpoint import catalog
     from dtrain_cli.config.compose import (
         config_from_yaml,
@@ -52,6 +55,7 @@ def resume(
         plan = build_plan(cfg)
     except ConfigError as exc:
         fail(exc.problems)
+    composed = time.time()
     step = catalog.read_meta(path).get("step", 0)
     if plan.steps <= step:
         fail(
@@ -79,4 +83,4 @@ def resume(
     err_console.print(f"resuming {run_dir.name} from {path.name} (step {step})", highlight=False)
     from dtrain_cli.cli.launch_cmd import start_workers
 
-    start_workers(run_dir, cfg, plan)
+    start_workers(run_dir, cfg, plan, milestones={"composed": composed})

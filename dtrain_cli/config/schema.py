@@ -178,10 +178,10 @@ class LoggingConfig:
 
 @dataclass
 class LauncherConfig:
-    start_method: str = "fork"
-    """fork (from the agent, which imported torch and the runtime once: fastest) |
-    forkserver (a server started before the agent imports torch; workers forked from it,
-    a process without threads) | spawn (each worker imports anew)."""
+    start_method: str = "forkserver"
+    """forkserver (a server that imports torch and the runtime on another core while the
+    launcher composes; workers forked from it, a process without threads: fastest) |
+    fork (from the agent, after it imported the same) | spawn (each worker imports anew)."""
     max_restarts: int = 0
     rdzv_endpoint: str = "localhost:0"
     """host:port of the c10d rendezvous store; port 0 picks a free one (single node)."""

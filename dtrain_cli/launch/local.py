@@ -1,17 +1,21 @@
 """Start the workers on this node with torch's elastic agent (the machinery behind torchrun).
 
-c10d rendezvous, ``max_restarts`` from the plan, and ``start_method=fork`` by default:
-the agent imports torch and the runtime once and forked workers inherit them, so the
-first step comes sooner than with torchrun (which imports anew in every worker). Nothing
-here initializes CUDA before the fork. ``launcher.start_method=forkserver`` instead forks
-workers from a server that :func:`prestart_workers` starts before this process imports
-torch (no threads in the process that forks; about as fast here).
+c10d rendezvous, ``max_restarts`` from the plan, and the workers started from a fork
+server that imported torch, the runtime and what the plan needs before step 1
+(:mod:`.worker_server`, the default ``start_method=forkserver``). ``fork`` forks them
+from the agent after it imported the same once (:mod:`dtrain_cli.runtime.preload`);
+``spawn`` starts fresh interpreters. Nothing here initializes CUDA before a fork.
+
+The workers get the launcher's start-up milestones (composed, agent ready; epoch seconds)
+as an argument, for the start-up breakdown of the run summary.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,17 +30,23 @@ from dtrain_cli.runtime import preemption
 EXPECTED_ERRORS = ("CheckpointError:", "FileNotFoundError:", "ValueError: ")
 
 
-def prestart_workers(plan: Plan) -> None:
-    """``start_method=forkserver``: start the fork server now, preloading torch and the
-    runtime, so its imports overlap with this process's own (torch, the elastic agent,
-    rendezvous) and every worker is forked from a process that has no threads."""
-    if plan.start_method != "forkserver":
-        return
-    import multiprocessing
-    from multiprocessing import forkserver
+def worker_modules(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> list[str]:
+    from dtrain_cli.checkpoint.catalog import has_checkpoint
+    from dtrain_cli.runtime.preload import modules_before_first_step
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["dtrain_cli.runtime.worker"])
-    forkserver.ensure_running()
+    return modules_before_first_step(cfg, plan, resuming=has_checkpoint(run_dir))
+
+
+def prepare_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
+    """``forkserver``: name the modules the server preloads (starting it if the launch
+    command did not); otherwise end a server started for nothing."""
+    from dtrain_cli.launch import worker_server
+
+    if plan.start_method != "forkserver":
+        worker_server.stop()
+        return
+    worker_server.start()
+    worker_server.announce(worker_modules(run_dir, cfg, plan))
 
 
 @dataclass
@@ -47,7 +57,11 @@ class LaunchResult:
 
 
 def launch_local(
-    run_dir: Path, cfg: DtrainConfig, plan: Plan, node_rank: int | None = None
+    run_dir: Path,
+    cfg: DtrainConfig,
+    plan: Plan,
+    node_rank: int | None = None,
+    launcher_milestones: dict[str, float] | None = None,
 ) -> LaunchResult:
     """Start this node's workers. Multi-node: every node's agent meets at
     ``launcher.rdzv_endpoint`` under ``launcher.rdzv_id``; ``node_rank`` 0 hosts the
@@ -60,6 +74,9 @@ def launch_local(
     from dtrain_cli.runtime.worker import worker_main  # imported here so forked workers inherit it
 
     prepare_corpus(cfg.data, cfg.train.seed)  # once, before workers start
+    if plan.start_method == "fork":  # imported once here; the forked workers inherit them
+        for name in worker_modules(run_dir, cfg, plan):
+            importlib.import_module(name)
     # The agent's own logs repeat what dtrain reports (the failing rank and its error).
     for name in (
         "torch.distributed.elastic",
@@ -87,9 +104,10 @@ def launch_local(
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic")),
     )
     preemption.clear_marker(run_dir)
+    milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
     try:
         with forward_signal(cfg.cluster.signal):
-            elastic_launch(config, worker_main)(str(run_dir))
+            elastic_launch(config, worker_main)(str(run_dir), milestones)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         detail = failure.message if isinstance(failure.message, str) else str(failure.message)

@@ -2,7 +2,8 @@
 
     kill -USR1 <dtrain launch pid>      # workers checkpoint at the next logging step
 
-The elastic agent runs in the ``dtrain`` process and starts the workers as its children.
+The elastic agent runs in the ``dtrain`` process and starts the workers (as its children,
+or as children of its fork server).
 SLURM's ``--signal=B:USR1@N`` reaches the batch shell, which passes it to ``srun``, which
 passes it to each node's agent (this process); by default USR1 would kill the agent and
 orphan the workers. Here the agent keeps running and forwards the signal to its children,
@@ -23,25 +24,35 @@ from types import FrameType
 from dtrain_cli.runtime.preemption import signal_number
 
 
-def child_pids(parent: int | None = None) -> list[int]:
-    """Forked children of ``parent`` (default: this process): its direct children that run
-    the same command line (the workers; not helpers such as a compiler), from /proc."""
-    parent = os.getpid() if parent is None else parent
-    try:
-        cmdline = Path(f"/proc/{parent}/cmdline").read_bytes()
-    except OSError:
-        return []
+def _children(parent: int) -> list[tuple[int, bytes]]:
+    """(pid, cmdline) of the direct children of ``parent``, from /proc."""
     out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == parent:
+                out.append((int(stat.parent.name), (stat.parent / "cmdline").read_bytes()))
         except OSError:
             continue
-        if int(fields[1]) != parent:
-            continue
-        with contextlib.suppress(OSError):
-            if (stat.parent / "cmdline").read_bytes() == cmdline:
-                out.append(int(stat.parent.name))
+    return out
+
+
+def child_pids(parent: int | None = None) -> list[int]:
+    """The workers of the agent ``parent`` (default: this process), from /proc: its children
+    that run its own command line (forked from it), and the children of its fork server
+    (:mod:`.worker_server`), which run the server's. Not helpers such as the resource
+    tracker, a compiler, or the fork server itself."""
+    parent = os.getpid() if parent is None else parent
+    try:
+        own = Path(f"/proc/{parent}/cmdline").read_bytes()
+    except OSError:
+        return []
+    out = []
+    for pid, cmdline in _children(parent):
+        if cmdline == own:
+            out.append(pid)
+        elif b"multiprocessing.forkserver" in cmdline:
+            out.extend(p for p, c in _children(pid) if c == cmdline)
     return out
 
 

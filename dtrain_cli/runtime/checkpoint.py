@@ -7,8 +7,8 @@ layout-independent names, so a checkpoint saved with one layout loads into anoth
 reshards). Saved: model, optimizer, LR-scheduler position, grad scaler, step, samples and
 tokens seen, and each rank's RNG states (a ``safetensors`` file per rank: no pickles).
 Non-tensor optimizer entries DCP stores as bytes are read back with ``weights_only=True``
-(:class:`SafeLoadPlanner`). The folder becomes visible only when complete
-(:mod:`dtrain_cli.checkpoint.catalog`).
+(:mod:`.safe_load`). The folder becomes visible only when complete
+(:mod:`dtrain_cli.checkpoint.catalog`). DCP itself is imported at the first save or load.
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.api import CheckpointException as DcpCheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 
 from dtrain_cli.checkpoint import catalog
 from dtrain_cli.checkpoint.catalog import CheckpointError
@@ -37,17 +34,13 @@ from dtrain_cli.runtime import faults
 log = logging.getLogger("dtrain")
 
 
-class SafeLoadPlanner(DefaultLoadPlanner):
-    """DCP's default planner, but non-tensor values are unpickled with ``weights_only=True``."""
+def dcp_errors() -> tuple[type[BaseException], ...]:
+    """What a DCP call can raise: any Exception, and DCP's own ``CheckpointException``,
+    which is a BaseException. ``torch.distributed.checkpoint`` is imported at the first save
+    or load, not before the first step (about 0.7 s)."""
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    def load_bytes(self, read_item, value) -> None:
-        obj = torch.load(value, weights_only=True)
-        if self.flatten_state_dict:
-            from torch.distributed.checkpoint._nested_dict import set_element
-
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
-        else:
-            self.state_dict[read_item.dest_index.fqn] = obj
+    return (Exception, CheckpointException)
 
 
 def rng_state() -> dict[str, torch.Tensor]:
@@ -135,6 +128,9 @@ class CheckpointManager:
         self.wait()  # at most one save in flight
         final = self.root / catalog.step_dir_name(step)
         tmp = self.root / f".tmp-{final.name}-{self.attempt}"
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             save_file(rng_state(), str(tmp / f"rng_rank_{self.rank}.safetensors"))
@@ -154,7 +150,7 @@ class CheckpointManager:
                 writer = dcp.FileSystemWriter(str(tmp), sync_files=True, overwrite=True)
                 dcp.save(state, storage_writer=writer)
                 self._finish(tmp, final, meta, files)
-        except (Exception, DcpCheckpointException) as exc:  # DCP's is a BaseException
+        except dcp_errors() as exc:
             raise CheckpointError(
                 f"cannot write checkpoint {tmp}: {root_cause(exc, tmp)}"
             ) from None
@@ -174,7 +170,7 @@ class CheckpointManager:
         try:
             future.result()
             self._finish(tmp, final, extra["meta"], extra["files"])
-        except (Exception, DcpCheckpointException) as exc:
+        except dcp_errors() as exc:
             raise CheckpointError(
                 f"cannot write checkpoint {tmp}: {root_cause(exc, tmp)}"
             ) from None
@@ -200,11 +196,15 @@ class CheckpointManager:
     # -- loading -----------------------------------------------------------------------------
     def load(self, path: Path, state: dict[str, Any]) -> None:
         """Load into ``state`` in place (DCP reshards to this layout)."""
+        import torch.distributed.checkpoint as dcp
+
+        from dtrain_cli.runtime.safe_load import SafeLoadPlanner
+
         try:
             dcp.load(
                 state, storage_reader=dcp.FileSystemReader(str(path)), planner=SafeLoadPlanner()
             )
-        except (Exception, DcpCheckpointException) as exc:
+        except dcp_errors() as exc:
             raise CheckpointError(
                 f"{path}: cannot be loaded into this model/layout "
                 f"({str(exc).splitlines()[0][:300]})"

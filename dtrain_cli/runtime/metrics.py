@@ -175,3 +175,26 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
 def make_console(is_logging_rank: bool) -> Console | None:
     return Console(file=sys.stdout) if is_logging_rank else None
+
+
+# (phase, milestone it ends at), in order; a phase whose milestones are missing (a worker
+# started by srun has no agent milestones) is left out
+STARTUP_PHASES = (
+    ("compose", "composed"),  # interpreter start, CLI imports, Hydra compose, plan
+    ("agent", "agent_ready"),  # torch + the runtime imported, run dir, data prepared
+    ("rendezvous+start", "worker_start"),  # c10d rendezvous, workers forked
+    ("process_group", "process_group_ready"),
+    ("model+data+optim", "model_ready"),
+    ("step_1", "first_step_done"),
+)
+
+
+def startup_phases(times: dict[str, float], t0: float) -> dict[str, float]:
+    """Seconds spent in each start-up phase, from the launch command (``t0``) on."""
+    out: dict[str, float] = {}
+    previous = t0
+    for phase, milestone in STARTUP_PHASES:
+        if milestone in times:
+            out[phase] = times[milestone] - previous
+            previous = times[milestone]
+    return out

@@ -11,18 +11,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from dtrain_cli.config.schema import OptimConfig
 from dtrain_cli.plan.plan import LRPlan
+from dtrain_cli.runtime.dtensors import full_tensor, is_dtensor, local_tensor
 
-FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+# torch.distributed.checkpoint (about 0.7 s to import) is imported where a checkpoint is
+# saved or loaded, not before the first step.
 
 
 def build_optimizer(
@@ -44,7 +40,7 @@ def build_optimizer(
         cls = torch.optim.AdamW
         # foreach kernels are faster but cannot mix plain tensors and DTensors (tensor
         # parallel keeps norms replicated as plain tensors): per-tensor loop then
-        sharded = any(isinstance(p, DTensor) for p in params)
+        sharded = any(is_dtensor(p) for p in params)
         kwargs = {
             "lr": peak_lr,
             "betas": (cfg.beta1, cfg.beta2),
@@ -78,7 +74,7 @@ def group_by_mesh(tensors: list[torch.Tensor]) -> dict[Any, list[torch.Tensor]]:
     kernels cannot mix them)."""
     groups: dict[Any, list[torch.Tensor]] = {}
     for t in tensors:
-        key = (id(t.device_mesh), t.placements) if isinstance(t, DTensor) else None
+        key = (id(t.device_mesh), t.placements) if is_dtensor(t) else None
         groups.setdefault(key, []).append(t)
     return groups
 
@@ -91,7 +87,7 @@ def grad_norm(params: list[nn.Parameter], pp_group: Any | None) -> torch.Tensor:
     sq = torch.zeros((), device=device)
     for group in group_by_mesh(grads).values():
         norm = torch.nn.utils.get_total_norm(group, foreach=True)
-        sq = sq + (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
+        sq = sq + full_tensor(norm) ** 2
     if pp_group is not None:
         dist.all_reduce(sq, group=pp_group)
     return sq.sqrt()
@@ -107,7 +103,7 @@ class Optimizers:
         self.optimizers = [build_optimizer(p, cfg, lr.peak_lr, zero_group) for p in parts]
         self.schedulers = [build_scheduler(o, lr) for o in self.optimizers]
         self.params = [p for o in self.optimizers for g in o.param_groups for p in g["params"]]
-        self.plain_params = not any(isinstance(p, DTensor) for p in self.params)
+        self.plain_params = not any(is_dtensor(p) for p in self.params)
         """No DTensor parameters (no tensor parallel / FSDP): torch's clip_grad_norm_ applies."""
 
     def zero_grad(self) -> None:
@@ -132,20 +128,24 @@ class Optimizers:
     def state_dict(self) -> dict[str, Any]:
         """Flattened, keyed by full-model parameter names (merged over parts); a ZeRO rank
         contributes the entries of the parameters it owns, in the same format."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
         out: dict[str, Any] = {}
         for part, opt in zip(self.parts, self.optimizers, strict=True):
             if is_zero(opt):
                 out.update(zero_state_dict(part, opt))
             else:
-                out.update(get_optimizer_state_dict(part, opt, options=FLAT))
+                out.update(get_optimizer_state_dict(part, opt, options=flat_options()))
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
         for part, opt in zip(self.parts, self.optimizers, strict=True):
             if is_zero(opt):
                 load_zero_state_dict(part, opt, state)
             else:
-                set_optimizer_state_dict(part, opt, optim_state_dict=state, options=FLAT)
+                set_optimizer_state_dict(part, opt, optim_state_dict=state, options=flat_options())
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (its shard under ZeRO / FSDP)."""
@@ -155,9 +155,16 @@ class Optimizers:
             for st in local.state.values():
                 for v in st.values():
                     if isinstance(v, torch.Tensor):
-                        t = v.to_local() if isinstance(v, DTensor) else v
+                        t = local_tensor(v)
                         total += t.numel() * t.element_size()
         return total
+
+
+def flat_options() -> Any:
+    """DCP state-dict options: optimizer state flattened to ``state.<fqn>.<key>``."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def is_zero(opt: torch.optim.Optimizer) -> bool:

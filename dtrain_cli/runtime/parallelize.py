@@ -21,8 +21,6 @@ from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime.data_parallel import apply_data_parallel
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.model import build_model
-from dtrain_cli.runtime.pipeline import build_schedule, split_stage, stages_of_rank
-from dtrain_cli.runtime.tensor_parallel import apply_tensor_parallel
 
 
 @dataclass
@@ -80,13 +78,18 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
 def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -> ParallelModel:
     model = build_model(cfg.model, cfg.train.seed, ctx.device)
     pipe = plan.pipeline
+    # pipelining (torch._dynamo) and DTensor cost about a second to import: only when used
     if pipe is not None:
+        from dtrain_cli.runtime.pipeline import build_schedule, split_stage, stages_of_rank
+
         stage_ids = stages_of_rank(pipe, ctx.mesh["pp"].get_local_rank())
         parts: list[nn.Module] = [split_stage(model, pipe, s) for s in stage_ids]
         del model
     else:
         stage_ids, parts = [0], [model]
     if ctx.mesh["tp"].size() > 1:
+        from dtrain_cli.runtime.tensor_parallel import apply_tensor_parallel
+
         for part in parts:
             apply_tensor_parallel(part, ctx.mesh["tp"])  # type: ignore[arg-type]
     if cfg.model.sync_bn and ctx.mesh["dp"].size() > 1:

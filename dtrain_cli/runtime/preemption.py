@@ -46,6 +46,12 @@ def signal_number(name: str) -> int:
     return int(getattr(signal, f"SIG{short}"))
 
 
+# What a scheduler may send to every process of a job step (SLURM: the preemption signal
+# to the whole step, TERM at the time limit): helper processes that must outlive the
+# workers (the fork server) ignore these.
+STEP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
 class PreemptionWatcher:
     """Remembers that a watched signal arrived. ``install`` once per process, in the main
     thread; ``requested`` is cheap and local (no collective)."""

@@ -22,12 +22,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from rich.console import Console
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    set_model_state_dict,
-)
-from torch.distributed.tensor import DTensor
 
 from dtrain_cli.checkpoint.catalog import newest_complete
 from dtrain_cli.config.schema import DtrainConfig
@@ -37,7 +31,13 @@ from dtrain_cli.runtime.checkpoint import CheckpointManager
 from dtrain_cli.runtime.data import BatchLayout, open_splits
 from dtrain_cli.runtime.data_parallel import LocalSGD, ddp_step_times
 from dtrain_cli.runtime.distributed import DistContext
-from dtrain_cli.runtime.metrics import MetricsSink, summary_table, truncate_metrics
+from dtrain_cli.runtime.dtensors import full_tensor, local_tensor
+from dtrain_cli.runtime.metrics import (
+    MetricsSink,
+    startup_phases,
+    summary_table,
+    truncate_metrics,
+)
 from dtrain_cli.runtime.optim import Optimizers
 from dtrain_cli.runtime.parallelize import parallelize
 from dtrain_cli.runtime.precision import Precision
@@ -111,6 +111,8 @@ class Trainer:
 
     # -- checkpoint state ---------------------------------------------------------------------
     def model_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
         out: dict[str, Any] = {}
         for part in self.pm.parts:
             out.update(get_model_state_dict(part))
@@ -140,6 +142,8 @@ class Trainer:
         path = newest_complete(self.run_dir, warn=log.warning)
         if path is None:
             return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
         state = self.state()
         self.checkpoints.load(path, state)
         for part in self.pm.parts:
@@ -212,7 +216,7 @@ class Trainer:
         """Bytes this rank actually holds in parameters and optimizer state (local shards)."""
         params = 0
         for p in self.pm.parameters():
-            t = p.to_local() if isinstance(p, DTensor) else p
+            t = local_tensor(p)
             params += t.numel() * t.element_size()
         return {"params": params, "optimizer": self.optimizers.state_bytes()}
 
@@ -338,7 +342,7 @@ class Trainer:
         data-parallel replicas must hold bit-identical parameters."""
         h = hashlib.sha256()
         for p in self.pm.parameters():
-            local = p.to_local() if isinstance(p, DTensor) else p
+            local = local_tensor(p)
             h.update(local.detach().cpu().contiguous().numpy().tobytes())
         out: list[str | None] = [None] * self.plan.batch.dp
         dist.all_gather_object(out, h.hexdigest(), group=self.ctx.dp_group)
@@ -349,7 +353,7 @@ class Trainer:
         sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
         counts_once = self.ctx.dp_rank == 0 and self.ctx.mesh["tp"].get_local_rank() == 0
         for p in self.pm.parameters():
-            full = p.full_tensor() if isinstance(p, DTensor) else p  # collective under TP
+            full = full_tensor(p)  # collective under TP
             if counts_once:
                 full = full.detach().double()
                 sums += torch.stack([full.sum(), full.square().sum()])
@@ -379,7 +383,10 @@ class Trainer:
     def _mark_first_step(self) -> None:
         self.times["first_step_done"] = time.time()
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
-        log.info("first step done %.2f s after launch", self.times["first_step_done"] - t0)
+        phases = " · ".join(f"{k} {v:.2f}" for k, v in startup_phases(self.times, t0).items())
+        log.info(
+            "first step done %.2f s after launch (%s)", self.times["first_step_done"] - t0, phases
+        )
 
     def _summary(self, wall: float, tokens_per_s: list[float]) -> dict[str, Any]:
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
@@ -415,6 +422,7 @@ class Trainer:
             "comm_bytes_per_step_estimate": est.comm_bytes_per_step,
             **self.bubble_report(),
             **{f"startup_{k}_s": v for k, v in startup.items()},
+            "startup_phases_s": {k: round(v, 3) for k, v in startup_phases(self.times, t0).items()},
         }
         if self.ctx.is_logging_rank:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

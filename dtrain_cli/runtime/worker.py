@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,15 @@ log = logging.getLogger("dtrain")
 
 
 @record
-def worker_main(run_dir: str) -> dict[str, Any]:
+def worker_main(
+    run_dir: str, launcher_milestones: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """One rank's run. ``launcher_milestones``: epoch times the launcher recorded before
+    this worker started (config composed, agent ready), for the start-up breakdown."""
     started = time.time()
+    server = sys.modules.get("dtrain_cli.runtime.server_preload")
+    if server is not None:  # forked from the fork server, which ignores some signals
+        server.restore_worker_signals()
     path = Path(run_dir)
     plan = Plan.load(path / "plan.yaml")
     cfg = config_from_yaml(path / "config.yaml")
@@ -50,7 +58,10 @@ def worker_main(run_dir: str) -> dict[str, Any]:
     try:
         trainer = Trainer(cfg, plan, ctx, path, console)
         trainer.times.update(
-            worker_start=started, process_group_ready=pg_ready, model_ready=time.time()
+            launcher_milestones or {},
+            worker_start=started,
+            process_group_ready=pg_ready,
+            model_ready=time.time(),
         )
         return trainer.train()
     except Exception:

@@ -1,0 +1,98 @@
+"""The fork server the workers start from (``launcher.start_method=forkserver``, default).
+
+torch's elastic agent starts workers through multiprocessing's fork server when asked to.
+The launch commands start that server as their first act, before the config is composed
+or torch is imported here, so the server imports torch and the runtime on a second core
+while this process composes, plans and imports torch for the agent: the workers are forked
+from it with everything loaded, and the first step comes sooner than with ``fork`` from
+the agent (which must import everything itself first) or ``torchrun`` (every worker imports
+anew). Forking from the server is also safe where forking the agent is not: the agent runs
+the rendezvous store's threads by then.
+
+Which modules a worker needs before its first step beyond torch and the runtime depends on
+the plan (``torch._dynamo`` for DDP, DCP to resume, pipelining...), and the plan does not
+exist when the server starts: the server's preload module,
+:mod:`dtrain_cli.runtime.server_preload`, imports the worker entry point and then waits
+for the list :func:`announce` writes.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import tempfile
+from multiprocessing import forkserver
+
+from dtrain_cli.runtime.preemption import STEP_SIGNALS
+
+PRELOAD_FILE_ENV = "DTRAIN_PRELOAD_FILE"
+LAUNCHER_PID_ENV = "DTRAIN_PRELOAD_LAUNCHER_PID"
+BASE_PRELOAD = ["dtrain_cli.runtime.server_preload"]  # it imports the worker, then waits
+
+_preload_file: str | None = None  # where the server waits for the list; None once written
+_running = False
+
+
+def start(overrides: list[str] | None = None) -> None:
+    """Start the server now unless the overrides ask for another start method (a recipe that
+    does can still say so: :func:`stop` then ends the server, unused)."""
+    global _preload_file, _running
+    if _running:
+        return
+    for item in overrides or []:
+        key, _, value = item.lstrip("+").partition("=")
+        if key == "launcher.start_method" and value != "forkserver":
+            return
+    fd, path = tempfile.mkstemp(prefix="dtrain-preload-", suffix=".json")
+    os.close(fd)
+    os.unlink(path)  # the server waits for this path to appear
+    os.environ[PRELOAD_FILE_ENV] = path
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    # The server and multiprocessing's resource tracker (started with it) must survive the
+    # signals a scheduler sends to every process of a job step (SLURM's USR1...): both are
+    # started with them ignored (an ignored signal stays ignored across exec).
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STEP_SIGNALS}
+    try:
+        multiprocessing.get_context("forkserver").set_forkserver_preload(BASE_PRELOAD)
+        forkserver.ensure_running()
+    finally:  # the server has them; the agent and workers need not
+        del os.environ[PRELOAD_FILE_ENV], os.environ[LAUNCHER_PID_ENV]
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _preload_file = path
+    _running = True
+    atexit.register(stop)  # an error exit before the workers start leaves no server behind
+
+
+def announce(modules: list[str]) -> None:
+    """Tell the server what else to import before it forks workers (written atomically)."""
+    global _preload_file
+    if _preload_file is None:
+        return
+    tmp = f"{_preload_file}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(modules, f)
+    os.replace(tmp, _preload_file)
+    _preload_file = None
+
+
+def stop() -> None:
+    """End the server this process started: unused (another start method), or at the end
+    of the run, so that no helper process outlives the launcher."""
+    global _running
+    if not _running:
+        return
+    _running = False
+    announce([])
+    server = forkserver._forkserver  # no public API to stop it (3.11): its private parts
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is not None:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)  # it ignores TERM, and may be importing torch
+    stop_server = getattr(server, "_stop", None)
+    if stop_server is not None:
+        stop_server()

@@ -1,0 +1,76 @@
+"""Imported only by the workers' fork server, as its preload module.
+
+It imports the worker entry point (torch and the runtime) at once, then waits for the
+launcher to name the modules the plan needs before the first step
+(:func:`dtrain_cli.launch.worker_server.announce`), imports them, and returns; the server
+then serves the agent's requests for workers. Everything here is a speed-up: a module
+that fails to import is left to the worker, and a launcher that exits stops the wait.
+
+The server also ignores the signals a scheduler sends to every process of a job step
+(SLURM's preemption ``USR1``, ``TERM``...): the agent learns its workers' exit codes
+through the server, so the server must outlive them; the agent handles those signals.
+Workers forked from it restore the default dispositions first thing
+(:func:`restore_worker_signals`), before installing their own handlers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import signal
+import time
+
+from dtrain_cli.runtime.preemption import STEP_SIGNALS
+
+WAIT_S = 600.0
+shielded = False
+"""True in the server and the workers forked from it, until they restore the signals."""
+
+
+def shield_server_from_step_signals() -> None:
+    """Also done by the launcher before it starts the server (inherited through exec); here
+    again so that the server does not depend on it."""
+    global shielded
+    for sig in STEP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    shielded = True
+
+
+def restore_worker_signals() -> None:
+    """In a worker forked from the server: the default dispositions the server set aside."""
+    global shielded
+    if not shielded:
+        return
+    for sig in STEP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    shielded = False
+
+
+def import_announced_modules() -> None:
+    path = os.environ.pop("DTRAIN_PRELOAD_FILE", None)
+    launcher = int(os.environ.pop("DTRAIN_PRELOAD_LAUNCHER_PID", "0"))
+    if not path or not launcher:
+        return
+    deadline = time.monotonic() + WAIT_S
+    while not os.path.exists(path):
+        if os.getppid() != launcher:  # the launcher is gone (killed before it could say)
+            raise SystemExit(0)
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
+    try:
+        with open(path) as f:
+            modules = json.load(f)
+        os.unlink(path)
+    except (OSError, ValueError):
+        return
+    for name in modules:
+        with contextlib.suppress(Exception):  # the worker imports it again and reports
+            importlib.import_module(name)
+
+
+shield_server_from_step_signals()
+importlib.import_module("dtrain_cli.runtime.worker")  # while the launcher composes
+import_announced_modules()

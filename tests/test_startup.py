@@ -1,0 +1,75 @@
+"""Start-up: what the launcher and the workers import before step 1, and the fork server
+that does it (no launch here except the fork-server hygiene checks)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dtrain_cli.config.compose import compose_config
+from dtrain_cli.plan.build import build_plan
+from dtrain_cli.runtime.preload import CHECKPOINT_MODULES, modules_before_first_step
+from tests.conftest import DTRAIN, cache_dir
+
+
+def _modules(*overrides: str, resuming: bool = False) -> list[str]:
+    cfg = compose_config("gpt_tiny", list(overrides))
+    return modules_before_first_step(cfg, build_plan(cfg), resuming)
+
+
+def test_preload_follows_the_plan():
+    assert _modules("dp=1") == ["dtrain_cli.runtime.worker"]  # one process: no DDP
+    ddp = _modules("dp=2")
+    assert "torch._dynamo" in ddp  # DistributedDataParallel's constructor imports it
+    assert not set(CHECKPOINT_MODULES) & set(ddp)  # a fresh run saves later, not before step 1
+    assert "dtrain_cli.runtime.pipeline" in _modules("pp=2")
+    assert "dtrain_cli.runtime.tensor_parallel" in _modules("tp=2")
+    assert "torch.distributed.fsdp" in _modules("dp=2", "parallel.strategy=fsdp")
+    assert set(CHECKPOINT_MODULES) <= set(_modules("dp=2", resuming=True))
+
+
+def test_worker_module_leaves_heavy_torch_modules_unimported():
+    """The worker entry imports no DCP, pipelining, DTensor or torch._dynamo by itself: a
+    run imports them when its plan uses them (a DDP run needs none of the first three
+    before its first step)."""
+    code = (
+        "import sys, dtrain_cli.runtime.worker, dtrain_cli.launch.local\n"
+        "heavy = ['torch.distributed.checkpoint', 'torch.distributed.pipelining',\n"
+        "         'torch.distributed.tensor', 'torch._dynamo']\n"
+        "print([m for m in heavy if m in sys.modules])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["launch", "recipe=gpt_tiny", "model.n_layer=-1"],  # a config error after the start
+        ["launch", "recipe=gpt_tiny", "launcher.start_method=spawn", "model.n_layer=-1"],
+    ],
+)
+def test_a_failed_launch_leaves_no_fork_server(tmp_path, args):
+    """The fork server starts before the config is composed; when the launch fails it must
+    not outlive the launcher (it would hold the launcher's stdout open, so a caller reading
+    it, like this test, would wait forever)."""
+    started = time.monotonic()
+    proc = subprocess.run(
+        [*DTRAIN, *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())},
+    )
+    assert proc.returncode == 2
+    assert "model.n_layer" in proc.stderr
+    assert time.monotonic() - started < 30
+    leftover = subprocess.run(
+        ["pgrep", "-f", f"forkserver.*{tmp_path}"], capture_output=True, text=True
+    )
+    assert leftover.stdout.strip() == ""
