@@ -5,12 +5,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+PEERS_VENV := bench/.venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install run test lint format bench clean
+.PHONY: help install run test lint format bench bench-peers-env clean
 
 help:  ## Show the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,8 +36,18 @@ format: $(STAMP)  ## Apply ruff formatting and autofixes
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-bench: $(STAMP)  ## Run the benchmarks; results go to bench/RESULTS.md
+bench: $(STAMP) $(PEERS_STAMP)  ## Run the benchmarks; results go to bench/RESULTS.md
 	$(PY) bench/run.py
 
+# Lightning and accelerate for the peer comparison (bench/peers.py): their own venv, never
+# dtrain dependencies; the same pinned CPU torch.
+$(PEERS_STAMP): bench/peers-requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q $(TORCH_PIN)
+	$(PEERS_VENV)/bin/python -m pip install -q -r bench/peers-requirements.txt -e .
+	touch $(PEERS_STAMP)
+
+bench-peers-env: $(PEERS_STAMP)  ## The peers' environment for make bench (Lightning, accelerate)
+
 clean:  ## Remove .venv, runs and caches
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache dist build
+	rm -rf $(VENV) $(PEERS_VENV) runs .pytest_cache .ruff_cache dist build

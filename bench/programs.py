@@ -126,8 +126,8 @@ PLAIN_SUPPORTS = (
     ("sync.mode", "sync", "sync"),
     ("optim.name", "adamw", "adamw"),
     ("optim.decay", "cosine", "cosine"),
-    ("precision.name", "fp32", "fp32"),
 )
+PLAIN_PRECISIONS = ("fp32", "bf16")
 
 
 def plain_args_from_run(run_dir: Path) -> list[str]:
@@ -138,6 +138,9 @@ def plain_args_from_run(run_dir: Path) -> list[str]:
         value = _get(cfg, key, default)
         if value != supported:
             raise ValueError(f"plain_ddp.py only does {key}={supported}, the run has {value}")
+    precision = _get(cfg, "precision.name", "fp32")
+    if precision not in PLAIN_PRECISIONS:
+        raise ValueError(f"plain_ddp.py does precision.name={PLAIN_PRECISIONS}, not {precision}")
     if _get(cfg, "data.source") not in ("builtin", "synthetic"):
         raise ValueError(f"plain_ddp.py reads data.source=builtin|synthetic, not {cfg['data']}")
     bucket = _get(cfg, "comm.bucket_mb", _get(cfg, "parallel.ddp_bucket_mb", 25.0))
@@ -164,7 +167,11 @@ def plain_args_from_run(run_dir: Path) -> list[str]:
     missing = [k for k, v in flags.items() if v is None]
     if missing:
         raise ValueError(f"{run_dir}: config.yaml/plan.yaml lack the values for {missing}")
+    flags["precision"] = precision
+    flags["device"] = _get(plan, "device")
     args = [a for k, v in flags.items() for a in (f"--{k}", str(v))]
+    if _get(cfg, "train.compile", False):
+        args.append("--compile")
     return [*args, "--betas", str(_get(cfg, "optim.beta1")), str(_get(cfg, "optim.beta2"))]
 
 

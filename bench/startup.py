@@ -62,7 +62,7 @@ def time_to_first_step(ws: Workspace) -> Section:
     hydra = median([p["dtrain_imports_s"] for p in plain])
     rows = [
         [
-            "`dtrain launch` (elastic agent, fork)",
+            "`dtrain launch` (elastic agent, forkserver)",
             label,
             spread(d_first, lambda x: f"{x:.2f}"),
             spread([d["wall_s"] for d in dtrain], lambda x: f"{x:.2f}"),
@@ -104,7 +104,8 @@ def time_to_first_step(ws: Workspace) -> Section:
         notes=[
             "The plain script imports GPT, the data stream and the config dataclasses from "
             "dtrain_cli after its process group is up; that import is part of its time and "
-            "is shown separately. dtrain's workers are forked from the launcher, which has "
-            "imported torch and the runtime already; torchrun's workers each import torch."
+            "is shown separately. dtrain's workers are forked from its fork server, started "
+            "first thing, which imported torch, the runtime and torch._dynamo (DDP needs it) "
+            "while the launcher composed the config; torchrun's workers each import torch."
         ],
     )
