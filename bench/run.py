@@ -21,6 +21,7 @@ from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
 from layout_bench import pipeline_bench, strategy_bench
+from peers import peers_bench
 from programs import Pair, Workload
 from startup import time_to_first_step
 from throughput import fixed_cost, framework_overhead
@@ -30,6 +31,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "fixed_cost": fixed_cost,
     "cli": cli_latency,
     "startup": time_to_first_step,
+    "peers": peers_bench,
     "checkpoint": checkpoint_bench,
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
@@ -94,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     log(f"scratch folder {ws.root}; benchmarks: {', '.join(names)}")
     try:
-        if set(names) & {"overhead", "fixed_cost", "startup"}:
+        if set(names) & {"overhead", "fixed_cost", "startup", "peers"}:
             warm_up(ws)
         sections = [run_one(name, ws) for name in names]
         text = results_markdown(sections, args, ws, (load_start, load_average()))
