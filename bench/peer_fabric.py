@@ -56,6 +56,15 @@ def main() -> None:
         result = {"param_sum": work.param_sum(), "final_loss": loss.item()}
         record = result_record("fabric", args, times, fabric.world_size, **result)
         print(json.dumps(record), flush=True)
+        wait_for_other_ranks(fabric.strategy)
+
+
+def wait_for_other_ranks(strategy: object) -> None:
+    """Lightning's launcher starts the other ranks with ``subprocess.Popen`` and never waits
+    for them; wait here, so the command ends when every rank has (and the benchmark's CPU
+    accounting, which counts reaped children, sees their CPU time as the program's own)."""
+    for proc in getattr(getattr(strategy, "launcher", None), "procs", []):
+        proc.wait()
 
 
 if __name__ == "__main__":

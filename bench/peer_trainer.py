@@ -79,6 +79,12 @@ class Clock(Callback):
         self.times.timed_end = time.perf_counter()
 
 
+def wait_for_other_ranks(strategy: object) -> None:
+    """As in peer_fabric.py: Lightning's launcher does not wait for the ranks it starts."""
+    for proc in getattr(getattr(strategy, "launcher", None), "procs", []):
+        proc.wait()
+
+
 def main() -> None:
     times = Timings(torch_imported=time.time())
     args = parse_args(__doc__.splitlines()[0])
@@ -113,6 +119,7 @@ def main() -> None:
         result = {"param_sum": module.work.param_sum(), "final_loss": clock.loss.item()}
         record = result_record("trainer", args, times, trainer.world_size, **result)
         print(json.dumps(record), flush=True)
+        wait_for_other_ranks(trainer.strategy)
 
 
 if __name__ == "__main__":
