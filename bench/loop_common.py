@@ -32,12 +32,15 @@ class Timings:
     timed_start: float = math.nan
     timed_end: float = math.nan
 
-    def step_done(self, step: int, timed_from: int) -> None:
-        """After optimizer step ``step`` (0-based)."""
+    def step_done(self, step: int, args: argparse.Namespace, loss: Any, log: bool) -> None:
+        """After optimizer step ``step`` (0-based): time stamps, and every ``log_every``
+        steps the log line the benchmark watches (``log``: on rank 0)."""
         if step == 0:
             self.first_step_done = time.time()
-        if step + 1 == timed_from:
+        if step + 1 == args.timed_from:
             self.timed_start = time.perf_counter()
+        if log and (step + 1) % args.log_every == 0:
+            print(f"step {step + 1} loss {loss.item():.4f}", flush=True)
 
 
 def parse_args(description: str) -> argparse.Namespace:

@@ -48,9 +48,7 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
-        times.step_done(step, args.timed_from)
-        if fabric.global_rank == 0 and (step + 1) % args.log_every == 0:
-            print(f"step {step + 1} loss {loss.item():.4f}", flush=True)
+        times.step_done(step, args, loss, log=fabric.global_rank == 0)
     times.timed_end = time.perf_counter()
     if fabric.global_rank == 0:
         result = {"param_sum": work.param_sum(), "final_loss": loss.item()}

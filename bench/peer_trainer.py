@@ -70,10 +70,8 @@ class Clock(Callback):
         self.times.model_ready = time.time()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, index) -> None:
-        self.times.step_done(index, self.args.timed_from)
         self.loss = outputs["loss"]
-        if trainer.global_rank == 0 and (index + 1) % self.args.log_every == 0:
-            print(f"step {index + 1} loss {self.loss.item():.4f}", flush=True)
+        self.times.step_done(index, self.args, self.loss, log=trainer.global_rank == 0)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self.times.timed_end = time.perf_counter()

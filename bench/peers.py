@@ -38,7 +38,7 @@ from harness import (
     run_timed,
     spread,
 )
-from programs import DP, Pair, Workload
+from programs import DP, Pair, Workload, loop_args
 from throughput import TINY_MODEL
 
 PEERS_BIN = REPO / "bench" / ".venv-peers" / "bin"
@@ -57,15 +57,7 @@ NAMES = {
 
 def peer_cmd(program: str, work: Workload, args: list[str]) -> Cmd:
     """The command line of a peer for one workload (flags as for plain_ddp.py)."""
-    tail = [
-        *args,
-        "--steps",
-        str(work.steps),
-        "--timed-from",
-        str(work.timed_from),
-        "--log-every",
-        str(work.log_every),
-    ]
+    tail = loop_args(work, args)
     script = str(REPO / "bench" / f"peer_{program}.py")
     if program in ("fabric", "trainer"):  # their own launchers start the other rank
         argv = [str(PEERS_BIN / "python"), script, "--nproc", str(DP), *tail]

@@ -50,9 +50,7 @@ def train(args: Any, times: Timings) -> dict[str, Any]:
         opt.step()
         opt.zero_grad(set_to_none=True)
         sched.step()
-        times.step_done(step, args.timed_from)
-        if rank == 0 and (step + 1) % args.log_every == 0:
-            print(f"step {step + 1} loss {loss.item():.4f}", flush=True)
+        times.step_done(step, args, loss, log=rank == 0)
         if step + 1 == args.timed_from and work.device.type == "cuda":
             torch.cuda.synchronize()
             times.timed_start = time.perf_counter()

@@ -182,15 +182,15 @@ def plain_cmd(work: Workload, args: list[str]) -> Cmd:
         "--nproc-per-node",
         str(DP),
         str(PLAIN_SCRIPT),
-        *args,
-        "--steps",
-        str(work.steps),
-        "--timed-from",
-        str(work.timed_from),
-        "--log-every",
-        str(work.log_every),
+        *loop_args(work, args),
     ]
     return Cmd(argv, t0_var="BENCH_T0")
+
+
+def loop_args(work: Workload, args: list[str]) -> list[str]:
+    """A hand-written loop's flags (``loop_common.parse_args``) for one workload."""
+    steps = ["--steps", str(work.steps), "--timed-from", str(work.timed_from)]
+    return [*args, *steps, "--log-every", str(work.log_every)]
 
 
 def run_plain(ws: Workspace, work: Workload, args: list[str]) -> tuple[Cmd, dict[str, Any]]:
