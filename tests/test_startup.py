@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +70,17 @@ def test_a_failed_launch_leaves_no_fork_server(tmp_path, args):
     assert proc.returncode == 2
     assert "model.n_layer" in proc.stderr
     assert time.monotonic() - started < 30
-    leftover = subprocess.run(
-        ["pgrep", "-f", f"forkserver.*{tmp_path}"], capture_output=True, text=True
-    )
-    assert leftover.stdout.strip() == ""
+    assert _servers_started_in(tmp_path) == []
+
+
+def _servers_started_in(folder) -> list[int]:
+    """Fork servers whose command line names ``folder`` (their sys.path holds the cwd)."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "multiprocessing.forkserver" in text and str(folder) in text:
+            out.append(int(cmdline.parent.name))
+    return out
