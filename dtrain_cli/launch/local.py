@@ -38,15 +38,19 @@ def worker_modules(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> list[str]:
 
 
 def prepare_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
-    """``forkserver``: name the modules the server preloads (starting it if the launch
-    command did not); otherwise end a server started for nothing."""
+    """Get what the workers need before step 1 imported once: ``forkserver``, by the
+    server (started here if the launch command did not); ``fork``, here, so the forked
+    workers inherit it. Any other start method ends a server started for nothing."""
     from dtrain_cli.launch import worker_server
 
-    if plan.start_method != "forkserver":
-        worker_server.stop()
+    if plan.start_method == "forkserver":
+        worker_server.start()
+        worker_server.announce(worker_modules(run_dir, cfg, plan))
         return
-    worker_server.start()
-    worker_server.announce(worker_modules(run_dir, cfg, plan))
+    worker_server.stop()
+    if plan.start_method == "fork":
+        for name in worker_modules(run_dir, cfg, plan):
+            importlib.import_module(name)
 
 
 @dataclass
@@ -74,9 +78,6 @@ def launch_local(
     from dtrain_cli.runtime.worker import worker_main  # imported here so forked workers inherit it
 
     prepare_corpus(cfg.data, cfg.train.seed)  # once, before workers start
-    if plan.start_method == "fork":  # imported once here; the forked workers inherit them
-        for name in worker_modules(run_dir, cfg, plan):
-            importlib.import_module(name)
     # The agent's own logs repeat what dtrain reports (the failing rank and its error).
     for name in (
         "torch.distributed.elastic",

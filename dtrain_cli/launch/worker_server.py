@@ -28,9 +28,8 @@ import tempfile
 from multiprocessing import forkserver
 
 from dtrain_cli.runtime.preemption import STEP_SIGNALS
+from dtrain_cli.runtime.preload import LAUNCHER_PID_ENV, PRELOAD_FILE_ENV
 
-PRELOAD_FILE_ENV = "DTRAIN_PRELOAD_FILE"
-LAUNCHER_PID_ENV = "DTRAIN_PRELOAD_LAUNCHER_PID"
 BASE_PRELOAD = ["dtrain_cli.runtime.server_preload"]  # it imports the worker, then waits
 
 _preload_file: str | None = None  # where the server waits for the list; None once written

@@ -12,6 +12,12 @@ from __future__ import annotations
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
 
+# How the launcher hands the fork server its wait (dtrain_cli.launch.worker_server ->
+# dtrain_cli.runtime.server_preload): the file the module list will appear in, and the
+# launcher's pid (the server stops waiting when it is gone).
+PRELOAD_FILE_ENV = "DTRAIN_PRELOAD_FILE"
+LAUNCHER_PID_ENV = "DTRAIN_PRELOAD_LAUNCHER_PID"
+
 CHECKPOINT_MODULES = (
     "torch.distributed.checkpoint",
     "torch.distributed.checkpoint.state_dict",

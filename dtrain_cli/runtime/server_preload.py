@@ -23,6 +23,7 @@ import signal
 import time
 
 from dtrain_cli.runtime.preemption import STEP_SIGNALS
+from dtrain_cli.runtime.preload import LAUNCHER_PID_ENV, PRELOAD_FILE_ENV
 
 WAIT_S = 600.0
 shielded = False
@@ -49,8 +50,8 @@ def restore_worker_signals() -> None:
 
 
 def import_announced_modules() -> None:
-    path = os.environ.pop("DTRAIN_PRELOAD_FILE", None)
-    launcher = int(os.environ.pop("DTRAIN_PRELOAD_LAUNCHER_PID", "0"))
+    path = os.environ.pop(PRELOAD_FILE_ENV, None)
+    launcher = int(os.environ.pop(LAUNCHER_PID_ENV, "0"))
     if not path or not launcher:
         return
     deadline = time.monotonic() + WAIT_S
