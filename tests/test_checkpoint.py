@@ -165,8 +165,8 @@ def test_export_round_trip(straight, tmp_path):
     import torch
     from safetensors.torch import load_model
 
-    from dtrain_cli.config.schema import ModelConfig
-    from dtrain_cli.runtime.model import GPT
+    from dtrain_cli.models.gpt import GPTConfig
+    from dtrain_cli.models.gpt_net import GPT
 
     ref = straight[2]
     out = tmp_path / "model.safetensors"
@@ -174,7 +174,7 @@ def test_export_round_trip(straight, tmp_path):
     done = run_dtrain(["export", "--ckpt", str(ckpt), "--out", str(out)], tmp_path)
     assert done.returncode == 0, done.stderr
     info = json.loads(out.with_suffix(".json").read_text())
-    model = GPT(ModelConfig(**info["model"]))
+    model = GPT(GPTConfig(**info["model"]))
     load_model(model, str(out))
     import hashlib
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import config_problems
+from dtrain_cli.models import UnknownModelKind, model_spec
 from dtrain_cli.plan.layout import (
     batch_layout,
     bubble_warning,
     pipeline_layout,
     strategy_problems,
-    tensor_parallel_problems,
 )
 from dtrain_cli.plan.memory import estimate
 from dtrain_cli.plan.plan import (
@@ -60,7 +60,11 @@ def visible_gpu_count() -> int:
 def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     res = resources or Resources.detect()
     problems = config_problems(cfg)
-    par, tr, m = cfg.parallel, cfg.train, cfg.model
+    par, tr = cfg.parallel, cfg.train
+    try:
+        spec = model_spec(cfg)
+    except UnknownModelKind as exc:
+        raise ConfigError([*problems, str(exc)]) from None
 
     device = cfg.run.device
     if device == "auto":
@@ -97,11 +101,15 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
             "precision=fp16: fp16 with dynamic loss scaling needs a CUDA device, and this "
             "run is on cpu; use precision=bf16 or precision=fp32"
         )
-    tensor_parallel_problems(m, par.tp, par.pp, problems)
-    warnings: list[str] = []
+    problems += spec.problems(cfg)  # the model's own checks (sizes, tp, pp)
+    warnings: list[str] = spec.warnings(cfg)
     strategy_problems(cfg, problems, warnings)
-    batch = batch_layout(cfg, problems)
-    pipeline = pipeline_layout(cfg, batch, problems)
+    try:
+        facts = spec.facts()
+    except ValueError:  # a model that cannot be built: its problems() said why
+        raise ConfigError(problems) from None
+    batch = batch_layout(cfg, facts, problems)
+    pipeline = pipeline_layout(cfg, spec, batch, problems)
 
     if problems:
         raise ConfigError(problems)
@@ -134,7 +142,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     threads = cfg.launcher.threads_per_proc or max(1, res.num_cpus // max(nproc, 1))
     return Plan(
         recipe=cfg.run.recipe,
-        model=m.name,
+        model=spec.name,
         world_size=world,
         nnodes=nnodes,
         nproc_per_node=nproc,
@@ -161,9 +169,10 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
             async_save=ck.async_save,
             steps=save_steps,
         ),
-        estimates=estimate(cfg, batch),
+        estimates=estimate(cfg, spec, batch, pipeline),
         steps=tr.steps,
         strategy=par.strategy,
         pipeline=pipeline,
         warnings=warnings,
+        loss=spec.default_loss() if tr.loss == "auto" else tr.loss,
     )

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from dtrain_cli.config.schema import DataConfig, ModelConfig
+from dtrain_cli.config.schema import DataConfig
 
 SPLITS = ("train", "val")
 
@@ -207,7 +207,7 @@ class BatchLayout:
         )
 
 
-def open_splits(data: DataConfig, model: ModelConfig, seed: int) -> dict[str, Any]:
+def open_splits(data: DataConfig, model: Any, seed: int) -> dict[str, Any]:
     """train/val datasets: ``len()`` and ``pairs(indices) -> (inputs, targets)``."""
     if data.source == "shapes":
         from dtrain_cli.runtime.shapes import ShapeImages

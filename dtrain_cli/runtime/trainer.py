@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +68,9 @@ class Trainer:
         # the pipeline schedule needs the step's loss function before it exists
         self._pipeline_loss: list[Any] = []
         self.pm = parallelize(cfg, plan, ctx, loss_fn=lambda o, t: self._pipeline_loss[0](o, t))
-        self.step_fn = (PipelineStep if pipelined else LocalStep)(self.pm, plan, self.precision)
+        self.step_fn = (PipelineStep if pipelined else LocalStep)(
+            self.pm, plan, self.precision, cfg.run.import_roots
+        )
         if isinstance(self.step_fn, PipelineStep):
             self._pipeline_loss.append(self.step_fn.loss_fn)
         sharded_dp = plan.strategy in ("zero1", "fsdp") and plan.batch.dp > 1
@@ -178,7 +179,7 @@ class Trainer:
             "val_loss": self.last_val_loss,
             "world_size": self.plan.world_size,
             "mesh": dict(zip(self.plan.mesh.dim_names, self.plan.mesh.shape, strict=True)),
-            "model": asdict(self.cfg.model),
+            "model": self.pm.spec.config_dict(),
         }
         files = {name: (self.run_dir / name).read_text() for name in ("config.yaml", "plan.yaml")}
         self.checkpoints.save(self.step, self.state(), meta, files)

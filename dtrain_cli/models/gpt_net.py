@@ -4,22 +4,30 @@ Built so parallelisms can take it apart without rewriting it: blocks live in a
 ``ModuleDict`` keyed by layer index (a pipeline stage deletes the ones it does not own
 and the remaining names stay those of the full model, so checkpoints line up), and a
 stage without embeddings or head simply has them set to ``None``. The loss is computed
-outside the model (:func:`lm_loss`) so a pipeline schedule can apply it on the last stage.
+outside the model (``train.loss``, cross entropy by default) so a pipeline schedule can
+apply it on the last stage. Its config, counts and checks are in :mod:`.gpt`.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dtrain_cli.config.schema import ModelConfig
+from dtrain_cli.models.gpt import GPTConfig
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from dtrain_cli.plan.plan import StagePlan
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.n_head = cfg.n_head
         self.head_dim = cfg.n_embd // cfg.n_head
@@ -44,7 +52,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
@@ -55,7 +63,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.attn_norm = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
@@ -68,7 +76,7 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.n_embd)
@@ -109,37 +117,53 @@ class GPT(nn.Module):
         return h
 
 
-def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross entropy over every position (next tokens, or one label per image),
-    computed in fp32 whatever the autocast dtype."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+def split_stage(model: GPT, stage: StagePlan) -> GPT:
+    """A copy of ``model`` holding only the layers (and ends) of one pipeline stage."""
+    part = copy.deepcopy(model)
+    lo, hi = stage.layers
+    for name in list(part.layers.keys()):
+        if not lo <= int(name) < hi:
+            del part.layers[name]
+    if not stage.embeddings:
+        part.tok_embeddings = None
+        part.pos_embeddings = None
+    if not stage.head:
+        part.norm = None
+        part.lm_head = None
+    return part
 
 
-class ConvBNNet(nn.Module):
-    """conv 3x3 + BatchNorm + ReLU blocks (stride 2 after the first), global average
-    pooling and a linear classifier: the smallest model where BatchNorm statistics matter."""
+def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style, with DTensor's ``parallelize_module`` over the mesh's tp axis: q/k/v
+    and the MLP's first linear split column-wise (each tp rank holds n_head/tp heads and
+    4*n_embd/tp hidden units), the two output projections row-wise (one all-reduce each, in
+    forward and backward). The token embedding is split over the vocabulary (row-wise,
+    output all-reduced) and the LM head column-wise with the logits gathered, so the loss
+    sees full logits. Norms and the position embedding stay replicated; their gradients are
+    identical on every tp rank because their inputs are. Works on a whole GPT or one stage."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        blocks: list[nn.Module] = []
-        c_in = 3
-        for i, c in enumerate(cfg.channels):
-            blocks += [
-                nn.Conv2d(c_in, c, 3, stride=1 if i == 0 else 2, padding=1),
-                nn.BatchNorm2d(c),
-                nn.ReLU(),
-            ]
-            c_in = c
-        self.features = nn.Sequential(*blocks)
-        self.head = nn.Linear(c_in, cfg.num_classes)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(images).mean(dim=(2, 3)))
-
-
-def build_model(cfg: ModelConfig, seed: int, device: torch.device) -> nn.Module:
-    """The same weights on every rank for the same seed, whatever the layout."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = ConvBNNet(cfg) if cfg.arch == "cnn_bn" else GPT(cfg)
-    return model.to(device)
+    block_plan = {
+        "attn.q": ColwiseParallel(),
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.proj": RowwiseParallel(),
+        "mlp.fc": ColwiseParallel(),
+        "mlp.proj": RowwiseParallel(),
+    }
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, block_plan)
+    ends = {}
+    if model.tok_embeddings is not None:
+        ends["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Replicate()
+        )
+    if model.lm_head is not None:
+        ends["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+    if ends:
+        parallelize_module(model, tp_mesh, ends)
