@@ -68,8 +68,12 @@ def user_config_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
 
 
 def recipe_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
-    """Where recipes are looked up, first match wins: user folders' recipes/, then built-in."""
-    dirs = [d / "recipes" for d in user_config_dirs(extra) if (d / "recipes").is_dir()]
+    """Where recipes are looked up, first match wins: each user folder's recipes/ and the
+    folder itself (``--config-dir conf`` with ``conf/my_experiment.yaml``), then built-in."""
+    dirs = []
+    for d in user_config_dirs(extra):
+        dirs += [d / "recipes"] if (d / "recipes").is_dir() else []
+        dirs.append(d)
     return [*dirs, builtin_recipes_dir()]
 
 

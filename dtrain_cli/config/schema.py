@@ -52,11 +52,11 @@ class ParallelConfig:
     """fsdp: free gathered parameters after forward (ZeRO-3); false keeps them (ZeRO-2)."""
     cpu_offload: bool = False
     """fsdp: keep sharded parameters and optimizer state in CPU memory."""
-    fsdp_units: list[str] | None = None
+    fsdp_units: list[str] = field(default_factory=list)
     """fsdp: class names of the modules sharded as one unit each (custom models); default
     the model's own blocks (built-in, Hugging Face ``_no_split_modules``) or the children of
     its largest ``nn.ModuleList``."""
-    tp_plan: dict[str, str] | None = None
+    tp_plan: dict[str, str] = field(default_factory=dict)
     """tp > 1 for a custom model: ``parallelize_module`` patterns -> colwise | rowwise |
     colwise_rep | rowwise_rep | sequence, e.g. {"trunk.*.up": colwise, "trunk.*.down": rowwise}."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import config_problems
-from dtrain_cli.models import UnknownModelKind, model_spec
+from dtrain_cli.models import ModelSpec, UnknownModelKind, model_spec
 from dtrain_cli.plan.layout import (
     batch_layout,
     bubble_warning,
@@ -55,6 +55,26 @@ def visible_gpu_count() -> int:
         return total
     ids = [v for v in visible.split(",") if v.strip() and v.strip() != "-1"]
     return min(total, len(ids))
+
+
+def loss_problems(cfg: DtrainConfig, spec: ModelSpec) -> list[str]:
+    """``train.loss``: a dotted path must resolve (outside the standard library) to a
+    callable; ``model`` cannot run on pipeline stages unless the model's spec computes it."""
+    loss = cfg.train.loss
+    if loss == "model" and cfg.parallel.pp > 1 and spec.default_loss() != "model":
+        return [
+            "train.loss=model: with pp > 1 the last stage returns outputs, not a loss; "
+            "use train.loss=cross_entropy, mse or a callable"
+        ]
+    if "." not in loss:
+        return []
+    from dtrain_cli.config.targets import TargetError, resolve_target
+
+    try:
+        fn = resolve_target(loss, key="train.loss", roots=cfg.run.import_roots)
+    except TargetError as exc:
+        return [str(exc)]
+    return [] if callable(fn) else [f"train.loss={loss}: not callable"]
 
 
 def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
@@ -102,6 +122,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
             "run is on cpu; use precision=bf16 or precision=fp32"
         )
     problems += spec.problems(cfg)  # the model's own checks (sizes, tp, pp)
+    problems += loss_problems(cfg, spec)
     warnings: list[str] = spec.warnings(cfg)
     strategy_problems(cfg, problems, warnings)
     try:

@@ -124,7 +124,7 @@ class TokenWindows:
     block_size: int
 
     @classmethod
-    def open(cls, path: Path, dtype: str, block_size: int, vocab_size: int) -> TokenWindows:
+    def open(cls, path: Path, dtype: str, block_size: int, vocab_size: int | None) -> TokenWindows:
         tokens = np.memmap(path, dtype=dtype, mode="r")
         windows = cls(tokens, block_size)
         if len(windows) < 1:
@@ -133,7 +133,7 @@ class TokenWindows:
                 f"block_size+1={block_size + 1}"
             )
         top = int(tokens[: 1 << 20].max())
-        if top >= vocab_size:
+        if vocab_size is not None and top >= vocab_size:
             raise ValueError(f"{path}: token id {top} >= model.vocab_size={vocab_size}")
         return windows
 
