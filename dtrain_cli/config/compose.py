@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from dtrain_cli.config.errors import ConfigError
-from dtrain_cli.config.schema import DtrainConfig, register_schema
+from dtrain_cli.config.schema import DataConfig, DtrainConfig, register_schema
 
 CONFIG_PATH_ENV = "DTRAIN_CONFIG_PATH"
 
@@ -184,9 +184,26 @@ class _writable:
 
 
 def to_dataclass(cfg: DictConfig) -> DtrainConfig:
+    _fold_data_kwargs(cfg)
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, DtrainConfig)
     return obj
+
+
+def _fold_data_kwargs(cfg: DictConfig) -> None:
+    """``data=custom``: extra ``data.*`` keys (``++data.n=100``, or a recipe's) are the
+    dataset's keyword arguments; they are copied under ``data.kwargs`` (the typed
+    config drops keys it does not declare)."""
+    data = cfg.get("data")
+    if not isinstance(data, DictConfig):
+        return
+    known = {f.name for f in fields(DataConfig)}
+    extra = [k for k in data if k not in known]
+    if not extra:
+        return
+    with _writable(cfg):
+        for k in extra:
+            data.kwargs[k] = data[k]
 
 
 def config_from_yaml(path: str | Path) -> DtrainConfig:

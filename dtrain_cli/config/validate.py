@@ -10,8 +10,9 @@ from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.source": ("builtin", "text", "tokens", "synthetic", "shapes"),
+    "data.source": ("builtin", "text", "tokens", "synthetic", "shapes", "hf", "custom"),
     "data.token_dtype": ("uint8", "uint16", "int32"),
+    "data.format": ("auto", "json", "parquet", "text"),
     "parallel.strategy": ("ddp", "zero1", "fsdp"),
     "comm.compression": ("none", "fp16", "bf16", "powersgd"),
     "sync.mode": ("sync", "local_sgd"),
@@ -70,6 +71,7 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "logging.every": (1, True),
     "launcher.max_restarts": (0, True),
     "data.synthetic_tokens": (2, True),
+    "data.num_workers": (0, True),
 }
 
 
@@ -104,6 +106,7 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         "train.grad_accum",
         "train.micro_batch_size",
         "pipeline.microbatches",
+        "data.prefetch_factor",
     ):
         value = get_key(cfg, key)
         if value is not None and value < 1:  # type: ignore[operator]
@@ -128,11 +131,18 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         problems.append(
             f"model.n_embd={cfg.model.n_embd}: not divisible by model.n_head={cfg.model.n_head}"
         )
-    if cfg.data.source in ("builtin", "text") and cfg.model.vocab_size < 256:
+    byte_level = cfg.data.source in ("builtin", "text") or (
+        cfg.data.source == "hf" and not cfg.data.tokenizer
+    )
+    if byte_level and cfg.model.vocab_size < 256:
         problems.append(
             f"model.vocab_size={cfg.model.vocab_size}: byte-level data (data.source="
             f"{cfg.data.source}) needs >= 256"
         )
-    if cfg.data.source in ("text", "tokens") and not cfg.data.path:
+    if cfg.data.source in ("text", "tokens", "hf") and not cfg.data.path:
         problems.append(f"data.path is required for data.source={cfg.data.source}")
+    if cfg.data.prefetch_factor is not None and cfg.data.num_workers == 0:
+        problems.append(
+            f"data.prefetch_factor={cfg.data.prefetch_factor}: needs data.num_workers > 0"
+        )
     return problems
