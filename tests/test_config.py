@@ -51,7 +51,8 @@ def test_every_recipe_documents_its_command():
 )
 def test_every_group_option_composes(recipe: str, group: str, tmp_path):
     for option in options(group):
-        extra = [f"data.path={tmp_path}"] if option in ("text", "tokens") else []
+        extra = [f"data.path={tmp_path}"] if option in ("text", "tokens", "hf") else []
+        extra += ["data._target_=tests.own_data.Pairs"] if option == "custom" else []
         cfg = compose_config(recipe, [f"{group}={option}", *extra])
         assert isinstance(cfg, DtrainConfig)
         assert cfg.run.recipe == recipe

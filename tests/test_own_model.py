@@ -10,7 +10,11 @@ import pytest
 from conftest import REPO, Run, run_dtrain
 
 EXAMPLES = REPO / "examples"
-ENV = {"PYTHONPATH": os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    "PYTHONPATH": os.pathsep.join(
+        [str(EXAMPLES), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    )
+}
 # 4 steps of 8 samples; dp=1 accumulates 2 micro-batches of 4 (as dp=2 runs one each).
 OWN = [
     "recipe=my_experiment",
@@ -89,7 +93,7 @@ def plan_error(tmp_path, *overrides: str) -> str:
     [
         (["model._target_=no_such_pkg.Net"], "no module 'no_such_pkg'"),
         (["model._target_=os.system"], "standard library"),
-        (["model._target_=my_models.net.Pairs"], "not a torch.nn.Module"),
+        (["model._target_=own_targets.not_a_module"], "returned dict, not a torch.nn.Module"),
         (["model._target_=my_models.net.Nope"], "has no attribute 'Nope'"),
         (["model.colour=3"], "model._target_=my_models.net.Net"),
         (["tp=2"], "has no tensor-parallel plan; give one with parallel.tp_plan"),

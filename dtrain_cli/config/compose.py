@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from dtrain_cli.config.errors import ConfigError
-from dtrain_cli.config.schema import DtrainConfig, register_schema
+from dtrain_cli.config.schema import DataConfig, DtrainConfig, register_schema
 from dtrain_cli.config.targets import import_roots
 
 CONFIG_PATH_ENV = "DTRAIN_CONFIG_PATH"
@@ -156,6 +156,7 @@ def compose_dictconfig(
         )
     user_dirs = user_config_dirs(config_dirs)
     search = [*user_dirs, *(d / "recipes" for d in user_dirs), builtin_configs_dir()]
+    search = [d for d in search if d.is_dir()]
     searchpath = "hydra.searchpath=[" + ",".join(f"file://{p}" for p in search) + "]"
     user_overrides = open_key_overrides(recipes[recipe], expand_shorthands(overrides), search)
     register_schema()
@@ -194,10 +195,27 @@ class _writable:
 def to_dataclass(cfg: DictConfig) -> DtrainConfig:
     from dtrain_cli.models import typed_model_config
 
+    _fold_data_kwargs(cfg)
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, DtrainConfig)
     obj.model = typed_model_config(obj.model)
     return obj
+
+
+def _fold_data_kwargs(cfg: DictConfig) -> None:
+    """``data=custom``: extra ``data.*`` keys (``++data.n=100``, or a recipe's) are the
+    dataset's keyword arguments; they are copied under ``data.kwargs`` (the typed
+    config drops keys it does not declare)."""
+    data = cfg.get("data")
+    if not isinstance(data, DictConfig):
+        return
+    known = {f.name for f in fields(DataConfig)}
+    extra = [k for k in data if k not in known]
+    if not extra:
+        return
+    with _writable(cfg):
+        for k in extra:
+            data.kwargs[k] = data[k]
 
 
 def config_from_yaml(path: str | Path) -> DtrainConfig:
@@ -243,20 +261,26 @@ def _all_keys(node: type = DtrainConfig, prefix: str = "") -> list[str]:
 def open_key_overrides(
     recipe_path: Path, overrides: list[str], search: Sequence[Path]
 ) -> list[str]:
-    """Keys the schema cannot know (a custom model's keyword arguments, a transformers
-    config) are added, not overridden: ``model.width=256`` becomes ``++model.width=256``
-    when the chosen model option is of an open kind (``dtrain_cli.models.OPEN_KEYS``)."""
+    """Keys the schema cannot know (a custom model's or dataset's keyword arguments, a
+    transformers config) are added, not overridden: ``model.width=256`` becomes
+    ``++model.width=256`` when the chosen option is of an open kind
+    (``dtrain_cli.models.OPEN_KEYS``; ``data=custom``)."""
     from dtrain_cli.models import OPEN_KEYS
 
-    option = _model_option(recipe_path, overrides)
+    prefixes = []
+    option = _group_option("model", recipe_path, overrides)
     kind = _option_kind(option, search) if option else None
-    prefix = OPEN_KEYS.get(kind or "")
-    if not prefix:
+    if kind in OPEN_KEYS:
+        prefixes.append(OPEN_KEYS[kind])
+    data_option = _group_option("data", recipe_path, overrides)
+    if data_option and _option_value("data", data_option, "source", search) == "custom":
+        prefixes.append("data.")
+    if not prefixes:
         return overrides
     out = []
     for ov in overrides:
         key = ov.split("=", 1)[0]
-        if "=" in ov and key.startswith(prefix) and not key.startswith(("+", "~")):
+        if "=" in ov and key.startswith(tuple(prefixes)) and not key.startswith(("+", "~")):
             ov = f"++{ov}"
         out.append(ov)
     return out
@@ -269,7 +293,7 @@ def _model_key_error(
     from dtrain_cli.models import UnknownModelKind, spec_class
 
     m = re.search(r"Could not override '(model\.[\w.]+)'", str(exc))
-    option = _model_option(recipe_path, overrides)
+    option = _group_option("model", recipe_path, overrides)
     kind = _option_kind(option, search) if m and option else None
     if not (m and kind):
         return None
@@ -282,9 +306,11 @@ def _model_key_error(
     return f"{key}: not a key of model={option} (kind {kind}){hint}; its keys: {', '.join(names)}"
 
 
-def _model_option(recipe_path: Path, overrides: Sequence[str]) -> str | None:
+def _group_option(group: str, recipe_path: Path, overrides: Sequence[str]) -> str | None:
+    """The option of ``group`` this composition picks: the last ``group=x`` override, else
+    the recipe's ``override /group: x``."""
     for ov in reversed(overrides):
-        if ov.startswith("model="):
+        if ov.startswith(f"{group}="):
             return ov.split("=", 1)[1]
     try:
         defaults = OmegaConf.load(recipe_path).get("defaults") or []
@@ -293,8 +319,20 @@ def _model_option(recipe_path: Path, overrides: Sequence[str]) -> str | None:
     for item in defaults:
         if isinstance(item, dict | DictConfig):
             for k, v in dict(item).items():
-                if str(k).replace("override", "").strip().strip("/") == "model":
+                if str(k).replace("override", "").strip().strip("/") == group:
                     return str(v)
+    return None
+
+
+def _option_value(group: str, option: str, key: str, search: Sequence[Path]) -> str | None:
+    for d in search:
+        path = d / group / f"{option}.yaml"
+        if path.is_file():
+            try:
+                value = OmegaConf.load(path).get(key)
+            except Exception:
+                return None
+            return None if value is None else str(value)
     return None
 
 

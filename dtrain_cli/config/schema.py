@@ -23,9 +23,10 @@ SCHEMA_NAME = "dtrain_schema"
 @dataclass
 class DataConfig:
     source: str = "builtin"
-    """builtin (stdlib sources, byte-level) | text (file or folder) | tokens (.bin) | synthetic."""
+    """builtin (stdlib sources, byte-level) | text (file or folder) | tokens (.bin) | synthetic
+    | shapes (images) | hf (JSONL/Parquet/text files, any tokenizer) | custom (``_target_``)."""
     path: str | None = None
-    """File or folder for source=text / source=tokens."""
+    """File or folder for source=text / tokens / hf."""
     val_fraction: float = 0.1
     token_dtype: str = "uint16"
     """dtype of pre-tokenized .bin files (nanoGPT writes uint16)."""
@@ -34,6 +35,26 @@ class DataConfig:
     """source=shapes: images drawn (train + val)."""
     cache_dir: str | None = None
     """Where tokenized corpora are cached; default $DTRAIN_CACHE or ~/.cache/dtrain."""
+    _target_: str | None = None
+    """source=custom: your map-style dataset (class or function), e.g. my_data.Pairs;
+    items are (inputs, targets) or a dict of tensors."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """source=custom: keyword arguments of ``_target_`` (extra ``data.*`` keys land here;
+    nested ``_target_`` allowed, Hydra ``instantiate`` semantics)."""
+    val_target: str | None = None
+    """source=custom: the validation dataset (built with ``kwargs``); default: the last
+    ``val_fraction`` of the items of ``_target_``."""
+    format: str = "auto"
+    """source=hf: json (JSONL) | parquet | text | auto (from the file extension)."""
+    text_field: str = "text"
+    """source=hf: the column holding the text (json, parquet)."""
+    tokenizer: str | None = None
+    """source=hf: a local tokenizer folder (tokenizer.json, or any AutoTokenizer folder);
+    default: byte-level (vocab 256)."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0: load in the training process)."""
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead (DataLoader default 2; needs num_workers > 0)."""
 
 
 @dataclass

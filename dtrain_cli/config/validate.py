@@ -12,8 +12,9 @@ from dtrain_cli.config.schema import DtrainConfig
 BUILTIN_LOSSES = ("cross_entropy", "mse", "model")  # dtrain_cli.models.losses (torch)
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.source": ("builtin", "text", "tokens", "synthetic", "shapes"),
+    "data.source": ("builtin", "text", "tokens", "synthetic", "shapes", "hf", "custom"),
     "data.token_dtype": ("uint8", "uint16", "int32"),
+    "data.format": ("auto", "json", "parquet", "text"),
     "parallel.strategy": ("ddp", "zero1", "fsdp"),
     "comm.compression": ("none", "fp16", "bf16", "powersgd"),
     "sync.mode": ("sync", "local_sgd"),
@@ -64,6 +65,7 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "logging.every": (1, True),
     "launcher.max_restarts": (0, True),
     "data.synthetic_tokens": (2, True),
+    "data.num_workers": (0, True),
 }
 
 
@@ -98,6 +100,7 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         "train.grad_accum",
         "train.micro_batch_size",
         "pipeline.microbatches",
+        "data.prefetch_factor",
     ):
         value = get_key(cfg, key)
         if value is not None and value < 1:  # type: ignore[operator]
@@ -116,8 +119,11 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         )
     if cfg.optim.min_lr > cfg.optim.base_lr:
         problems.append(f"optim.min_lr={cfg.optim.min_lr}: above optim.base_lr={cfg.optim.base_lr}")
+    byte_level = cfg.data.source in ("builtin", "text") or (
+        cfg.data.source == "hf" and not cfg.data.tokenizer
+    )
     vocab = getattr(cfg.model, "vocab_size", None)  # the model's own checks: plan/build.py
-    if cfg.data.source in ("builtin", "text") and isinstance(vocab, int) and vocab < 256:
+    if byte_level and isinstance(vocab, int) and vocab < 256:
         problems.append(
             f"model.vocab_size={vocab}: byte-level data (data.source={cfg.data.source}) "
             f"needs >= 256"
@@ -128,6 +134,10 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             f"train.loss={loss}: not allowed; choose one of auto, {', '.join(BUILTIN_LOSSES)} "
             f"or a dotted path to a callable (outputs, targets) -> loss"
         )
-    if cfg.data.source in ("text", "tokens") and not cfg.data.path:
+    if cfg.data.source in ("text", "tokens", "hf") and not cfg.data.path:
         problems.append(f"data.path is required for data.source={cfg.data.source}")
+    if cfg.data.prefetch_factor is not None and cfg.data.num_workers == 0:
+        problems.append(
+            f"data.prefetch_factor={cfg.data.prefetch_factor}: needs data.num_workers > 0"
+        )
     return problems

@@ -81,9 +81,9 @@ class CustomSpec(ModelSpec):
             ]
         try:
             self.meta_model()
+            out = super().problems(cfg)  # counts the layers: may find pipeline.* wrong
         except ValueError as exc:
             return [str(exc)]
-        out = super().problems(cfg)
         plan = cfg.parallel.tp_plan or {}
         bad = {k: v for k, v in plan.items() if v not in TP_STYLES}
         if bad:

@@ -12,51 +12,17 @@ the step's micro-batches on ranks that see the loss (the last stage), zero elsew
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from dtrain_cli.models import ModelSpec
 from dtrain_cli.models.losses import resolve_loss
 from dtrain_cli.plan.layout import V_SHAPED
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.data import BatchLayout, SampleStream
+from dtrain_cli.runtime.loader import Batches
 from dtrain_cli.runtime.parallelize import ParallelModel, gradient_sync
 from dtrain_cli.runtime.precision import Precision
-
-
-class Batches:
-    """This rank's micro-batches of the global sample stream (see :mod:`.data`)."""
-
-    def __init__(self, windows: Any, layout: BatchLayout, seed: int, device: torch.device) -> None:
-        self.windows = windows
-        self.layout = layout
-        self.stream = SampleStream(len(windows), seed)
-        self.device = device
-        self.pin = device.type == "cuda"
-        self.wait_s = 0.0
-        """Time the training loop spent getting batches (reported per step in the summary)."""
-
-    def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        t0 = time.perf_counter()
-        start = self.layout.micro_start(step, micro_step)
-        idx = self.stream.indices(start, self.layout.micro_batch_size)
-        out = self.to_device(*self.windows.pairs(idx))
-        self.wait_s += time.perf_counter() - t0
-        return out
-
-    def micro_batches(self, step: int, first: int, count: int) -> tuple[torch.Tensor, ...]:
-        """Micro-steps ``first .. first+count-1`` concatenated (one pipeline call)."""
-        parts = [self.micro_batch(step, k) for k in range(first, first + count)]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-    def to_device(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        pair = (torch.from_numpy(x), torch.from_numpy(y))
-        if self.pin:
-            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in pair)
-        return pair
 
 
 def forward_loss_fn(spec: ModelSpec, plan: Plan, roots: list[str]) -> Any:

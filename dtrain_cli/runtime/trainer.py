@@ -31,6 +31,7 @@ from dtrain_cli.runtime.data import BatchLayout, open_splits
 from dtrain_cli.runtime.data_parallel import LocalSGD, ddp_step_times
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.dtensors import full_tensor, local_tensor
+from dtrain_cli.runtime.loader import Batches
 from dtrain_cli.runtime.metrics import (
     MetricsSink,
     startup_phases,
@@ -40,7 +41,7 @@ from dtrain_cli.runtime.metrics import (
 from dtrain_cli.runtime.optim import Optimizers
 from dtrain_cli.runtime.parallelize import parallelize
 from dtrain_cli.runtime.precision import Precision
-from dtrain_cli.runtime.steps import Batches, LocalStep, PipelineStep
+from dtrain_cli.runtime.steps import LocalStep, PipelineStep
 
 log = logging.getLogger("dtrain")
 
@@ -61,8 +62,10 @@ class Trainer:
         self.layout = BatchLayout(
             plan.batch.micro_batch_size, plan.batch.grad_accum, plan.batch.dp, ctx.dp_rank
         )
-        self.train_batches = Batches(splits["train"], self.layout, cfg.train.seed, ctx.device)
-        self.val_windows = splits["val"]
+        self.train_batches = Batches(
+            splits["train"], self.layout, cfg.train.seed, ctx.device, cfg.data
+        )
+        self.val_batches = Batches(splits["val"], self.layout, cfg.train.seed, ctx.device)
         self.precision = Precision(plan.precision, cfg.precision, ctx.device)
         pipelined = plan.pipeline is not None
         # the pipeline schedule needs the step's loss function before it exists
@@ -237,18 +240,18 @@ class Trainer:
         self.pm.train(False)
         micro, dp, r = self.plan.batch.micro_batch_size, self.plan.batch.dp, self.ctx.dp_rank
         group = self.plan.pipeline.microbatches if self.plan.pipeline else 1
-        n = len(self.val_windows)
+        n = len(self.val_batches)
         chunks = list(
             range(r, self.cfg.train.eval_batches * self.plan.batch.global_batch_size // micro, dp)
         )
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
         for i in range(0, len(chunks), group):
             idx = np.concatenate([np.arange(micro) + c * micro for c in chunks[i : i + group]]) % n
-            x, y = self.train_batches.to_device(*self.val_windows.pairs(idx))
+            x, y = self.val_batches.fetch(idx)
             loss = self.step_fn.eval_loss(x, y)
             if self.reports_loss:
                 totals += torch.stack(
-                    [loss.double() * len(idx), torch.tensor(len(idx), device=x.device)]
+                    [loss.double() * len(idx), torch.tensor(len(idx), device=self.ctx.device)]
                 )
         dist.all_reduce(totals)
         self.pm.train(True)
@@ -328,10 +331,12 @@ class Trainer:
             self.checkpoints.poll()
             if stop:
                 self.checkpoints.close()
+                self.train_batches.close()
                 return preemption.preempted(self.run_dir, self.step, self.ctx.rank)
             if self.sink:
                 self.sink.advance(self.step)
         self.checkpoints.close()
+        self.train_batches.close()
         if self.local_sgd is not None:
             self.local_sgd.average_now()
         self.steps_run = self.step - first_step + 1
