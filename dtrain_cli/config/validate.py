@@ -117,11 +117,6 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         problems.append(f"model.dropout={cfg.model.dropout}: must be in [0, 1)")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be in (0, 1)")
-    if cfg.optim.warmup_steps > cfg.train.steps:
-        problems.append(
-            f"optim.warmup_steps={cfg.optim.warmup_steps}: longer than training "
-            f"(train.steps={cfg.train.steps}); use at most {cfg.train.steps}"
-        )
     if cfg.optim.min_lr > cfg.optim.base_lr:
         problems.append(f"optim.min_lr={cfg.optim.min_lr}: above optim.base_lr={cfg.optim.base_lr}")
     if cfg.model.n_embd % max(cfg.model.n_head, 1):
