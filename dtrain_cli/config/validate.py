@@ -73,6 +73,29 @@ POSITIVE: dict[str, tuple[float, bool]] = {
 }
 
 
+def name_problems(key: str, value: str | None) -> list[str]:
+    """A value that becomes one folder name (the run dir under run.root) and a SLURM job
+    name: a single path component that no shell or SLURM command reads as an option."""
+    if value is None:
+        return []
+    why = None
+    if not value.strip():
+        why = "is empty"
+    elif "/" in value or "\\" in value:
+        why = "contains a path separator"
+    elif value in (".", ".."):
+        why = "is not a folder name"
+    elif value.startswith("-"):
+        why = "starts with '-' (commands would read it as an option)"
+    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        why = "contains a newline or control character"
+    elif len(value.encode()) > 200:
+        why = "is longer than 200 bytes"
+    if why is None:
+        return []
+    return [f"{key}={value!r}: {why}; use a single folder name such as my-run_01"]
+
+
 def get_key(cfg: DtrainConfig, key: str) -> object:
     obj: object = cfg
     for part in key.split("."):
@@ -128,6 +151,8 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             f"model.vocab_size={cfg.model.vocab_size}: byte-level data (data.source="
             f"{cfg.data.source}) needs >= 256"
         )
+    problems += name_problems("run.name", cfg.run.name)
+    problems += name_problems("launcher.rdzv_id", cfg.launcher.rdzv_id)
     if cfg.data.source in ("text", "tokens") and not cfg.data.path:
         problems.append(f"data.path is required for data.source={cfg.data.source}")
     return problems
