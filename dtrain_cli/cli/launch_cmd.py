@@ -76,6 +76,8 @@ def start_workers(
     milestones: dict[str, float] | None = None,
 ) -> None:
     """Hand the materialized run to the local launcher; map its outcome to an exit code."""
+    for w in plan.warnings:  # once, here: the workers read the plan and do not repeat them
+        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     console.print(
         f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) ({plan.mesh.label()}) "
         f"on {plan.device}/{plan.backend} -> {run_dir}",

@@ -69,6 +69,29 @@ POSITIVE: dict[str, tuple[float, bool]] = {
 }
 
 
+def name_problems(key: str, value: str | None) -> list[str]:
+    """A value that becomes one folder name (the run dir under run.root) and a SLURM job
+    name: a single path component that no shell or SLURM command reads as an option."""
+    if value is None:
+        return []
+    why = None
+    if not value.strip():
+        why = "is empty"
+    elif "/" in value or "\\" in value:
+        why = "contains a path separator"
+    elif value in (".", ".."):
+        why = "is not a folder name"
+    elif value.startswith("-"):
+        why = "starts with '-' (commands would read it as an option)"
+    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        why = "contains a newline or control character"
+    elif len(value.encode()) > 200:
+        why = "is longer than 200 bytes"
+    if why is None:
+        return []
+    return [f"{key}={value!r}: {why}; use a single folder name such as my-run_01"]
+
+
 def get_key(cfg: DtrainConfig, key: str) -> object:
     obj: object = cfg
     for part in key.split("."):
@@ -112,11 +135,6 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         )
     if not 0.0 < cfg.data.val_fraction < 1.0:
         problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be in (0, 1)")
-    if cfg.optim.warmup_steps > cfg.train.steps:
-        problems.append(
-            f"optim.warmup_steps={cfg.optim.warmup_steps}: longer than training "
-            f"(train.steps={cfg.train.steps}); use at most {cfg.train.steps}"
-        )
     if cfg.optim.min_lr > cfg.optim.base_lr:
         problems.append(f"optim.min_lr={cfg.optim.min_lr}: above optim.base_lr={cfg.optim.base_lr}")
     byte_level = cfg.data.source in ("builtin", "text") or (
@@ -134,6 +152,8 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             f"train.loss={loss}: not allowed; choose one of auto, {', '.join(BUILTIN_LOSSES)} "
             f"or a dotted path to a callable (outputs, targets) -> loss"
         )
+    problems += name_problems("run.name", cfg.run.name)
+    problems += name_problems("launcher.rdzv_id", cfg.launcher.rdzv_id)
     if cfg.data.source in ("text", "tokens", "hf") and not cfg.data.path:
         problems.append(f"data.path is required for data.source={cfg.data.source}")
     if cfg.data.prefetch_factor is not None and cfg.data.num_workers == 0:

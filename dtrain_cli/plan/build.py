@@ -152,6 +152,11 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     )
     if pipeline is not None and (w := bubble_warning(pipeline, par.pp)):
         warnings.append(w)
+    if opt.warmup_steps > tr.steps:  # a shortened try-out run: fine, the LR never peaks
+        warnings.append(
+            f"optim.warmup_steps={opt.warmup_steps} is longer than training "
+            f"(train.steps={tr.steps}): the LR stays in warmup and never reaches its peak"
+        )
     if opt.min_lr > lr.peak_lr:
         warnings.append(f"optim.min_lr={opt.min_lr} is above the scaled peak lr; capped to it")
 

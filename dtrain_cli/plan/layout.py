@@ -219,7 +219,7 @@ def strategy_problems(cfg: DtrainConfig, problems: list[str], warnings: list[str
                 f"gradients after warm-up; use comm.compression=none"
             )
         if cfg.sync.warmup_steps > cfg.train.steps:
-            problems.append(
-                f"sync.warmup_steps={cfg.sync.warmup_steps}: longer than training "
-                f"(train.steps={cfg.train.steps})"
+            warnings.append(
+                f"sync.warmup_steps={cfg.sync.warmup_steps} is longer than training "
+                f"(train.steps={cfg.train.steps}): every step is synchronous"
             )
