@@ -35,7 +35,6 @@ from dtrain_cli.runtime.dtensors import full_tensor, local_tensor
 from dtrain_cli.runtime.metrics import (
     MetricsSink,
     startup_phases,
-    summary_table,
     truncate_metrics,
 )
 from dtrain_cli.runtime.optim import Optimizers
@@ -427,5 +426,5 @@ class Trainer:
         if self.ctx.is_logging_rank:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             if self.sink:
-                self.sink.console.print(summary_table(summary))
+                self.sink.print_summary(summary, self.run_dir)
         return summary
