@@ -326,7 +326,9 @@ class Trainer:
             self.checkpoints.poll()
             if stop:
                 self.checkpoints.close()
-                return preemption.preempted(self.run_dir, self.step, self.ctx.rank)
+                info = preemption.preempted(self.run_dir, self.step, self.ctx.rank)
+                dist.barrier()  # no rank exits before the marker is on disk: SLURM's side reads it
+                return info
             if self.sink:
                 self.sink.advance(self.step)
         self.checkpoints.close()
