@@ -31,6 +31,8 @@ class _ConsoleHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info:  # tracebacks go to the rank's file; the launcher reports the error
             return
+        if not getattr(record, "console", True):  # the rank's file only (logging.progress=off)
+            return
         self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
 
 
@@ -128,8 +130,7 @@ class MetricsSink:
             if self.progress is not None:
                 self.progress.update(self._task, completed=step, **self._fields)
                 self.progress.refresh()
-                return
-            log.info(
+            log.info(  # the rank's file always; the console when the mode is lines
                 "step %d/%s  loss %.4f  lr %.3e  grad_norm %.3f  %s tok/s  %.1f ms/step",
                 step,
                 self.total_steps,
@@ -138,9 +139,23 @@ class MetricsSink:
                 values.get("grad_norm", float("nan")),
                 f"{values['tokens_per_s']:,.0f}",
                 values["step_time_ms"],
+                extra={"console": self.mode == "lines"},
             )
         else:
-            log.info("step %d  %s", step, "  ".join(f"{k} {v:.4f}" for k, v in values.items()))
+            log.info(
+                "step %d  %s",
+                step,
+                "  ".join(f"{k} {v:.4f}" for k, v in values.items()),
+                extra={"console": self.mode != "off"},
+            )
+
+    def print_summary(self, summary: dict[str, Any], run_dir: Path) -> None:
+        """End of the run: the progress bar's last line first, then the short summary."""
+        if self.progress is not None:
+            self.progress.update(self._task, completed=summary.get("steps"), **self._fields)
+            self.progress.stop()
+            self.progress = None
+        self.console.print(summary_table(summary, run_dir))
 
     def close(self) -> None:
         if self.progress is not None:
@@ -164,12 +179,25 @@ def truncate_metrics(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title="run summary", show_header=False)
-    for key, value in summary.items():
-        if isinstance(value, float):
-            value = f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
-        table.add_row(key, str(value))
+def _num(value: Any, fmt: str = ",.4f") -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+
+def summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
+    """What a person reads at the end of a run (summary.json keeps every field)."""
+    table = Table(title="run summary", show_header=False, title_justify="left")
+    table.add_row("steps", f"{summary.get('steps')} (world size {summary.get('world_size')})")
+    table.add_row("final loss", _num(summary.get("final_loss")))
+    table.add_row("val loss", _num(summary.get("val_loss")))
+    table.add_row("tokens/s", _num(summary.get("tokens_per_s"), ",.0f"))
+    table.add_row("wall time", f"{_num(summary.get('train_wall_s'), ',.1f')} s")
+    if summary.get("resumed_from"):
+        table.add_row("resumed from", str(summary["resumed_from"]))
+    if summary.get("replicas_identical") is False:
+        table.add_row("[red]replicas[/]", "[red]dp replicas hold different parameters[/]")
+    table.add_row("run dir", str(run_dir))
+    files = [n for n in ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/")]
+    table.add_row("files", " ".join(n for n in files if (run_dir / n.rstrip("/")).exists()))
     return table
 
 

@@ -35,7 +35,6 @@ from dtrain_cli.runtime.loader import Batches
 from dtrain_cli.runtime.metrics import (
     MetricsSink,
     startup_phases,
-    summary_table,
     truncate_metrics,
 )
 from dtrain_cli.runtime.optim import Optimizers
@@ -332,7 +331,9 @@ class Trainer:
             if stop:
                 self.checkpoints.close()
                 self.train_batches.close()
-                return preemption.preempted(self.run_dir, self.step, self.ctx.rank)
+                info = preemption.preempted(self.run_dir, self.step, self.ctx.rank)
+                dist.barrier()  # no rank exits before the marker is on disk: SLURM's side reads it
+                return info
             if self.sink:
                 self.sink.advance(self.step)
         self.checkpoints.close()
@@ -433,5 +434,5 @@ class Trainer:
         if self.ctx.is_logging_rank:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             if self.sink:
-                self.sink.console.print(summary_table(summary))
+                self.sink.print_summary(summary, self.run_dir)
         return summary
