@@ -67,3 +67,104 @@ def test_rdzv_id_names_the_run_dir_and_is_checked_too(tmp_path, monkeypatch):
 def test_ordinary_run_names_are_fine():
     for name in ("exp1", "gpt_tiny-20261201-080000", "ref $(touch X) it's"):
         assert plan("recipe=gpt_tiny", f"run.name={name!r}").exit_code == 0, name
+
+
+# issue 18.1: `+` on an unknown key is the same error as without; on a known key it sets.
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("+optim.warmup_step=1", "did you mean 'optim.warmup_steps'"),
+        ("++optim.warmup_step=1", "did you mean 'optim.warmup_steps'"),
+        ("+train.stepz=3", "did you mean 'train.steps'"),
+        ("+foo=1", "unknown key 'foo'"),
+    ],
+)
+def test_plus_on_an_unknown_key_is_an_error(override, expected):
+    for form in (override, override.lstrip("+")):
+        result = plan("recipe=gpt_tiny", form)
+        assert result.exit_code == 2, (form, result.output)
+        (line,) = errors(result)
+        assert expected in line and "unknown key" in line
+
+
+def test_plus_on_a_known_key_sets_it():
+    result = runner.invoke(app, ["plan", "recipe=gpt_tiny", "+optim.warmup_steps=1", "-f", "yaml"])
+    assert result.exit_code == 0, result.output
+    assert "warmup_steps: 1\n" in result.output
+
+
+# issue 11.4: a whole dict for a dict field works (replacing it); entries too.
+def test_dict_override_replaces_the_dict(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    base = ["sbatch", "recipe=gpt_tiny", "cluster=example_gpu", "dp=2", "parallel.nnodes=2"]
+    whole = runner.invoke(app, [*base, "cluster.env={X:abc}", "--dry-run"])
+    assert whole.exit_code == 0, whole.output
+    exports = [ln for ln in whole.output.splitlines() if ln.startswith("export ")]
+    assert exports == ["export X=abc"]  # example_gpu's NCCL_* replaced
+    entry = runner.invoke(app, [*base, "+cluster.env.X=abc", "~cluster.env.NCCL_DEBUG"])
+    exports = [ln for ln in entry.output.splitlines() if ln.startswith("export ")]
+    assert exports == ["export NCCL_SOCKET_IFNAME=ib0", "export X=abc"], entry.output
+
+
+@pytest.mark.parametrize("value", ["3", "[a]", "{X:{a:1}}"])
+def test_dict_override_of_the_wrong_shape_names_the_key(value):
+    result = plan("recipe=gpt_tiny", f"cluster.env={value}")
+    assert result.exit_code == 2 and "Could not override" not in result.output
+    (line,) = errors(result)
+    assert line.startswith("error: cluster.env") and "+cluster.env.NAME=value" in line
+
+
+# issue 11.6: an interpolation that does not resolve, or gives the wrong type, is one line.
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("dp=${oc.env:HOME}", "parallel.dp=${oc.env:HOME}: the interpolation fails"),
+        ("optim.weight_decay=${undefined.key}", "optim.weight_decay=${undefined.key}: the inter"),
+        ("train.steps=${oc.env:DTRAIN_NO_SUCH_VAR}", "train.steps=${oc.env:DTRAIN_NO_SUCH_VAR}"),
+        ("train.steps=${nope:1}", "train.steps=${nope:1}: the interpolation fails"),
+        ("train.steps=${", "train.steps"),
+    ],
+)
+def test_bad_interpolation_is_a_config_error(override, expected):
+    result = plan("recipe=gpt_tiny", override, "train.eval_batches=0")
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    lines = errors(result)
+    assert expected in lines[0], lines
+    assert "error: train.eval_batches=0: must be >= 1" in lines  # the other one still reported
+
+
+def test_interpolation_that_resolves_is_fine():
+    result = runner.invoke(app, ["plan", "recipe=gpt_tiny", "train.steps=${train.eval_every}"])
+    assert result.exit_code == 0 and "50 / " in result.output, result.output
+
+
+# issue 18.13: ordinary slips get a dtrain line naming the key and the form to write.
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["dp", "2"], "'dp 2': write dp=2 (no spaces around '=')"),
+        (["dp 2"], "'dp 2': write dp=2 (no spaces around '=')"),
+        (["--dp=2"], "'--dp=2': overrides take no dashes; write dp=2"),
+        (["--train.steps", "5"], "'--train.steps 5': overrides take no dashes; write train.st"),
+        (["--bogus"], "'--bogus': not an option of this command"),
+        (["train.compile=maybe"], "train.compile: value 'maybe' is not a boolean; write e.g. "),
+        (["~train.steps"], "train.steps: cannot be unset (it has no null value); set it, e.g. "),
+        (["=2"], "'=2': no key before '='"),
+        (
+            ["train.steps=abc"],
+            "train.steps: value 'abc' is not an integer; write e.g. train.steps=",
+        ),
+        (["dp=1,2"], "parallel.dp=1,2: one value per key"),
+        (["dp"], "'dp': no value; write dp=VALUE"),
+        (["train.steps=$(ls)"], "train.steps=$(ls): cannot parse the value"),
+    ],
+)
+def test_slips_get_a_dtrain_line(args, expected):
+    result = plan("recipe=gpt_tiny", *args)
+    assert result.exit_code == 2, result.output
+    lines = errors(result)
+    assert len(lines) == 1 and expected in lines[0], lines
+    for hydra_word in ("Error parsing", "LexerNoViable", "Error merging", "Could not"):
+        assert hydra_word not in result.output

@@ -43,7 +43,13 @@ def compose_and_plan(overrides: Sequence[str], config_dirs: Sequence[Path]):
         cfg = compose_config(recipe, rest, config_dirs, validate=False)  # build_plan checks
         plan = build_plan(cfg)
     except ConfigError as exc:
-        fail(exc.problems)
+        problems = exc.problems
+        if exc.config is not None:  # some overrides were wrong: what else is, without them
+            try:
+                build_plan(exc.config)
+            except ConfigError as more:
+                problems = problems + [p for p in more.problems if p not in problems]
+        fail(problems)
     return cfg, plan
 
 

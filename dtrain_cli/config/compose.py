@@ -11,7 +11,6 @@ is laid out like the project: group folders (``model/``, ``data/`` ...) and a
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Sequence
@@ -19,25 +18,19 @@ from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.config.overrides import (
+    SHORTHANDS,
+    Override,
+    apply_values,
+    check_overrides,
+    did_you_mean,
+    unknown_key,
+)
 from dtrain_cli.config.schema import DtrainConfig, register_schema
 
 CONFIG_PATH_ENV = "DTRAIN_CONFIG_PATH"
-
-# Shorthands users type most; each maps to its full key (group selections such as
-# precision=bf16 are already Hydra group overrides and need no mapping).
-SHORTHANDS = {
-    "dp": "parallel.dp",
-    "tp": "parallel.tp",
-    "pp": "parallel.pp",
-    "lr_scaling": "optim.lr_scaling",
-    "lr": "optim.base_lr",
-    "steps": "train.steps",
-    "nnodes": "parallel.nnodes",
-    "nproc_per_node": "parallel.nproc_per_node",
-}
 
 
 def _package_dir(name: str) -> Path:
@@ -128,48 +121,109 @@ def compose_config(
     validate: bool = True,
 ) -> DtrainConfig:
     """Compose and (unless the caller validates with the plan) check values. Raises
-    ConfigError naming every problem found."""
-    from dtrain_cli.config.validate import validate_config
+    ConfigError naming every problem found; when only some overrides were wrong, the error
+    carries the config composed without them (``exc.config``) so that the caller can add
+    the other problems (root causes, all of them)."""
+    from dtrain_cli.config.validate import config_problems
 
-    typed = to_dataclass(compose_dictconfig(recipe, overrides, config_dirs))
-    if validate:
-        validate_config(typed)
+    try:
+        typed = to_dataclass(compose_dictconfig(recipe, overrides, config_dirs))
+    except ConfigError as exc:
+        if validate and exc.config is not None:
+            raise ConfigError(exc.problems + config_problems(exc.config)) from None
+        raise
+    if validate and (problems := config_problems(typed)):
+        raise ConfigError(problems)
     return typed
 
 
 def compose_dictconfig(
     recipe: str, overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = ()
 ) -> DictConfig:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     recipes = list_recipes(config_dirs)
     if recipe not in recipes:
-        hint = _did_you_mean(recipe, recipes)
+        hint = did_you_mean(recipe, list(recipes))
         raise ConfigError(
             [f"unknown recipe {recipe!r}{hint}; available: {', '.join(recipes) or 'none'}"]
         )
+    checked, problems = check_overrides(overrides, group_options(config_dirs))
+    cfg = _compose(recipes[recipe], config_dirs, checked)
+    bad = interpolation_problems(cfg, checked)
+    if bad:  # compose again without them, for the other checks
+        problems += list(bad.values())
+        checked = [ov for ov in checked if ov.key not in bad]
+        cfg = _compose(recipes[recipe], config_dirs, checked)
+    OmegaConf.update(cfg, "run.recipe", recipe, merge=False)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    problems += [f"{k} is required (set {k}=...)" for k in missing]
+    if problems:
+        raise ConfigError(problems, config=None if missing else to_dataclass(cfg))
+    return cfg
+
+
+_COMPOSED: dict[tuple, DictConfig] = {}
+
+
+def _compose(recipe_path: Path, config_dirs: Sequence[str | Path], checked: list[Override]):
+    """Hydra merges the recipe's defaults list with the group options chosen (cached: the
+    same recipe, options and files compose the same); values are then set on a copy."""
+    import copy
+
     user_dirs = user_config_dirs(config_dirs)
     search = [*user_dirs, *(d / "recipes" for d in user_dirs), builtin_configs_dir()]
+    chosen = tuple(f"{ov.key}={ov.value}" for ov in checked if ov.kind == "group")
+    files = tuple(
+        (str(p), p.stat().st_mtime_ns)
+        for d in {recipe_path.parent, *search}
+        for p in sorted(d.glob("**/*.yaml"))
+    )
+    key = (str(recipe_path), tuple(map(str, search)), chosen, files)
+    if key not in _COMPOSED:
+        _COMPOSED.clear()  # one entry: a long-lived process composes one recipe at a time
+        _COMPOSED[key] = _hydra_compose(recipe_path, search, list(chosen))
+    cfg = copy.deepcopy(_COMPOSED[key])
+    problems = apply_values(cfg, checked)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _hydra_compose(recipe_path: Path, search: list[Path], chosen: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
     searchpath = "hydra.searchpath=[" + ",".join(f"file://{p}" for p in search) + "]"
-    user_overrides = expand_shorthands(overrides)
     register_schema()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(recipes[recipe].parent), version_base="1.3"):
-            cfg = compose(config_name=recipe, overrides=[searchpath, *user_overrides])
+        with initialize_config_dir(config_dir=str(recipe_path.parent), version_base="1.3"):
+            cfg = compose(config_name=recipe_path.stem, overrides=[searchpath, *chosen])
     except Exception as exc:  # Hydra/OmegaConf raise many types; translate all of them
-        raise ConfigError([_explain_compose_error(exc, user_overrides)]) from None
+        raise ConfigError([_explain_compose_error(exc, chosen)]) from None
     finally:
         GlobalHydra.instance().clear()
     if "hydra" in cfg:
         with _writable(cfg):
             del cfg["hydra"]
-    OmegaConf.update(cfg, "run.recipe", recipe, merge=False)
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ConfigError([f"{k} is required (set {k}=...)" for k in missing])
     return cfg
+
+
+def interpolation_problems(cfg: DictConfig, checked: Sequence[Override]) -> dict[str, str]:
+    """key -> problem, for each interpolated override that does not resolve, or resolves to
+    a value of the wrong type."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    out = {}
+    for ov in checked:
+        if not (isinstance(ov.value, str) and "${" in ov.value):
+            continue
+        try:
+            OmegaConf.select(cfg, ov.key, throw_on_resolution_failure=True)
+        except OmegaConfBaseException as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            why = why.removeprefix(f"While dereferencing interpolation '{ov.value}': ")
+            out[ov.key] = f"{ov.key}={ov.value}: the interpolation fails ({why})"
+    return out
 
 
 class _writable:
@@ -184,7 +238,14 @@ class _writable:
 
 
 def to_dataclass(cfg: DictConfig) -> DtrainConfig:
-    obj = OmegaConf.to_object(cfg)
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:  # an interpolation in a YAML file, say
+        key = getattr(exc, "full_key", None) or "config"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError([f"{key}: {first}"]) from None
     assert isinstance(obj, DtrainConfig)
     return obj
 
@@ -210,31 +271,27 @@ def _all_keys(node: type = DtrainConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
+    """Hydra's errors (overrides are checked before, so mostly a recipe or group file's
+    content) as one line naming the key."""
     chain, cause = [], exc
     while cause is not None and len(chain) < 5:
         chain.append(str(cause).strip())
         cause = cause.__cause__ or cause.__context__
     msg = "\n".join(chain)
     first = chain[0].splitlines()[0] if chain and chain[0] else type(exc).__name__
-    m = re.search(r"Could not override '([^']+)'", msg) or re.search(
-        r"Key '([^']+)' not in '?\w*'?", msg
+    m = re.search(r"Key '([^']+)' not in '?\w*'?", msg)
+    full_key = re.search(r"full_key: ([\w.]+)", msg)
+    if m and "not in" in msg:
+        key = full_key.group(1) if full_key else m.group(1)
+        if key not in _all_keys():
+            return unknown_key(key)
+    m = re.search(
+        r"Value '([^']*)' (?:of type '\w+' )?(?:could not be converted to|is not a valid) (\w+)",
+        msg,
     )
-    if m and ("not in" in msg or "Could not override" in msg):
-        key = m.group(1)
-        full = next((k for k in _all_keys() if k.endswith("." + key) or k == key), None)
-        guess = _did_you_mean(key, _all_keys())
-        if full is None:
-            return f"unknown key {key!r}{guess}; see `dtrain plan --show-config` for all keys"
-    m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", msg)
     if m:
-        key = re.search(r"full_key: ([\w.]+)", msg)
-        where = key.group(1) if key else "a key"
+        where = full_key.group(1) if full_key else "a key"
         kind = {"Integer": "integer", "Float": "number", "Boolean": "boolean (true/false)"}
         return f"{where}: value {m.group(1)!r} is not a valid {kind.get(m.group(2), m.group(2))}"
     m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
@@ -242,17 +299,26 @@ def _explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
         group, option = m.group(1).strip("/"), m.group(2)
         opts = _group_options(group)
         return (
-            f"{group}={option}: no such option{_did_you_mean(option, opts)}; "
+            f"{group}={option}: no such option{did_you_mean(option, opts)}; "
             f"allowed: {', '.join(opts)}"
         )
-    if "mismatched input" in msg or "no viable alternative" in msg:
-        return f"cannot parse override ({first}); overrides look like key=value, +key=value, ~key"
     return first
 
 
+def group_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, list[str]]:
+    """Every config group (a folder of YAML options) -> its options, built-in and the user's."""
+    found: dict[str, set[str]] = {}
+    for d in [*user_config_dirs(config_dirs), builtin_configs_dir()]:
+        for sub in d.iterdir():
+            if sub.is_dir() and sub.name != "recipes":
+                opts = {p.stem for p in sub.glob("*.yaml")}
+                if opts:
+                    found.setdefault(sub.name, set()).update(opts)
+    return {g: sorted(o) for g, o in sorted(found.items())}
+
+
 def _group_options(group: str) -> list[str]:
-    d = builtin_configs_dir() / group
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return group_options().get(group, [])
 
 
 # Keys a resume may not change: the checkpoint's weights, optimizer state and data stream
@@ -263,47 +329,27 @@ UNSAFE_ON_RESUME = ("model.", "data.", "train.seed", "optim.name", "run.root", "
 def override_config(
     cfg: DtrainConfig, overrides: Sequence[str], config_dirs: Sequence[str | Path] = ()
 ) -> DtrainConfig:
-    """Apply Hydra-grammar overrides to an already resolved config (``dtrain resume``).
-    ``group=option`` merges that option's YAML from the search path."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+    """Apply overrides to an already resolved config (``dtrain resume``), checked as
+    composition checks them. ``group=option`` merges that option's YAML from the search path."""
     from dtrain_cli.config.validate import validate_config
 
     node = OmegaConf.structured(cfg)
-    expanded = expand_shorthands(overrides)
-    try:
-        parsed = OverridesParser.create().parse_overrides(expanded)
-    except Exception as exc:
-        raise ConfigError([_explain_compose_error(exc, expanded)]) from None
+    groups = group_options(config_dirs)
+    checked, problems = check_overrides(overrides, groups)
     dirs = [*user_config_dirs(config_dirs), builtin_configs_dir()]
-    problems = []
-    for ov in parsed:
-        key = ov.key_or_group
+    for ov in checked:
         try:
-            if "." not in key and key in node and ov.value() is not None and not ov.is_delete():
-                option = str(ov.value())
+            if ov.key in groups:
                 found = next(
-                    (
-                        d / key / f"{option}.yaml"
-                        for d in dirs
-                        if (d / key / f"{option}.yaml").is_file()
-                    ),
-                    None,
+                    d / ov.key / f"{ov.value}.yaml"
+                    for d in dirs
+                    if (d / ov.key / f"{ov.value}.yaml").is_file()
                 )
-                if found is None:
-                    opts = _group_options(key)
-                    problems.append(
-                        f"{key}={option}: no such option"
-                        f"{_did_you_mean(option, opts)}; allowed: {', '.join(opts)}"
-                    )
-                    continue
-                node[key] = OmegaConf.merge(node[key], OmegaConf.load(found))
-            else:
-                OmegaConf.update(node, key, None if ov.is_delete() else ov.value(), merge=True)
-        except (ConfigKeyError, ConfigAttributeError):
-            problems.append(f"unknown key {key!r}{_did_you_mean(key, _all_keys())}")
-        except Exception as exc:
-            problems.append(_explain_compose_error(exc, [key]))
+                node[ov.key] = OmegaConf.merge(node[ov.key], OmegaConf.load(found))
+        except Exception as exc:  # a group file that does not fit the schema, say
+            problems.append(_explain_compose_error(exc, [ov.text]))
+    problems += apply_values(node, checked)
+    problems += list(interpolation_problems(node, checked).values())
     if problems:
         raise ConfigError(problems)
     new = to_dataclass(node)
