@@ -168,3 +168,98 @@ def test_slips_get_a_dtrain_line(args, expected):
     assert len(lines) == 1 and expected in lines[0], lines
     for hydra_word in ("Error parsing", "LexerNoViable", "Error merging", "Could not"):
         assert hydra_word not in result.output
+
+
+# issue 18.10: every numeric field's range is checked before arithmetic uses it.
+NUMERIC = [
+    "train.micro_batch_size",
+    "train.global_batch_size",
+    "train.grad_accum",
+    "pipeline.microbatches",
+    "parallel.nproc_per_node",
+    "parallel.dp",
+    "parallel.tp",
+    "parallel.pp",
+    "parallel.nnodes",
+    "pipeline.virtual_stages",
+    "model.n_head",
+    "model.n_layer",
+    "model.n_embd",
+    "model.block_size",
+    "train.steps",
+    "checkpoint.every_steps",
+    "logging.every",
+    "sync.every",
+    "launcher.threads_per_proc",
+    "launcher.rdzv_timeout_s",
+    "precision.growth_interval",
+    "optim.eps",
+    "train.seed",
+]
+
+
+@pytest.mark.parametrize("key", NUMERIC)
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_numeric_ranges_before_arithmetic(key, value):
+    if value == "0" and key in ("checkpoint.every_steps", "train.seed"):
+        value = "-1"  # 0 is allowed there
+    extra = ["pp=2"] if key.startswith("pipeline.") else []
+    result = plan("recipe=gpt_tiny", *extra, f"{key}={value}")
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    (line,) = errors(result)
+    assert line.startswith(f"error: {key}={value}") and ": must be " in line, line
+
+
+# issue 18.14: root causes only, all of them, with suggestions that are valid values.
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["dp=3"], ["train.global_batch_size=16: not divisible by dp=3; use a multiple of 3"]),
+        (["dp=-3"], ["parallel.dp=-3: must be >= 1"]),
+        (["train.steps=-5"], ["train.steps=-5: must be >= 1"]),
+        (
+            ["train.stepz=3", "dp=0"],
+            ["unknown key 'train.stepz' (did you mean 'train.steps'?)", "parallel.dp=0: must be"],
+        ),
+        (
+            ["train.stepz=3", "optim.lrr=1", "dp=3"],
+            ["unknown key 'train.stepz'", "unknown key 'optim.lrr'", "not divisible by dp=3"],
+        ),
+        (["dp=3", "pp=2"], ["train.global_batch_size=16: not divisible by dp=3"]),
+        (
+            ["parallel.nproc_per_node=3", "dp=2", "tp=2"],
+            ["processes were asked for; set nproc_per_node=4"],
+        ),
+    ],
+)
+def test_root_causes_only_all_of_them(args, expected):
+    result = plan("recipe=gpt_tiny", *args)
+    assert result.exit_code == 2, result.output
+    lines = errors(result)
+    assert len(lines) == len(expected), lines
+    for line, fragment in zip(lines, expected, strict=True):
+        assert fragment in line, lines
+    for line in lines:  # every number suggested is a valid value
+        assert "multiple of -" not in line and "at most -" not in line and "=?" not in line
+
+
+def test_default_pipeline_microbatches_fit_the_batch():
+    result = runner.invoke(app, ["plan", "recipe=gpt_tiny", "pp=2", "train.global_batch_size=10"])
+    assert result.exit_code == 0, result.output
+    assert "2 micro-batches x 1 call(s)" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["dp=100000"],
+        ["checkpoint.every_steps=1", "train.steps=100000000000"],
+        ["model.n_layer=9007199254740993"],
+        ["optim.base_lr=inf"],
+        ["optim.beta1=nan"],
+    ],
+)
+def test_huge_and_non_finite_values_are_refused_fast(args):
+    result = plan("recipe=gpt_tiny", *args)
+    assert result.exit_code == 2 and len(errors(result)) == 1, result.output

@@ -31,6 +31,7 @@ from dtrain_cli.plan.plan import (
     PrecisionPlan,
 )
 
+MAX_SAVES = 100_000
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -57,9 +58,22 @@ def visible_gpu_count() -> int:
     return min(total, len(ids))
 
 
+def _world_fix(dp: int, model_parallel: int, nproc_total: int, nnodes: int) -> str:
+    """What to set so that dp*tp*pp equals the processes asked for: only valid values."""
+    fixes = []
+    if nproc_total % model_parallel == 0:
+        fixes.append(f"dp={nproc_total // model_parallel}")
+    world = dp * model_parallel
+    if world % nnodes == 0:
+        fixes.append(f"nproc_per_node={world // nnodes}")
+    return "set " + " or ".join(fixes) if fixes else "make them equal"
+
+
 def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     res = resources or Resources.detect()
     problems = config_problems(cfg)
+    if problems:  # every value is in range before the layout's arithmetic uses it
+        raise ConfigError(problems)
     par, tr, m = cfg.parallel, cfg.train, cfg.model
 
     device = cfg.run.device
@@ -81,9 +95,8 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     elif nproc * nnodes != world and world > 0:
         problems.append(
             f"dp*tp*pp = {par.dp}*{par.tp}*{par.pp} = {world} but nproc_per_node*nnodes = "
-            f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; set "
-            f"dp={max(1, nproc * nnodes // max(1, par.tp * par.pp))} or "
-            f"nproc_per_node={world // nnodes if world % nnodes == 0 else '?'}"
+            f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; "
+            + _world_fix(par.dp, par.tp * par.pp, nproc * nnodes, nnodes)
         )
     if device == "cuda" and nproc > res.num_gpus:
         problems.append(
@@ -100,8 +113,9 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     tensor_parallel_problems(m, par.tp, par.pp, problems)
     warnings: list[str] = []
     strategy_problems(cfg, problems, warnings)
+    before = len(problems)
     batch = batch_layout(cfg, problems)
-    pipeline = pipeline_layout(cfg, batch, problems)
+    pipeline = pipeline_layout(cfg, batch, problems, batch_ok=len(problems) == before)
 
     if problems:
         raise ConfigError(problems)
@@ -132,6 +146,14 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         warnings.append(f"optim.min_lr={opt.min_lr} is above the scaled peak lr; capped to it")
 
     ck = cfg.checkpoint
+    if ck.every_steps and tr.steps // ck.every_steps > MAX_SAVES:
+        raise ConfigError(
+            [
+                f"checkpoint.every_steps={ck.every_steps}: {tr.steps // ck.every_steps:,} saves "
+                f"in train.steps={tr.steps}; use at least "
+                f"{math.ceil(tr.steps / MAX_SAVES)} (at most {MAX_SAVES:,} saves)"
+            ]
+        )
     save_steps = list(range(ck.every_steps, tr.steps + 1, ck.every_steps)) if ck.every_steps else []
     if ck.at_end and tr.steps not in save_steps:
         save_steps.append(tr.steps)
