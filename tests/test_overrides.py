@@ -3,10 +3,14 @@ line naming the key and the form to write, exit code 2; what is fine runs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from dtrain_cli.cli.app import app
+from dtrain_cli.cli.plan_cmd import FORMATS
 from tests.conftest import run_dtrain
 
 runner = CliRunner()
@@ -263,3 +267,39 @@ def test_default_pipeline_microbatches_fit_the_batch():
 def test_huge_and_non_finite_values_are_refused_fast(args):
     result = plan("recipe=gpt_tiny", *args)
     assert result.exit_code == 2 and len(errors(result)) == 1, result.output
+
+
+# issue 18.6: every format the help lists gives loadable output; unknown ones are refused.
+class _UniqueKeys(yaml.SafeLoader):
+    def construct_mapping(self, node, deep=False):
+        keys = [self.construct_object(k, deep=deep) for k, _ in node.value]
+        assert len(keys) == len(set(keys)), f"duplicate keys: {keys}"
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load(text: str, fmt: str) -> dict:
+    return json.loads(text) if fmt == "json" else yaml.load(text, Loader=_UniqueKeys)
+
+
+@pytest.mark.parametrize("show_config", [False, True])
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if f != "table"])
+def test_plan_formats_load(fmt, show_config):
+    help_text = runner.invoke(app, ["plan", "--help"], terminal_width=200).output
+    assert all(f in help_text for f in FORMATS)
+    args = ["plan", "recipe=gpt_small", "dp=2", "--format", fmt]
+    result = runner.invoke(app, args + (["--show-config"] if show_config else []))
+    assert result.exit_code == 0, result.output
+    doc = _load(result.stdout, fmt)
+    plan_doc = doc["plan"] if show_config else doc
+    assert plan_doc["world_size"] == 2 and plan_doc["model"] == "gpt_small"
+    assert len(plan_doc["ranks"]) == 2
+    if show_config:
+        assert doc["config"]["model"]["n_layer"] == 8 and doc["config"]["parallel"]["dp"] == 2
+
+
+@pytest.mark.parametrize("fmt", ["xml", "JSON", ""])
+def test_unknown_plan_format_is_refused(fmt):
+    result = runner.invoke(app, ["plan", "recipe=gpt_tiny", "--format", fmt])
+    assert result.exit_code == 2
+    (line,) = errors(result)
+    assert f"--format={fmt}: not a format; choose one of table, yaml, json" in line
