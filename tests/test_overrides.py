@@ -303,3 +303,28 @@ def test_unknown_plan_format_is_refused(fmt):
     assert result.exit_code == 2
     (line,) = errors(result)
     assert f"--format={fmt}: not a format; choose one of table, yaml, json" in line
+
+
+# issue 18.8: resume refuses recipe= and run.recipe= with the reason; its help says what it takes.
+@pytest.mark.parametrize("override", ["recipe=gpt_small", "run.recipe=gpt_small", "+run.recipe=x"])
+def test_resume_refuses_another_recipe(override, tmp_path):
+    result = runner.invoke(app, ["resume", "--ckpt", str(tmp_path), override])
+    assert result.exit_code == 2, result.output
+    (line,) = errors(result)
+    assert line.startswith(f"error: {override}: a resume continues its own run")
+    assert "did you mean" not in line
+
+
+def test_resume_help_says_what_it_accepts():
+    text = runner.invoke(app, ["resume", "--help"], terminal_width=200).output
+    assert "recipe=NAME" not in text and "Not recipe=" in text and "steps" in text
+
+
+def test_recipe_is_fixed_on_resume_even_in_the_config():
+    from dtrain_cli.config.compose import compose_config, unsafe_resume_changes
+
+    old = compose_config("gpt_tiny", [])
+    new = compose_config("gpt_tiny", [])
+    new.run.recipe = "gpt_small"
+    (line,) = unsafe_resume_changes(old, new)
+    assert line.startswith("run.recipe=gpt_small: cannot change on resume")

@@ -323,7 +323,15 @@ def _group_options(group: str) -> list[str]:
 
 # Keys a resume may not change: the checkpoint's weights, optimizer state and data stream
 # depend on them. Everything else (steps, layout, cadence, logging, LR values) is allowed.
-UNSAFE_ON_RESUME = ("model.", "data.", "train.seed", "optim.name", "run.root", "run.name")
+UNSAFE_ON_RESUME = (
+    "model.",
+    "data.",
+    "train.seed",
+    "optim.name",
+    "run.root",
+    "run.name",
+    "run.recipe",
+)
 
 
 def override_config(
