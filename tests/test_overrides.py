@@ -328,3 +328,22 @@ def test_recipe_is_fixed_on_resume_even_in_the_config():
     new.run.recipe = "gpt_small"
     (line,) = unsafe_resume_changes(old, new)
     assert line.startswith("run.recipe=gpt_small: cannot change on resume")
+
+
+# issue 18.12: validate-cluster's flags are range-checked before anything runs.
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--timeout", "-1"], "--timeout=-1: must be > 0 seconds"),
+        (["--timeout", "0"], "--timeout=0: must be > 0 seconds"),
+        (["--timeout", "nan"], "--timeout=nan: must be > 0 seconds"),
+        (["--nnodes", "0"], "--nnodes=0: must be >= 1"),
+        (["--nproc-per-node", "0"], "--nproc-per-node=0: must be >= 1"),
+        (["--nnodes", "2", "--node-rank", "2"], "--node-rank=2: must be in [0, 2)"),
+    ],
+)
+def test_validate_cluster_ranges(args, expected):
+    result = runner.invoke(app, ["validate-cluster", "--no-live", *args])
+    assert result.exit_code == 2, result.output
+    (line,) = errors(result)
+    assert expected in line and "ok" not in result.output.replace(expected, "")
