@@ -347,3 +347,43 @@ def test_validate_cluster_ranges(args, expected):
     assert result.exit_code == 2, result.output
     (line,) = errors(result)
     assert expected in line and "ok" not in result.output.replace(expected, "")
+
+
+# issue 18.17: -h on every command, completion of recipes and keys, counts in words.
+COMMANDS = ["launch", "plan", "resume", "recipes", "checkpoints", "export", "sbatch", "agent"]
+
+
+@pytest.mark.parametrize("command", [[], *([c] for c in [*COMMANDS, "validate-cluster"])])
+def test_dash_h_is_help_everywhere(command):
+    short = runner.invoke(app, [*command, "-h"], terminal_width=200)
+    assert short.exit_code == 0, short.output
+    assert short.output == runner.invoke(app, [*command, "--help"], terminal_width=200).output
+
+
+def _complete(words: str) -> list[str]:
+    cword = len(words.split()) - (0 if words.endswith(" ") else 1)
+    env = {"_DTRAIN_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+    return runner.invoke(app, [], prog_name="dtrain", env=env).output.split()
+
+
+def test_completion_offers_recipes_options_and_keys():
+    assert _complete("dtrain plan recipe=gpt") == ["recipe=gpt_small", "recipe=gpt_tiny"]
+    assert _complete("dtrain launch precision=") == [
+        "precision=bf16",
+        "precision=fp16",
+        "precision=fp32",
+    ]
+    assert _complete("dtrain plan train.st") == ["train.steps="]
+    assert _complete("dtrain sbatch +optim.warm") == ["+optim.warmup_steps="]
+    assert "train.compile=true" in _complete("dtrain plan train.compile=")
+
+
+def test_counts_are_in_words():
+    args = ["plan", "recipe=gpt_tiny", "train.steps=2", "optim.warmup_steps=1"]
+    result = runner.invoke(app, [*args, "checkpoint.every_steps=1"], terminal_width=200)
+    out = result.output
+    assert "1 = 1 node(s) x 1 process " in out and "1 processes" not in out
+    assert "warmup  " in out and " 1 step " in out and "1 steps" not in out
+    cuda = runner.invoke(app, ["plan", "recipe=gpt_tiny", "run.device=cuda"]).output
+    if "0 are visible" in cuda:  # this machine has no GPU
+        assert "1 process per node needs 1 GPU but 0 are visible" in cuda

@@ -9,6 +9,7 @@ import typer
 from dtrain_cli.cli.common import (
     CONFIG_DIR_HELP,
     OVERRIDES_HELP,
+    complete_override,
     compose_and_plan,
     console,
     fail,
@@ -18,7 +19,9 @@ FORMATS = ("table", "yaml", "json")
 
 
 def plan(
-    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    overrides: list[str] = typer.Argument(
+        None, help=OVERRIDES_HELP, autocompletion=complete_override
+    ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
     fmt: str = typer.Option(
         "table",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import typer
 
-from dtrain_cli.cli.common import CKPT_HELP, CONFIG_DIR_HELP, err_console, fail
+from dtrain_cli.cli.common import CKPT_HELP, CONFIG_DIR_HELP, complete_override, err_console, fail
 from dtrain_cli.config.errors import ConfigError
 
 RESUME_OVERRIDES_HELP = (
@@ -39,7 +39,9 @@ def recipe_problems(overrides: list[str]) -> list[str]:
 
 def resume(
     ckpt: Path = typer.Option(..., "--ckpt", help=CKPT_HELP),
-    overrides: list[str] = typer.Argument(None, help=RESUME_OVERRIDES_HELP),
+    overrides: list[str] = typer.Argument(
+        None, help=RESUME_OVERRIDES_HELP, autocompletion=complete_override
+    ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
 ) -> None:
     """Continue a run from a checkpoint (the newest complete one of a run directory)."""

@@ -18,6 +18,7 @@ from dtrain_cli.plan.layout import (
     batch_layout,
     bubble_warning,
     pipeline_layout,
+    plural,
     strategy_problems,
     tensor_parallel_problems,
 )
@@ -100,7 +101,9 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         )
     if device == "cuda" and nproc > res.num_gpus:
         problems.append(
-            f"{nproc} processes per node need {nproc} GPUs but {res.num_gpus} are visible; "
+            f"{plural(nproc, 'process', 'processes')} per node {'needs' if nproc == 1 else 'need'} "
+            f"{plural(nproc, 'GPU')} but "
+            f"{res.num_gpus} {'is' if res.num_gpus == 1 else 'are'} visible; "
             f"lower dp/tp/pp or set run.device=cpu"
         )
     if cfg.run.device == "cuda" and res.num_gpus == 0:

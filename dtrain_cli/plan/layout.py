@@ -24,6 +24,11 @@ BUBBLE_WARN = 0.25
 BYTES_PER_ACTIVATION = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 step``, ``2 steps``, ``1 process``, ``3 processes``."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
+
+
 def divisors(n: int, limit: int = 64) -> list[int]:
     """The divisors of ``n`` up to ``limit`` (suggestions stay short and cheap)."""
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
