@@ -417,3 +417,10 @@ def test_grad_accum_error_says_to_unset_the_global_batch(recipe):
     fixed = plan(f"recipe={recipe}", "~train.global_batch_size", "train.grad_accum=4")
     assert fixed.exit_code == 0, fixed.output
     assert " x 4 x 1 " in fixed.output
+
+
+def test_interpolation_of_the_wrong_shape_for_a_list_field():
+    result = plan("recipe=cnn_bn", "model.channels=${oc.env:HOME}")
+    assert result.exit_code == 2
+    (line,) = errors(result)
+    assert "model.channels=${oc.env:HOME}: the interpolation gives" in line and "not a list" in line

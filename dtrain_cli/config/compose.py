@@ -26,6 +26,7 @@ from dtrain_cli.config.overrides import (
     apply_values,
     check_overrides,
     did_you_mean,
+    schema_fields,
     unknown_key,
 )
 from dtrain_cli.config.schema import DtrainConfig, register_schema
@@ -211,14 +212,23 @@ def _hydra_compose(recipe_path: Path, search: list[Path], chosen: list[str]) -> 
 def interpolation_problems(cfg: DictConfig, checked: Sequence[Override]) -> dict[str, str]:
     """key -> problem, for each interpolated override that does not resolve, or resolves to
     a value of the wrong type."""
+    from omegaconf import DictConfig, ListConfig
     from omegaconf.errors import OmegaConfBaseException
 
+    containers = {"list": (list, ListConfig), "dict": (dict, DictConfig)}
+    fields_ = schema_fields()
     out = {}
     for ov in checked:
         if not (isinstance(ov.value, str) and "${" in ov.value):
             continue
         try:
-            OmegaConf.select(cfg, ov.key, throw_on_resolution_failure=True)
+            value = OmegaConf.select(cfg, ov.key, throw_on_resolution_failure=True)
+            want = containers.get(fields_[ov.key].base) if ov.key in fields_ else None
+            if want and value is not None and not isinstance(value, want):
+                out[ov.key] = (
+                    f"{ov.key}={ov.value}: the interpolation gives {value!r}, "
+                    f"not a {fields_[ov.key].base}"
+                )
         except OmegaConfBaseException as exc:
             why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             why = why.removeprefix(f"While dereferencing interpolation '{ov.value}': ")

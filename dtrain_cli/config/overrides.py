@@ -109,7 +109,6 @@ def check_overrides(
     known = schema_fields()
     good: list[Override] = []
     problems: list[str] = []
-    scratch = None
     i = 0
     while i < len(tokens):
         tok = tokens[i]
@@ -161,11 +160,7 @@ def check_overrides(
         if dict_field is not None:
             problems += _dict(dict_field, key, parsed, good, tok)
             continue
-        if scratch is None:
-            from omegaconf import OmegaConf
-
-            scratch = OmegaConf.structured(DtrainConfig)
-        problem = _type_problem(known[key], parsed, scratch)
+        problem = _type_problem(known[key], parsed, _scratch())
         if problem:
             problems.append(problem)
             continue
@@ -201,6 +196,19 @@ def _parse(key: str, value_text: str, delete: bool) -> tuple[Any, str | None]:
             f"value, or quote one that has commas: {key}='{value_text}'"
         )
     return ov.value(), None
+
+
+_SCRATCH: list[Any] = []
+
+
+def _scratch() -> Any:
+    """One typed copy of the schema per process, only written to (type checks): building
+    it costs more than everything else a plan does."""
+    if not _SCRATCH:
+        from omegaconf import OmegaConf
+
+        _SCRATCH.append(OmegaConf.structured(DtrainConfig))
+    return _SCRATCH[0]
 
 
 def _type_problem(f: Field, value: Any, scratch: Any) -> str | None:
