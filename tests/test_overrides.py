@@ -91,6 +91,11 @@ def test_plus_on_an_unknown_key_is_an_error(override, expected):
         assert expected in line and "unknown key" in line
 
 
+def test_plus_recipe_picks_the_recipe():
+    result = runner.invoke(app, ["plan", "+recipe=gpt_small", "-f", "json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["recipe"] == "gpt_small"
+
+
 def test_plus_on_a_known_key_sets_it():
     result = runner.invoke(app, ["plan", "recipe=gpt_tiny", "+optim.warmup_steps=1", "-f", "yaml"])
     assert result.exit_code == 0, result.output

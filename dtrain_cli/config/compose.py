@@ -108,7 +108,7 @@ def expand_shorthands(overrides: Sequence[str]) -> list[str]:
 def split_recipe(overrides: Sequence[str], default: str = "gpt_tiny") -> tuple[str, list[str]]:
     recipe, rest = default, []
     for ov in overrides:
-        if ov.startswith("recipe="):
+        if ov.lstrip("+").startswith("recipe="):  # +recipe= means the same, as for keys
             recipe = ov.split("=", 1)[1]
         else:
             rest.append(ov)
