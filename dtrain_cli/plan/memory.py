@@ -12,7 +12,11 @@ from __future__ import annotations
 import math
 
 from dtrain_cli.config.schema import DtrainConfig, ModelConfig
-from dtrain_cli.plan.layout import activation_bytes_per_layer, params_per_layer
+from dtrain_cli.plan.layout import (
+    activation_bytes_per_layer,
+    fsdp_reshards_after_forward,
+    params_per_layer,
+)
 from dtrain_cli.plan.plan import BatchPlan, Estimates
 
 CNN_KERNEL = 3
@@ -75,7 +79,8 @@ def comm_bytes_per_step(cfg: DtrainConfig) -> int:
     ring = (dp - 1) / dp
     n_bytes = 4 * count_params(cfg.model) / max(cfg.parallel.tp * cfg.parallel.pp, 1)
     if cfg.parallel.strategy == "fsdp":
-        gathers = 2 if cfg.parallel.reshard_after_forward else 1  # fwd (+ bwd) all-gather
+        schedule = cfg.pipeline.schedule if cfg.parallel.pp > 1 else None
+        gathers = 2 if fsdp_reshards_after_forward(cfg, schedule) else 1  # fwd (+ bwd)
         return int(ring * n_bytes * (gathers + 1))  # + reduce-scatter of gradients
     payload = grad_payload_bytes(cfg) / max(cfg.parallel.tp * cfg.parallel.pp, 1)
     total = 2 * ring * payload
