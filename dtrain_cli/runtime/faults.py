@@ -33,4 +33,18 @@ def maybe_fail(point: str, **where: int) -> None:
         return
     for name, params in _FAULTS:
         if name == point and all(where.get(k) == v for k, v in params.items()):
+            _note_drill(name, where)
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _note_drill(name: str, where: dict[str, int]) -> None:
+    """A drill says what it did (a real SIGKILL leaves no trace): the launcher's report
+    then names the signal (:mod:`dtrain_cli.runtime.failure_notes`)."""
+    run_dir = os.environ.get("DTRAIN_RUN_DIR")
+    if run_dir:
+        from pathlib import Path
+
+        from dtrain_cli.runtime.failure_notes import write_note
+
+        step = where.get("step")
+        write_note(Path(run_dir), int(os.environ.get("RANK", "-1")), step, None, "SIGKILL")

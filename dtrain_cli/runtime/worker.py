@@ -27,6 +27,7 @@ from dtrain_cli.runtime.distributed import (
     mesh_coordinates,
     shutdown_distributed,
 )
+from dtrain_cli.runtime.failure_notes import write_note
 from dtrain_cli.runtime.metrics import make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
 
@@ -44,6 +45,7 @@ def worker_main(
     if server is not None:  # forked from the fork server, which ignores some signals
         server.restore_worker_signals()
     path = Path(run_dir)
+    os.environ["DTRAIN_RUN_DIR"] = str(path)  # where a fault drill notes what it did
     plan = Plan.load(path / "plan.yaml")
     cfg = config_from_yaml(path / "config.yaml")
     torch.set_num_threads(plan.threads_per_proc)
@@ -64,8 +66,9 @@ def worker_main(
             model_ready=time.time(),
         )
         return trainer.train()
-    except Exception:
+    except Exception as exc:
         log.exception("rank %d failed", rank)  # the traceback in logs/rank_<k>.log
+        write_note(path, rank, trainer.step if trainer is not None else None, exc)
         raise
     finally:
         if trainer is not None and trainer.sink:
