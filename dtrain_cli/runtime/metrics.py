@@ -21,6 +21,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 log = logging.getLogger("dtrain")
+FIRST_STEP_DONE = "first step done"
+"""Every rank's log says this once its first step finished: the launcher keeps a failed
+run's dir from then on (before it, a failed start removes the dir it created)."""
 
 
 class _ConsoleHandler(logging.Handler):

@@ -33,6 +33,7 @@ from dtrain_cli.runtime.data_parallel import LocalSGD, ddp_step_times
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.dtensors import full_tensor, local_tensor
 from dtrain_cli.runtime.metrics import (
+    FIRST_STEP_DONE,
     MetricsSink,
     startup_phases,
     truncate_metrics,
@@ -385,9 +386,8 @@ class Trainer:
         self.times["first_step_done"] = time.time()
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
         phases = " · ".join(f"{k} {v:.2f}" for k, v in startup_phases(self.times, t0).items())
-        log.info(
-            "first step done %.2f s after launch (%s)", self.times["first_step_done"] - t0, phases
-        )
+        took = self.times["first_step_done"] - t0
+        log.info("%s %.2f s after launch (%s)", FIRST_STEP_DONE, took, phases)
 
     def _summary(self, wall: float, tokens_per_s: list[float]) -> dict[str, Any]:
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
