@@ -340,15 +340,26 @@ class Trainer:
         return self._summary(wall, tokens_per_s)
 
     def replica_digests(self) -> list[str]:
-        """sha256 of this rank's parameter bytes (local shards), gathered over the dp group:
-        data-parallel replicas must hold bit-identical parameters."""
+        """sha256 of this rank's parameter bytes (local shards: the same tp shard / pp stage
+        across the dp group), gathered over the dp group: data-parallel replicas must hold
+        bit-identical parameters. FSDP (dp > 1) has no replicas: each dp rank holds another
+        shard, so the digest is of the full parameters and there is nothing to compare."""
         h = hashlib.sha256()
+        sharded = self.replicas_check() is not None
         for p in self.pm.parameters():
-            local = local_tensor(p)
-            h.update(local.detach().cpu().contiguous().numpy().tobytes())
+            t = full_tensor(p) if sharded else local_tensor(p)  # collective under FSDP
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        if sharded:
+            return [h.hexdigest()]
         out: list[str | None] = [None] * self.plan.batch.dp
         dist.all_gather_object(out, h.hexdigest(), group=self.ctx.dp_group)
         return [str(d) for d in out]
+
+    def replicas_check(self) -> str | None:
+        """Why the replica check does not apply to this layout (None: it does)."""
+        if self.plan.strategy == "fsdp" and self.plan.batch.dp > 1:
+            return "not applicable: fsdp shards the parameters over dp (no replicas to compare)"
+        return None
 
     def param_moments(self) -> tuple[float, float]:
         """Sum and sum of squares of the full model's parameters, whatever the layout."""
@@ -407,7 +418,8 @@ class Trainer:
             "param_sum": param_sum,
             "param_sq_sum": param_sq_sum,
             "param_digest": digests[0],
-            "replicas_identical": len(set(digests)) == 1,
+            "replicas_identical": None if self.replicas_check() else len(set(digests)) == 1,
+            "replicas_check": self.replicas_check(),
             "resumed_from": self.resumed_from,
             "checkpoint_stall_s": self.checkpoints.save_stall_s,
             "data_wait_ms_per_step": 1000 * self.train_batches.wait_s / max(1, self.steps_run),
