@@ -94,7 +94,7 @@ def test_console_summary_fits_a_screen_and_summary_json_keeps_every_field(run_dp
     ):
         row = next(line for line in block if label in line)
         assert value in row, row
-    assert str(run_dp2.run_dir) in out[out.index("run summary") :]
+    assert f"run dir: {run_dp2.run_dir}" in block  # whole, on one line, never cut
     assert "summary.json" in text and "metrics.jsonl" in text
     assert "param_digest" not in text and "startup_" not in text
     for key in (

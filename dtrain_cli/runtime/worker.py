@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,10 @@ from dtrain_cli.runtime.trainer import Trainer
 log = logging.getLogger("dtrain")
 
 
+def _stop_quietly(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # @record and multiprocessing print no traceback for it
+
+
 @record
 def worker_main(
     run_dir: str, launcher_milestones: dict[str, float] | None = None
@@ -44,6 +49,9 @@ def worker_main(
     server = sys.modules.get("dtrain_cli.runtime.server_preload")
     if server is not None:  # forked from the fork server, which ignores some signals
         server.restore_worker_signals()
+    # Ctrl-C reaches every process of the terminal's group; the launcher reports it once,
+    # so a worker ends quietly (its finally blocks close the progress bar), no traceback
+    signal.signal(signal.SIGINT, _stop_quietly)
     path = Path(run_dir)
     os.environ["DTRAIN_RUN_DIR"] = str(path)  # where a fault drill notes what it did
     plan = Plan.load(path / "plan.yaml")
