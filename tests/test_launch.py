@@ -193,6 +193,20 @@ def test_the_killed_rank_is_blamed_and_a_run_that_trained_keeps_its_logs(tmp_pat
     assert f"logs: {run.run_dir / 'logs'}" in run.stderr
 
 
+def test_a_frozen_rank_is_named_not_the_rank_that_timed_out(tmp_path):
+    run = run_dtrain(
+        ["launch", *SMALL, "launcher.collective_timeout_s=5"],
+        tmp_path,
+        env={"DTRAIN_FAULTS": "hang:step=2:rank=1"},
+    )
+    assert run.returncode == 1
+    first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert first.startswith(
+        "error: rank 1 stopped answering (frozen?) after step 2; rank 0 then lost its peer ("
+    ), run.stderr
+    assert "Timed out" in first
+
+
 def test_a_start_that_fails_before_step_1_leaves_nothing(tmp_path):
     """Launcher side (the data path) and worker side (a corpus too small for one window)."""
     tokens = tmp_path / "tokens"

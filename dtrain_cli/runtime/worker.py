@@ -61,7 +61,7 @@ def worker_main(
     console = make_console(rank == 0)
     setup_logging(path, rank, console)
     preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
-    ctx = init_distributed(plan)
+    ctx = init_distributed(plan, timeout_s=cfg.launcher.collective_timeout_s)
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
     trainer = None
