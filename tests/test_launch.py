@@ -289,3 +289,31 @@ def test_ctrl_c_stops_every_worker_with_one_clean_message(tmp_path):
     assert proc.returncode == 130, out + err
     assert "death signal" not in err and "Traceback" not in err, err
     assert "error: stopped by SIGINT; workers terminated" in err.splitlines()
+
+
+def test_ctrl_c_during_start_up_stops_the_launch_and_leaves_nothing(tmp_path):
+    """Ctrl-C while the launcher imports torch and starts the agent (a library's import
+    swallowed the KeyboardInterrupt and the run went on to train)."""
+    proc = subprocess.Popen(
+        [*DTRAIN, "launch", *SMALL, "train.steps=100000"],
+        cwd=tmp_path,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 60
+        while not list(tmp_path.glob("runs/*/plan.yaml")):  # composed, run dir written
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out + err
+    assert "error: stopped by SIGINT" in err and "Traceback" not in err, err
+    assert "step 1/" not in out
+    assert list(tmp_path.iterdir()) == []  # the run dir it created is gone

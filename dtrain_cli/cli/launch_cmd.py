@@ -34,6 +34,23 @@ def launch(
 ) -> None:
     """Train: compose the recipe, save config.yaml + plan.yaml in a new run dir, start workers."""
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    from dtrain_cli.launch.signals import watch_interrupt
+
+    watch_interrupt()
+    try:
+        _launch(overrides, config_dir, nnodes, node_rank, rdzv_endpoint, rdzv_id)
+    except KeyboardInterrupt:
+        fail(["stopped by SIGINT before the workers started"], 130)
+
+
+def _launch(
+    overrides: list[str] | None,
+    config_dir: list[Path],
+    nnodes: str | None,
+    node_rank: int | None,
+    rdzv_endpoint: str | None,
+    rdzv_id: str | None,
+) -> None:
     from dtrain_cli.launch import worker_server
 
     worker_server.start(overrides)  # imports torch on another core while we compose
@@ -104,16 +121,17 @@ def start_workers(
     """Hand the materialized run to the local launcher; map its outcome to an exit code.
     ``fresh``: this start created ``run_dir`` (``fresh_root``: and its parent); a failure
     before the first step finished removes them (nothing was trained)."""
-    console.print(
-        f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) ({plan.mesh.label()}) "
-        f"on {plan.device}/{plan.backend} -> {run_dir}",
-        highlight=False,
-        soft_wrap=True,
-    )
     from dtrain_cli.launch import worker_server
-    from dtrain_cli.launch.local import launch_local, prepare_workers
 
     try:
+        console.print(
+            f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) "
+            f"({plan.mesh.label()}) on {plan.device}/{plan.backend} -> {run_dir}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        from dtrain_cli.launch.local import launch_local, prepare_workers  # imports torch
+
         prepare_workers(run_dir, cfg, plan)
         result = launch_local(run_dir, cfg, plan, node_rank, milestones)
     except FileNotFoundError as exc:

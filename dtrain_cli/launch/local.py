@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.launch import failures
-from dtrain_cli.launch.signals import forward_signal
+from dtrain_cli.launch.signals import forward_signal, interrupted
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime import preemption
 from dtrain_cli.runtime.failure_notes import read_notes
@@ -110,6 +110,8 @@ def launch_local(
     )
     preemption.clear_marker(run_dir)
     milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
+    if interrupted():  # a Ctrl-C during start-up that an import swallowed
+        return LaunchResult(False, 130, "stopped by SIGINT before the workers started")
     try:
         with forward_signal(cfg.cluster.signal):
             elastic_launch(config, worker_main)(str(run_dir), milestones)
