@@ -317,3 +317,51 @@ def test_ctrl_c_during_start_up_stops_the_launch_and_leaves_nothing(tmp_path):
     assert "error: stopped by SIGINT" in err and "Traceback" not in err, err
     assert "step 1/" not in out
     assert list(tmp_path.iterdir()) == []  # the run dir it created is gone
+
+
+def test_ctrl_c_on_a_terminal_does_not_glue_the_error_to_the_progress_bar(tmp_path):
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*DTRAIN, "launch", *SMALL, "train.steps=100000", "logging.every=1", "run.name=tty"],
+        cwd=tmp_path,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir()), "COLUMNS": "120"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
+    os.close(slave)
+    output = b""
+    try:
+        deadline = time.time() + 120
+        metrics = tmp_path / "runs" / "tty" / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert time.time() < deadline and proc.poll() is None, output
+            output += _read_pty(master)
+        os.killpg(proc.pid, signal.SIGINT)
+        while proc.poll() is None and time.time() < deadline:
+            output += _read_pty(master)
+        output += _read_pty(master)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode(errors="replace"))  # no colours
+    assert "step 3/100000" in text  # the bar was drawn
+    before, _, _ = text.partition("error: stopped by SIGINT")
+    assert _ and before.endswith("\n"), repr(text[-600:])  # the error starts its own line
+    assert "death signal" not in text and "Traceback" not in text
+
+
+def _read_pty(fd: int) -> bytes:
+    import select
+
+    ready, _, _ = select.select([fd], [], [], 0.1)
+    if not ready:
+        return b""
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return b""
