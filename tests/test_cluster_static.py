@@ -132,8 +132,8 @@ def test_expand_nodelist(text, hosts):
 
 
 def test_nnodes_and_endpoint_parsing():
-    assert parse_nnodes("2") == (2, []) and parse_nnodes("3:3") == (3, [])
-    assert "elastic node ranges are not supported" in parse_nnodes("1:4")[1][0]
+    assert parse_nnodes("2") == ((2, 2), []) and parse_nnodes("3:3") == ((3, 3), [])
+    assert parse_nnodes("1:4") == ((1, 4), [])  # elastic: the plan checks the range
     assert "not a node count" in parse_nnodes("two")[1][0]
     assert parse_endpoint("host0:29500") == ("host0", 29500)
     assert parse_endpoint("[::1]:5") == ("::1", 5)
@@ -154,7 +154,8 @@ def test_multinode_flags_need_a_shared_name_and_a_fixed_endpoint():
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--nnodes", "1:2"], "elastic node ranges are not supported"),
+        (["--nnodes", "3:2"], "parallel.nnodes=3:2: MIN is above MAX"),
+        (["--nnodes", "1:2"], "pass the same --rdzv-id"),  # elastic: a multi-node run
         (["--nnodes", "2", "--rdzv-endpoint", "h:29500"], "pass the same --rdzv-id"),
         (["--nnodes", "2", "--rdzv-id", "x"], "need a fixed host:port"),
         (

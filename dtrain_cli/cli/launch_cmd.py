@@ -58,10 +58,17 @@ def _launch(
     from dtrain_cli.launch import worker_server
 
     worker_server.start(overrides)  # imports torch on another core while we compose
-    from dtrain_cli.launch.multinode import NodeArgs, apply_node_args, join_run_dir, parse_nnodes
+    from dtrain_cli.launch.multinode import (
+        NodeArgs,
+        apply_node_args,
+        join_run_dir,
+        nnodes_override,
+        parse_nnodes,
+    )
 
-    count, problems = parse_nnodes(nnodes)
-    extra = [f"parallel.nnodes={count}"] if count else []
+    counts, problems = parse_nnodes(nnodes)
+    extra = nnodes_override(counts)
+    count = counts[1] if counts else None
     if problems:
         fail(problems)
     cfg, plan = compose_and_plan([*(overrides or []), *extra], config_dir)

@@ -176,6 +176,9 @@ def check_overrides(
             else:
                 problems.append(unknown_key(key))
             continue
+        if key == "parallel.nnodes" and ":" in value_text:  # elastic: nnodes=MIN:MAX
+            problems += _node_range(tok, value_text, good)
+            continue
         parsed, problem = _parse(key, value_text, prefix == "~")
         if problem:
             problems.append(problem)
@@ -190,6 +193,17 @@ def check_overrides(
             continue
         good.append(Override(tok, key, parsed, "value"))
     return good, problems
+
+
+def _node_range(tok: str, value_text: str, good: list[Override]) -> list[str]:
+    """``nnodes=MIN:MAX`` -> ``parallel.min_nnodes=MIN`` and ``parallel.nnodes=MAX``
+    (their order is checked with the other values, in config/validate.py)."""
+    low, _, high = value_text.partition(":")
+    if not (low.strip().lstrip("-").isdigit() and high.strip().isdigit()):
+        return [f"{tok}: expected MIN:MAX node counts, e.g. parallel.nnodes=1:4"]
+    good.append(Override(tok, "parallel.min_nnodes", int(low), "value"))
+    good.append(Override(tok, "parallel.nnodes", int(high), "value"))
+    return []
 
 
 def _dashed(text: str, known: Mapping[str, Field], tok: str) -> str:

@@ -68,6 +68,10 @@ class ParallelConfig:
     nproc_per_node: int | None = None
     """Processes per node; default dp*tp*pp / nnodes."""
     nnodes: int = 1
+    """Nodes (the largest count with ``nnodes=MIN:MAX``; dp is the dp at that count)."""
+    min_nnodes: int | None = None
+    """Elastic membership: the fewest nodes the run keeps training on (``nnodes=MIN:MAX``
+    sets it); dp shrinks with the nodes, accumulation grows, the global batch stays."""
     find_unused_parameters: bool = False
     reshard_after_forward: bool = True
     """fsdp: free gathered parameters after forward (ZeRO-3); false keeps them (ZeRO-2)."""
@@ -213,6 +217,10 @@ class LauncherConfig:
     collective_timeout_s: int = 300
     """Seconds a collective waits for a peer before the rank fails (a frozen rank is then
     named: 'stopped answering')."""
+    node_timeout_s: int = 15
+    """Elastic runs: seconds without a heartbeat before a node counts as lost."""
+    last_call_s: int = 10
+    """Elastic runs: seconds the rendezvous waits for more nodes once MIN are there."""
 
 
 @dataclass

@@ -44,6 +44,8 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "parallel.tp": (1, True),
     "parallel.pp": (1, True),
     "parallel.nnodes": (1, True),
+    "launcher.node_timeout_s": (1, True),
+    "launcher.last_call_s": (0, True),
     "pipeline.virtual_stages": (1, True),
     "comm.bucket_mb": (0, False),
     "comm.powersgd_rank": (1, True),
@@ -179,8 +181,20 @@ def _size_problems(cfg: DtrainConfig) -> list[str]:
     return out
 
 
+def node_range_problems(cfg: DtrainConfig) -> list[str]:
+    """``parallel.nnodes=MIN:MAX``: 1 <= MIN <= MAX."""
+    low, high = cfg.parallel.min_nnodes, cfg.parallel.nnodes
+    if low is None:
+        return []
+    if low < 1:
+        return [f"parallel.nnodes={low}:{high}: MIN must be >= 1; write MIN:MAX, e.g. 1:{high}"]
+    if low > high:
+        return [f"parallel.nnodes={low}:{high}: MIN is above MAX; write MIN:MAX with MIN <= MAX"]
+    return []
+
+
 def config_problems(cfg: DtrainConfig) -> list[str]:
-    problems = range_problems(cfg)
+    problems = range_problems(cfg) + node_range_problems(cfg)
     problems += name_problems("run.name", cfg.run.name)
     problems += name_problems("launcher.rdzv_id", cfg.launcher.rdzv_id)
     if problems:  # the checks below combine values: only once each value is possible

@@ -71,6 +71,7 @@ def launch_local(
     rendezvous store (worker ranks are assigned by the rendezvous, as with torchrun)."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from dtrain_cli.runtime.data import prepare_corpus
@@ -92,8 +93,21 @@ def launch_local(
         quiet.propagate = False
     os.environ.setdefault("OMP_NUM_THREADS", str(plan.threads_per_proc))
     lc = cfg.launcher
+    elastic = {}
+    if plan.elastic is not None:  # a lost node is dropped after node_timeout_s (heartbeats)
+        # A fresh store per group: with the rendezvous' TCP store shared, a node that joins
+        # a running group waits forever for the round's MASTER_ADDR (torch publishes it
+        # only on the first round of the node that stays rank 0), and the nodes' restart
+        # counts differ after a change, so no per-attempt prefix would match either.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        beat = max(1, lc.node_timeout_s // 3)
+        elastic = {
+            "last_call_timeout": lc.last_call_s,
+            "keep_alive_interval": beat,
+            "keep_alive_max_attempt": max(1, lc.node_timeout_s // beat),
+        }
     config = LaunchConfig(
-        min_nodes=plan.nnodes,
+        min_nodes=plan.elastic.min_nnodes if plan.elastic else plan.nnodes,
         max_nodes=plan.nnodes,
         nproc_per_node=plan.nproc_per_node,
         run_id=lc.rdzv_id or f"dtrain-{uuid.uuid4().hex[:12]}",
@@ -103,6 +117,7 @@ def launch_local(
             "timeout": lc.rdzv_timeout_s,
             "join_timeout": lc.rdzv_timeout_s,  # what c10d reads ("timeout" is etcd's)
             **({"is_host": node_rank == 0} if node_rank is not None and plan.nnodes > 1 else {}),
+            **elastic,
         },
         max_restarts=plan.max_restarts,
         monitor_interval=lc.monitor_interval_s,
@@ -121,6 +136,10 @@ def launch_local(
         notes = read_notes(run_dir, since=milestones["agent_ready"])
         code, text = failures.describe(failures.from_agent(exc.failures, notes, local_ranks))
         return LaunchResult(False, code, text)
+    except RendezvousClosedError:  # an elastic node (re)joining a run that has ended
+        return LaunchResult(
+            False, 1, f"the run at {lc.rdzv_endpoint} (id {config.run_id}) has already ended"
+        )
     except SignalException as exc:
         if (marker := preemption.read_marker(run_dir)) is not None:
             return preempted_result(marker, run_dir)

@@ -35,23 +35,26 @@ class NodeArgs:
     rdzv_id: str | None = None
 
 
-def parse_nnodes(text: str | None) -> tuple[int | None, list[str]]:
-    """``"2"`` -> 2; ``"2:2"`` -> 2; ``"1:4"`` -> an error (the plan fixes the world size)."""
+def parse_nnodes(text: str | None) -> tuple[tuple[int, int] | None, list[str]]:
+    """``"2"`` -> (2, 2); ``"1:4"`` -> (1, 4): an elastic run on any 1-4 nodes (their
+    order and the layout at each count are the plan's checks)."""
     if text is None:
         return None, []
     parts = text.split(":")
     try:
         low, high = (int(parts[0]), int(parts[-1])) if 1 <= len(parts) <= 2 else (0, 0)
     except ValueError:
-        return None, [f"--nnodes={text}: not a node count; use N (or N:N)"]
+        return None, [f"--nnodes={text}: not a node count; use N or MIN:MAX"]
     if low < 1 or high < 1:
-        return None, [f"--nnodes={text}: must be a positive node count, e.g. --nnodes 2"]
-    if low != high:
-        return None, [
-            f"--nnodes={text}: elastic node ranges are not supported: the plan fixes dp*tp*pp, "
-            f"so every node count needs its own plan; use --nnodes {high} (or {low})"
-        ]
-    return low, []
+        return None, [f"--nnodes={text}: must be positive node counts, e.g. --nnodes 2 or 1:2"]
+    return (low, high), []
+
+
+def nnodes_override(counts: tuple[int, int] | None) -> list[str]:
+    if counts is None:
+        return []
+    low, high = counts
+    return [f"parallel.nnodes={high}" if low == high else f"parallel.nnodes={low}:{high}"]
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int] | None:

@@ -193,7 +193,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         save_steps.append(tr.steps)
 
     threads = cfg.launcher.threads_per_proc or max(1, res.num_cpus // max(nproc, 1))
-    return Plan(
+    plan = Plan(
         recipe=cfg.run.recipe,
         model=spec.name,
         world_size=world,
@@ -229,3 +229,8 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         warnings=warnings,
         loss=spec.default_loss() if tr.loss == "auto" else tr.loss,
     )
+    if par.min_nnodes is not None and par.min_nnodes < nnodes:
+        from dtrain_cli.plan.elastic import elastic_plan
+
+        plan.elastic = elastic_plan(cfg, plan, lambda sub: build_plan(sub, res))
+    return plan

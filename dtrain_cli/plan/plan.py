@@ -9,7 +9,7 @@ file back instead of composing again, so the parent and every rank agree by cons
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,36 @@ class Estimates:
 
 
 @dataclass
+class ElasticSize:
+    """The layout at one node count of an elastic run (``parallel.nnodes=MIN:MAX``)."""
+
+    nnodes: int
+    world_size: int
+    mesh_shape: list[int]
+    batch: BatchPlan
+    pipeline: PipelinePlan | None = None
+    threads_per_proc: int = 1
+
+
+@dataclass
+class ElasticPlan:
+    min_nnodes: int
+    max_nnodes: int
+    sizes: list[ElasticSize]
+    """Admissible counts, fewest first; the last is the plan's own layout."""
+    refused: list[dict[str, Any]] = field(default_factory=list)
+    """``{nnodes, reason}`` for each count in range the run cannot train on."""
+
+
+def _pipeline_from(d: dict[str, Any] | None) -> PipelinePlan | None:
+    if not d:
+        return None
+    pipe = dict(d)
+    pipe["stages"] = [StagePlan(**s) for s in pipe.get("stages", [])]
+    return PipelinePlan(**pipe)
+
+
+@dataclass
 class Plan:
     recipe: str
     model: str
@@ -167,6 +197,43 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     loss: str = "cross_entropy"
     """train.loss resolved (auto -> the model kind's default)."""
+    elastic: ElasticPlan | None = None
+    """``parallel.nnodes=MIN:MAX``: the layout at every admissible node count."""
+
+    def for_world_size(self, world_size: int) -> Plan:
+        """This plan at the size the elastic agent started (the full plan when it is
+        that size); ValueError naming the admissible sizes otherwise."""
+        if world_size == self.world_size:
+            return self
+        size = next(
+            (s for s in (self.elastic.sizes if self.elastic else []) if s.world_size == world_size),
+            None,
+        )
+        if size is None:
+            sizes = (
+                [s.world_size for s in self.elastic.sizes] if self.elastic else [self.world_size]
+            )
+            why = next(
+                (
+                    r["reason"]
+                    for r in (self.elastic.refused if self.elastic else [])
+                    if r["nnodes"] * self.nproc_per_node == world_size
+                ),
+                "not in the plan",
+            )
+            raise ValueError(
+                f"the launcher started {world_size} workers; this plan trains on "
+                f"{', '.join(map(str, sizes))} ({why})"
+            )
+        return replace(
+            self,
+            world_size=size.world_size,
+            nnodes=size.nnodes,
+            mesh=MeshPlan(dim_names=list(self.mesh.dim_names), shape=list(size.mesh_shape)),
+            batch=size.batch,
+            pipeline=size.pipeline,
+            threads_per_proc=size.threads_per_proc,
+        )
 
     def rank_table(self) -> list[dict[str, int]]:
         return [{"rank": r, **self.mesh.coords(r)} for r in range(self.world_size)]
@@ -196,10 +263,20 @@ class Plan:
         }
         for key, kind in parts.items():
             d[key] = kind(**d[key])
-        if d.get("pipeline"):
-            pipe = dict(d["pipeline"])
-            pipe["stages"] = [StagePlan(**s) for s in pipe.get("stages", [])]
-            d["pipeline"] = PipelinePlan(**pipe)
+        d["pipeline"] = _pipeline_from(d.get("pipeline"))
+        if d.get("elastic"):
+            el = dict(d["elastic"])
+            el["sizes"] = [
+                ElasticSize(
+                    **{
+                        **s,
+                        "batch": BatchPlan(**s["batch"]),
+                        "pipeline": _pipeline_from(s.get("pipeline")),
+                    }
+                )
+                for s in el["sizes"]
+            ]
+            d["elastic"] = ElasticPlan(**el)
         return cls(**d)
 
     @classmethod

@@ -135,6 +135,8 @@ def render_plan(plan: Plan) -> Group:
     parts: list = [layout, batch, sched, ckpt, mem]
     if plan.pipeline is not None:
         parts.append(_pipeline_table(plan))
+    if plan.elastic is not None:
+        parts.append(_elastic_table(plan))
     parts.append(ranks)
     parts += [f"[yellow]warning:[/] {w}" for w in plan.warnings]
     return Group(*parts)
@@ -163,4 +165,30 @@ def _pipeline_table(plan: Plan) -> Table:
             f"{st.params:,}",
             _bytes(st.activation_bytes),
         )
+    return t
+
+
+def _elastic_table(plan: Plan) -> Table:
+    """``parallel.nnodes=MIN:MAX``: each node count, its layout or why it is refused."""
+    el = plan.elastic
+    assert el is not None
+    t = Table(
+        title=f"elastic membership: {el.min_nnodes}-{el.max_nnodes} nodes "
+        f"(global batch {plan.batch.global_batch_size}, LR schedule unchanged)",
+        title_justify="left",
+    )
+    for col in ("nodes", "world", "mesh", "micro x accum x dp", "status"):
+        t.add_column(col)
+    rows = {s.nnodes: s for s in el.sizes}
+    reasons = {r["nnodes"]: r["reason"] for r in el.refused}
+    for n in range(el.min_nnodes, el.max_nnodes + 1):
+        if n in rows:
+            s, b = rows[n], rows[n].batch
+            shape = " x ".join(
+                f"{d}={v}" for d, v in zip(plan.mesh.dim_names, s.mesh_shape, strict=True)
+            )
+            layout = f"{b.micro_batch_size} x {b.grad_accum} x {b.dp}"
+            t.add_row(str(n), str(s.world_size), shape, layout, "ok")
+        else:
+            t.add_row(str(n), "-", "-", "-", f"refused: {reasons.get(n, '')}")
     return t

@@ -8,8 +8,11 @@ Points: ``kill`` (end of a training step) and ``kill_in_save`` (while a checkpoi
 temporary folder is being written): the process dies by SIGKILL, as on a lost node;
 ``hang`` (end of a training step): the process stays alive but never reaches the next
 collective, as on a stuck device (its peers fail after ``launcher.collective_timeout_s``).
-A fault fires on the first attempt only, so an elastic restart can show that the run
-recovers.
+``kill_node`` / ``kill_node_in_save`` (same points): SIGKILL this process's whole process
+group (the node's launcher, agent, fork server and workers, when the launcher leads its
+group), as on a node that is lost. A fault fires on the first attempt only, so an elastic
+restart can show that the run recovers. ``slow:ms=N`` sleeps N ms after every step of every
+attempt (a slow node; drills that need time to act while the run is going).
 """
 
 from __future__ import annotations
@@ -35,14 +38,23 @@ _FAULTS = _parse(os.environ.get(ENV, ""))
 
 def maybe_fail(point: str, **where: int) -> None:
     """SIGKILL this process if a fault is armed for ``point`` at ``where`` (first attempt)."""
-    if not _FAULTS or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+    if not _FAULTS:
         return
     for name, params in _FAULTS:
-        at = "kill" if name == "hang" else name  # a hang fires where kill does
+        if name == "slow" and point == "kill":
+            time.sleep(params.get("ms", 0) / 1000)
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    for name, params in _FAULTS:
+        at = {"hang": "kill", "kill_node": "kill", "kill_node_in_save": "kill_in_save"}.get(
+            name, name
+        )  # a hang fires where kill does
         if at == point and all(where.get(k) == v for k, v in params.items()):
             if name == "hang":  # frozen: alive, silent (a real hang leaves no note)
                 while True:
                     time.sleep(3600)
+            if name.startswith("kill_node"):  # the node is gone: no note, nobody left
+                os.killpg(os.getpgrp(), signal.SIGKILL)
             _note_drill(name, where)
             os.kill(os.getpid(), signal.SIGKILL)
 

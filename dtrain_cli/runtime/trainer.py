@@ -32,6 +32,7 @@ from dtrain_cli.runtime.data_parallel import LocalSGD, ddp_step_times
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.dtensors import full_tensor, local_tensor
 from dtrain_cli.runtime.loader import Batches
+from dtrain_cli.runtime.elastic import Membership
 from dtrain_cli.runtime.metrics import (
     FIRST_STEP_DONE,
     MetricsSink,
@@ -102,6 +103,7 @@ class Trainer:
         self.busy_s = self.step_wall_s = 0.0
         self.steps_run = 0
         self.resume()
+        self.membership = Membership(run_dir, plan, ctx.rank, self.step)
         self.sink = None
         if ctx.is_logging_rank and console is not None:
             self.sink = MetricsSink(
@@ -144,7 +146,9 @@ class Trainer:
         """Continue from the newest complete checkpoint of this run, if there is one: after
         ``dtrain resume``, and when the elastic agent restarted the workers after a failure."""
         path = newest_complete(self.run_dir, warn=log.warning)
-        if path is None:
+        if path is None:  # a restart before the first checkpoint starts over: so do metrics
+            if self.ctx.is_logging_rank:
+                truncate_metrics(self.run_dir / "metrics.jsonl", 0)
             return
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -284,6 +288,7 @@ class Trainer:
             self.step += 1
             if self.step == first_step:
                 self._mark_first_step()
+            self.membership.step_done(self.step)
             faults.maybe_fail("kill", step=self.step, rank=self.ctx.rank)
             save_now = self.step in save_steps
             if log_now:
@@ -429,6 +434,7 @@ class Trainer:
             "replicas_identical": None if self.replicas_check() else len(set(digests)) == 1,
             "replicas_check": self.replicas_check(),
             "resumed_from": self.resumed_from,
+            "membership_changes": self.membership.changes(),
             "checkpoint_stall_s": self.checkpoints.save_stall_s,
             "data_wait_ms_per_step": 1000 * self.train_batches.wait_s / max(1, self.steps_run),
             "strategy": self.plan.strategy,

@@ -54,7 +54,8 @@ def worker_main(
     signal.signal(signal.SIGINT, _stop_quietly)
     path = Path(run_dir)
     os.environ["DTRAIN_RUN_DIR"] = str(path)  # where a fault drill notes what it did
-    plan = Plan.load(path / "plan.yaml")
+    # an elastic plan carries a layout per node count: the one for the size started
+    plan = Plan.load(path / "plan.yaml").for_world_size(int(os.environ["WORLD_SIZE"]))
     cfg = config_from_yaml(path / "config.yaml")
     for root in reversed(cfg.run.import_roots):  # the user's _target_ modules, as planned
         if root not in sys.path:
@@ -63,6 +64,10 @@ def worker_main(
     rank = int(os.environ["RANK"])
     console = make_console(rank == 0)
     setup_logging(path, rank, console)
+    if plan.elastic is not None and rank == 0:
+        # the agent stops a group with SIGTERM before a scale-up: that group checkpoints
+        # (preemption) and its marker is stale once this group runs
+        preemption.clear_marker(path)
     preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
     ctx = init_distributed(plan, timeout_s=cfg.launcher.collective_timeout_s)
     pg_ready = time.time()
