@@ -65,7 +65,9 @@ def test_tp_stays_and_a_size_it_does_not_divide_is_refused():
     assert full.elastic.refused == [
         {"nnodes": 3, "reason": "3 processes (3 x 1) are not a multiple of tp*pp = 2"}
     ]
-    with pytest.raises(ConfigError, match="at 1 node.s. 1 processes .1 x 1. are not a multiple"):
+    with pytest.raises(
+        ConfigError, match=r"at 1 node\(s\) 1 processes \(1 x 1\) are not a multiple"
+    ):
         plan_for("nnodes=1:2", "dp=1", "tp=2", "train.global_batch_size=8")
 
 
@@ -100,18 +102,12 @@ def test_bad_ranges_exit_2_one_line(command, args, message, tmp_path, monkeypatc
 
 
 def test_plan_command_lists_the_sizes_and_the_refused_one():
-    result = runner.invoke(
-        app,
-        ["plan", "recipe=gpt_tiny", "nnodes=1:4", "dp=4", "train.global_batch_size=12"]
-        + ["train.micro_batch_size=3", "--format", "yaml"],
-    )
+    args = ["plan", "recipe=gpt_tiny", "nnodes=1:4", "dp=4", "train.global_batch_size=12"]
+    args.append("train.micro_batch_size=3")
+    result = runner.invoke(app, [*args, "--format", "yaml"])
     assert result.exit_code == 0, result.output
     assert "elastic:" in result.output and "refused:" in result.output
-    shown = runner.invoke(
-        app,
-        ["plan", "recipe=gpt_tiny", "nnodes=1:4", "dp=4", "train.global_batch_size=12"]
-        + ["train.micro_batch_size=3"],
-    )
+    shown = runner.invoke(app, args)
     assert "elastic membership: 1-4 nodes" in shown.output and "refused" in shown.output
 
 

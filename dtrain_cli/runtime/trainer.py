@@ -31,8 +31,8 @@ from dtrain_cli.runtime.data import BatchLayout, open_splits
 from dtrain_cli.runtime.data_parallel import LocalSGD, ddp_step_times
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.dtensors import full_tensor, local_tensor
-from dtrain_cli.runtime.loader import Batches
 from dtrain_cli.runtime.elastic import Membership
+from dtrain_cli.runtime.loader import Batches
 from dtrain_cli.runtime.metrics import (
     FIRST_STEP_DONE,
     MetricsSink,
