@@ -12,7 +12,8 @@ collective, as on a stuck device (its peers fail after ``launcher.collective_tim
 group (the node's launcher, agent, fork server and workers, when the launcher leads its
 group), as on a node that is lost. A fault fires on the first attempt only, so an elastic
 restart can show that the run recovers. ``slow:ms=N`` sleeps N ms after every step of every
-attempt (a slow node; drills that need time to act while the run is going).
+attempt (a slow node; drills that need time to act while the run is going); ``:world=W``
+only while the group has W processes.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def maybe_fail(point: str, **where: int) -> None:
     if not _FAULTS:
         return
     for name, params in _FAULTS:
-        if name == "slow" and point == "kill":
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if name == "slow" and point == "kill" and params.get("world", world) == world:
             time.sleep(params.get("ms", 0) / 1000)
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
