@@ -42,6 +42,9 @@ def test_every_size_keeps_the_global_batch_and_the_lr_schedule():
         assert sub.batch.micro_batch_size * sub.batch.grad_accum * sub.batch.dp == 12
         assert sub.lr == full.lr  # the schedule does not know the size
     assert full.for_world_size(4) is full
+    assert any("launcher.max_restarts=0: a lost node ends the run" in w for w in full.warnings)
+    kept = plan_for("nnodes=1:4", "dp=4", "train.global_batch_size=12", "launcher.max_restarts=3")
+    assert not any("max_restarts" in w for w in kept.warnings)
     with pytest.raises(ValueError, match=r"started 3 workers; this plan trains on 1, 2, 4 \("):
         full.for_world_size(3)
 

@@ -233,4 +233,9 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         from dtrain_cli.plan.elastic import elastic_plan
 
         plan.elastic = elastic_plan(cfg, plan, lambda sub: build_plan(sub, res))
+        if plan.max_restarts == 0:
+            plan.warnings.append(
+                f"parallel.nnodes={par.min_nnodes}:{nnodes} with launcher.max_restarts=0: a "
+                "lost node ends the run (each loss uses one restart); set launcher.max_restarts"
+            )
     return plan
