@@ -164,6 +164,20 @@ def test_custom_keys_fold_into_kwargs_and_round_trip(tmp_path):
     assert (x == ref_x).all() and (x[1:] == y[:-1]).all()
 
 
+def test_resume_may_change_the_loader_workers_not_the_data():
+    from dataclasses import replace
+
+    from dtrain_cli.config.compose import unsafe_resume_changes
+
+    old = compose_config("gpt_tiny", [])
+    workers = replace(old, data=replace(old.data, num_workers=2, prefetch_factor=4))
+    assert unsafe_resume_changes(old, workers) == []
+    other = replace(old, data=replace(old.data, val_fraction=0.2))
+    assert [line.split(":")[0] for line in unsafe_resume_changes(old, other)] == [
+        "data.val_fraction=0.2"
+    ]
+
+
 def test_custom_val_target_and_function_target():
     data = DataConfig(
         source="custom",
