@@ -260,6 +260,8 @@ BAD = [
         "model.vocab_size=100: below the tokenizer's",
     ),
     (["plan", "data=hf", "data.path=CORPUS", "data.text_field=body"], "not a field of"),
+    (["plan", "data=hf", "data.path=CORPUS", "data.tokenizer=/tmp"], "no tokenizer.json or"),
+    (["plan", "data=hf", "data.path=CORPUS", "data.tokenizer=BADTOK"], "does not load"),
     (["plan", "data=custom", "data._target_=os.system"], "standard library or builtins"),
     (["plan", "data=custom", "data._target_=nosuch_mod.Pairs"], "no module 'nosuch_mod'"),
     (["plan", "data=custom", "data._target_=tests.own_data.Nope"], "has no attribute 'Nope'"),
@@ -282,7 +284,11 @@ BAD = [
 @pytest.mark.parametrize(("args", "message"), BAD, ids=[" ".join(a[1:]) for a, _ in BAD])
 def test_bad_data_exit_2_one_line_nothing_written(args, message, hf_files, tmp_path):
     corpus, tok_dir, _ = hf_files
-    args = [a.replace("CORPUS", str(corpus)).replace("TOK", str(tok_dir)) for a in args]
+    bad_tok = tmp_path / "badtok"
+    bad_tok.mkdir()
+    (bad_tok / "tokenizer.json").write_text("{not json")
+    args = [a.replace("CORPUS", str(corpus)) for a in args]
+    args = [a.replace("BADTOK", str(bad_tok)).replace("TOK", str(tok_dir)) for a in args]
     run = run_dtrain([args[0], "recipe=gpt_tiny", *args[1:]], tmp_path, 120, WITH_TESTS)
     assert run.returncode == 2, run.stdout + run.stderr
     lines = run.stderr.strip().splitlines()
