@@ -1,0 +1,100 @@
+"""The built-in conv + BatchNorm classifier (``recipe=cnn_bn``): config, counts, checks.
+
+    dtrain launch recipe=cnn_bn dp=2 model.sync_bn=true
+
+Torch-free (the plan imports it); the module itself is :mod:`.cnn_net`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from dtrain_cli.models.spec import ModelFacts, ModelSpec
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+
+KERNEL = 3
+
+
+@dataclass(kw_only=True)
+class CNNConfig:
+    """conv 3x3 + BatchNorm + ReLU blocks, global average pooling, a linear classifier."""
+
+    kind: str = "cnn_bn"
+    name: str = "cnn_bn"
+    channels: list[int] = field(default_factory=lambda: [16, 32])
+    """Output channels of each conv + BN + ReLU block."""
+    num_classes: int = 10
+    image_size: int = 16
+    sync_bn: bool = False
+    """Synchronize BatchNorm statistics over the dp group."""
+
+
+class CNNSpec(ModelSpec):
+    kind = "cnn_bn"
+    config_class = CNNConfig
+    cfg: CNNConfig
+
+    def facts(self) -> ModelFacts:
+        m = self.cfg
+        total, c_in, mats = 0, 3, []
+        for c in m.channels:
+            total += c_in * c * KERNEL * KERNEL + c + 2 * c  # conv (+bias) + BN affine
+            mats.append((c, c_in * KERNEL * KERNEL))
+            c_in = c
+        total += c_in * m.num_classes + m.num_classes
+        mats.append((m.num_classes, c_in))
+        pixels = m.image_size * m.image_size
+        return ModelFacts(
+            num_params=total,
+            unit="samples",
+            tokens_per_sample=1,
+            flops_per_unit=6 * total * pixels,  # rough: every conv weight touches every pixel
+            matrix_shapes=mats,
+        )
+
+    def activation_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> tuple[float, float]:
+        pixels = self.cfg.image_size * self.cfg.image_size
+        return 0.0, float(micro_batch * pixels * sum(self.cfg.channels) * 4 * 3)
+
+    def problems(self, cfg: DtrainConfig) -> list[str]:
+        m, par = self.cfg, cfg.parallel
+        out = []
+        if not m.channels or min(m.channels) < 1:
+            out.append(f"model.channels={m.channels}: one or more positive channel counts")
+        if m.num_classes < 2:
+            out.append(f"model.num_classes={m.num_classes}: must be >= 2")
+        if m.image_size < 8:
+            out.append(f"model.image_size={m.image_size}: must be >= 8")
+        if par.tp > 1 or par.pp > 1:
+            out.append(f"model.kind=cnn_bn: data parallel only (got tp={par.tp}, pp={par.pp})")
+        if cfg.data.source != "shapes":
+            out.append(
+                f"data.source={cfg.data.source}: model.kind=cnn_bn trains on images; "
+                f"use data=shapes"
+            )
+        return out
+
+    @property
+    def block_size(self) -> int | None:
+        return None
+
+    @property
+    def vocab_size(self) -> int | None:
+        return None
+
+    def wants_sync_batchnorm(self) -> bool:
+        return self.cfg.sync_bn
+
+    def build(self, device: Any) -> Any:
+        import torch
+
+        from dtrain_cli.models.cnn_net import ConvBNNet
+
+        with torch.device(device):
+            return ConvBNNet(self.cfg)
+
+    def fsdp_units(self, model: Any) -> list[Any]:
+        return []

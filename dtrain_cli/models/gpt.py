@@ -1,0 +1,135 @@
+"""The built-in GPT: its config, parameter/FLOP/activation counts and layout checks.
+
+    dtrain plan recipe=gpt_small tp=2 pp=2
+
+Torch-free (the plan imports it); the module itself is :mod:`.gpt_net`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dtrain_cli.models.spec import ModelFacts, ModelSpec
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+
+
+@dataclass(kw_only=True)
+class GPTConfig:
+    """A nanoGPT-style decoder-only transformer."""
+
+    kind: str = "gpt"
+    name: str = "gpt"
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128
+    vocab_size: int = 256
+    dropout: float = 0.0
+    bias: bool = True
+    tie_embeddings: bool = False
+    """Tie the LM head to the token embedding (off: keeps pipeline stages independent)."""
+
+
+POSITIVE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+
+
+class GPTSpec(ModelSpec):
+    kind = "gpt"
+    config_class = GPTConfig
+    cfg: GPTConfig
+
+    def params_per_layer(self) -> int:
+        d, b = self.cfg.n_embd, int(self.cfg.bias)
+        return 12 * d * d + 9 * d * b + 2 * d * (1 + b)
+
+    def facts(self) -> ModelFacts:
+        m = self.cfg
+        d = m.n_embd
+        first = (m.vocab_size + m.block_size) * d
+        norm = d * (1 + int(m.bias))
+        last = norm + (0 if m.tie_embeddings else m.vocab_size * d)
+        n = first + m.n_layer * self.params_per_layer() + last
+        mats = [(m.vocab_size, d), (m.block_size, d)]
+        mats += [(d, d)] * 4 * m.n_layer + [(4 * d, d), (d, 4 * d)] * m.n_layer
+        if not m.tie_embeddings:
+            mats.append((m.vocab_size, d))
+        non_embedding = n - m.block_size * d
+        return ModelFacts(
+            num_params=n,
+            num_layers=m.n_layer,
+            params_per_layer=self.params_per_layer(),
+            params_first=first,
+            params_last=m.vocab_size * d + norm,  # a pipeline's last stage keeps its own head
+            tokens_per_sample=m.block_size,
+            unit="tokens",
+            flops_per_unit=6 * non_embedding + 12 * m.n_layer * d * m.block_size,
+            matrix_shapes=mats,
+        )
+
+    def activation_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> tuple[float, float]:
+        """Korthikanti et al. 2022: s*b*d*(34 + 5*a*s/d) bytes per layer at 2-byte
+        activations; outside the blocks the fp32 logits and their gradient."""
+        m = self.cfg
+        s, d, a = m.block_size, m.n_embd, m.n_head
+        per_layer = s * micro_batch * d * (34 + 5 * a * s / d) * (bytes_per_value / 2) / tp
+        logits = micro_batch * s * m.vocab_size * 4 * 2
+        return per_layer, float(logits)
+
+    def problems(self, cfg: DtrainConfig) -> list[str]:
+        m, par = self.cfg, cfg.parallel
+        out = [f"model.{k}={getattr(m, k)}: must be >= 1" for k in POSITIVE if getattr(m, k) < 1]
+        if not 0.0 <= m.dropout < 1.0:
+            out.append(f"model.dropout={m.dropout}: must be in [0, 1)")
+        if out:
+            return out
+        if m.n_embd % m.n_head:
+            out.append(f"model.n_embd={m.n_embd}: not divisible by model.n_head={m.n_head}")
+        if par.tp > 1:
+            sizes = {"model.n_head": m.n_head, "model.n_embd": m.n_embd, "model.vocab_size": m.vocab_size}
+            bad = {k: v for k, v in sizes.items() if v % par.tp}
+            if bad:
+                allowed = [t for t in range(1, m.n_head + 1) if all(v % t == 0 for v in sizes.values())]
+                out.append(
+                    f"parallel.tp={par.tp}: must divide "
+                    + ", ".join(f"{k}={v}" for k, v in bad.items())
+                    + f"; use tp in {allowed}"
+                )
+        if m.tie_embeddings and (par.tp > 1 or par.pp > 1):
+            out.append(
+                "model.tie_embeddings=true: not supported with tp > 1 or pp > 1 "
+                "(the tied weight would live on two stages or in two layouts); set it false"
+            )
+        if cfg.data.source == "shapes":
+            out.append("data.source=shapes: images need an image model (e.g. recipe=cnn_bn)")
+        return out
+
+    def supports_tensor_parallel(self) -> bool:
+        return True
+
+    def build(self, device: Any) -> Any:
+        from dtrain_cli.models.gpt_net import GPT
+
+        with _device(device):
+            return GPT(self.cfg)
+
+    def fsdp_units(self, model: Any) -> list[Any]:
+        return list(model.layers.values())
+
+    def apply_tensor_parallel(self, model: Any, tp_mesh: Any) -> None:
+        from dtrain_cli.models.gpt_net import apply_tensor_parallel
+
+        apply_tensor_parallel(model, tp_mesh)
+
+    def pipeline_stage(self, model: Any, stage: Any) -> Any:
+        from dtrain_cli.models.gpt_net import split_stage
+
+        return split_stage(model, stage)
+
+
+def _device(device: Any) -> Any:
+    import torch
+
+    return torch.device(device)

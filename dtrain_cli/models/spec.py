@@ -1,0 +1,166 @@
+"""The model seam: what the plan, the parallelisms, the loop and export need from a model.
+
+    dtrain plan recipe=gpt_small tp=2 pp=2          # facts + problems (torch-free for built-ins)
+    dtrain launch model=custom model._target_=my_models.net.Net dp=2
+
+One :class:`ModelSpec` subclass per model kind (``model.kind``: gpt, cnn_bn, custom, hf),
+the way torchtitan's ``TrainSpec`` bundles a model with its ``parallelize_fn``. A spec
+holds the typed model config of its kind and answers two sets of questions:
+
+- for the plan (no torch import for the built-in kinds): :meth:`facts` (parameters, layers,
+  FLOPs, activation bytes) and :meth:`problems` (divisibility by tp, layers by stages, what
+  the model cannot do);
+- for the runtime (these import torch): :meth:`build`, :meth:`loss`, :meth:`fsdp_units`,
+  :meth:`apply_tensor_parallel`, :meth:`pipeline_stage` and :meth:`export`.
+
+Nothing outside ``dtrain_cli/models`` knows a model's field names.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:  # torch only for type checkers: the plan imports this module
+    import torch
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.plan.plan import StagePlan
+
+
+@dataclass(kw_only=True)
+class ModelFacts:
+    """What the plan computes with. Counts are of the model the runtime builds."""
+
+    num_params: int
+    num_layers: int = 0
+    """Repeated blocks a pipeline can split between stages (0: the model cannot be split)."""
+    params_per_layer: int = 0
+    """Parameters of one block (also the largest FSDP unit the plan adds as gathered)."""
+    params_first: int = 0
+    """Parameters before the blocks (embeddings): on the first pipeline stage."""
+    params_last: int = 0
+    """Parameters after the blocks (final norm, head): on the last pipeline stage."""
+    tokens_per_sample: int = 1
+    """Sequence length for token models; 1 for models whose samples are not token sequences."""
+    unit: str = "tokens"
+    """What throughput counts: tokens (language models) or samples (everything else)."""
+    flops_per_unit: int = 0
+    """Forward + backward FLOPs per token (or per sample), for MFU."""
+    matrix_shapes: list[tuple[int, int]] = field(default_factory=list)
+    """2-D weights (what PowerSGD compresses); the rest of num_params is in other tensors."""
+
+
+class ModelSpec(ABC):
+    """One model kind. ``cfg`` is the kind's typed config (``config_class``)."""
+
+    kind: ClassVar[str]
+    config_class: ClassVar[type]
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+
+    # -- plan (torch-free for the built-in kinds) ----------------------------------------------
+    @property
+    def name(self) -> str:
+        """What the plan and summaries call the model."""
+        return str(getattr(self.cfg, "name", None) or self.kind)
+
+    @abstractmethod
+    def facts(self) -> ModelFacts: ...
+
+    def activation_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> tuple[float, float]:
+        """(per block, outside the blocks) activation bytes kept for backward, one micro-batch."""
+        return 0.0, 0.0
+
+    def problems(self, cfg: DtrainConfig) -> list[str]:
+        """What this model cannot do with this config: one line per problem (key=value: why)."""
+        out = []
+        if cfg.parallel.tp > 1 and not self.supports_tensor_parallel():
+            out.append(
+                f"parallel.tp={cfg.parallel.tp}: model.kind={self.kind} has no tensor-parallel "
+                f"plan{self.tp_hint()}"
+            )
+        if cfg.parallel.pp > 1 and not self.facts().num_layers:
+            out.append(
+                f"parallel.pp={cfg.parallel.pp}: model.kind={self.kind} cannot be split into "
+                f"pipeline stages{self.pp_hint()}"
+            )
+        return out
+
+    def warnings(self, cfg: DtrainConfig) -> list[str]:
+        return []
+
+    def supports_tensor_parallel(self) -> bool:
+        return False
+
+    def tp_hint(self) -> str:
+        return "; use tp=1"
+
+    def pp_hint(self) -> str:
+        return "; use pp=1"
+
+    @property
+    def block_size(self) -> int | None:
+        """Tokens per training window for token data (None: the model takes no token data)."""
+        return getattr(self.cfg, "block_size", None)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return getattr(self.cfg, "vocab_size", None)
+
+    def default_loss(self) -> str:
+        """``train.loss=auto`` means this: cross_entropy | mse | model."""
+        return "cross_entropy"
+
+    def config_dict(self) -> dict[str, Any]:
+        """The config as it is written to ``config.yaml`` (and read back by the workers)."""
+        from dataclasses import asdict
+
+        return asdict(self.cfg)
+
+    # -- runtime (imports torch) ---------------------------------------------------------------
+    @abstractmethod
+    def build(self, device: torch.device | str) -> nn.Module:
+        """The full model, initialised from the global RNG (the caller seeds it). On the meta
+        device for estimates."""
+
+    def loss(self, outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        """The model's default loss on (outputs, targets); ``train.loss`` can replace it."""
+        from dtrain_cli.models.losses import cross_entropy
+
+        return cross_entropy(outputs, targets)
+
+    def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
+        """Modules FSDP shards as one unit each (blocks), before the root."""
+        from dtrain_cli.models.units import largest_module_list
+
+        return largest_module_list(model)
+
+    def blocks(self, model: nn.Module) -> list[nn.Module]:
+        """The repeated blocks (compile units)."""
+        return self.fsdp_units(model)
+
+    def apply_tensor_parallel(self, model: nn.Module, tp_mesh: DeviceMesh) -> None:
+        raise NotImplementedError(f"model.kind={self.kind}: no tensor-parallel plan")
+
+    def pipeline_stage(self, model: nn.Module, stage: StagePlan) -> nn.Module:
+        """The part of the full ``model`` that pipeline stage ``stage`` runs."""
+        raise NotImplementedError(f"model.kind={self.kind}: cannot be split into stages")
+
+    def wants_sync_batchnorm(self) -> bool:
+        return False
+
+    def export(self, model: nn.Module, out: Path, fmt: str) -> list[Path]:
+        """Write the trained (plain, non-distributed) model; returns the files written."""
+        from dtrain_cli.models.export import save_safetensors
+
+        if fmt != "safetensors":
+            raise ValueError(
+                f"--format {fmt}: model.kind={self.kind} exports only as safetensors"
+            )
+        return save_safetensors(model, out, self.config_dict())
