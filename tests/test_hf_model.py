@@ -155,7 +155,7 @@ def _sgd_losses(model: torch.nn.Module, spec: HFSpec, steps: int, shard: slice) 
     (the mean over ranks is the global loss) and returns the global loss of each step."""
     import torch.distributed as dist
 
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
     out = []
     for _ in range(steps):
         x, y = tokens(batch=4, seed=10)  # one batch: the loss must fall
@@ -171,8 +171,37 @@ def _sgd_losses(model: torch.nn.Module, spec: HFSpec, steps: int, shard: slice) 
     return out
 
 
-def _worker(rank: int, port: int, queue: object) -> None:
+def _pipeline_losses(spec: HFSpec, rank: int, steps: int) -> list[float]:
+    """GPipe over 2 ranks (layers 0-1 | 2-3 + norm + head), 2 micro-batches of 2: the last
+    stage's mean micro-batch loss is the global batch's loss."""
     import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    first = rank == 0
+    part = spec.pipeline_stage(
+        built(spec), Stage([0, 2], True, False) if first else Stage([2, 4], False, True)
+    )
+    stage = PipelineStage(part, rank, 2, torch.device("cpu"), group=dist.group.WORLD)
+    schedule = ScheduleGPipe(stage, n_microbatches=2, loss_fn=spec.loss)
+    opt = torch.optim.SGD(part.parameters(), lr=0.2)
+    out = []
+    for _ in range(steps):
+        x, y = tokens(batch=4, seed=10)
+        losses: list[torch.Tensor] = []
+        if first:
+            schedule.step(x)
+        else:
+            schedule.step(target=y, losses=losses)
+        opt.step()
+        opt.zero_grad()
+        out.append(torch.stack(losses).mean().item() if losses else float("nan"))
+    return out
+
+
+def _worker(rank: int, port: int, ckpt: str, queue: object) -> None:
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -186,6 +215,7 @@ def _worker(rank: int, port: int, queue: object) -> None:
     spec.apply_tensor_parallel(model, mesh)
     q = model.model.layers[0].self_attn.q_proj.weight
     tp = (_sgd_losses(model, spec, 3, slice(None)), tuple(q.to_local().shape))
+    pp = _pipeline_losses(spec, rank, 3)
     # FSDP of a tied-embedding GPT-2: its blocks, then the root (embedding, norm, head together)
     spec = spec_of("gpt2")
     model = built(spec)
@@ -195,24 +225,40 @@ def _worker(rank: int, port: int, queue: object) -> None:
     assert spec.fsdp_root_extras(model) == []
     fully_shard(model, mesh=mesh)
     fsdp = _sgd_losses(model, spec, 3, slice(rank * 2, rank * 2 + 2))
-    queue.put((rank, tp, fsdp))  # type: ignore[attr-defined]
+    dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=ckpt)  # as dtrain saves
+    queue.put((rank, tp, pp, fsdp))  # type: ignore[attr-defined]
     dist.destroy_process_group()
 
 
 @pytest.mark.multiproc
-def test_tensor_parallel_and_tied_fsdp_on_two_ranks_equal_one_process():
+def test_tp_pp_and_tied_fsdp_on_two_ranks_equal_one_process(tmp_path):
+    import torch.distributed.checkpoint as dcp
     import torch.multiprocessing as mp
 
-    ref_tp = _sgd_losses(built(spec_of("llama")), spec_of("llama"), 3, slice(None))
-    ref_fsdp = _sgd_losses(built(spec_of("gpt2")), spec_of("gpt2"), 3, slice(None))
+    llama, gpt2 = spec_of("llama"), spec_of("gpt2")
+    ref_llama = _sgd_losses(built(llama), llama, 3, slice(None))
+    reference = built(gpt2)
+    ref_gpt2 = _sgd_losses(reference, gpt2, 3, slice(None))
+    ckpt = str(tmp_path / "ckpt")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(_free_port(), queue), nprocs=2, start_method="spawn")
-    for rank, (tp, q_shape), fsdp in sorted(queue.get() for _ in range(2)):
+    mp.start_processes(_worker, args=(_free_port(), ckpt, queue), nprocs=2, start_method="spawn")
+    for rank, (tp, q_shape), pp, fsdp in sorted(queue.get() for _ in range(2)):
         assert q_shape == (32, 64), f"rank {rank}: q_proj not split by columns: {q_shape}"
-        assert max(abs(a - b) for a, b in zip(tp, ref_tp, strict=True)) < 1e-5, (rank, tp, ref_tp)
-        assert max(abs(a - b) for a, b in zip(fsdp, ref_fsdp, strict=True)) < 1e-5, (rank, fsdp)
-        assert ref_tp[-1] < ref_tp[0] and ref_fsdp[-1] < ref_fsdp[0]
+        assert max(abs(a - b) for a, b in zip(tp, ref_llama, strict=True)) < 1e-5, (rank, tp)
+        assert max(abs(a - b) for a, b in zip(fsdp, ref_gpt2, strict=True)) < 1e-5, (rank, fsdp)
+        if rank == 1:  # the last stage has the loss
+            assert max(abs(a - b) for a, b in zip(pp, ref_llama, strict=True)) < 1e-5, pp
+    assert ref_llama[-1] < ref_llama[0] and ref_gpt2[-1] < ref_gpt2[0]
+    # the sharded tied checkpoint loads into a plain model (dtrain export does this) and
+    # holds the single-process weights, the tie intact
+    plain = built(gpt2, seed=5)
+    state = {"model": plain.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt, no_dist=True)
+    plain.load_state_dict(state["model"])
+    assert plain.lm_head.weight is plain.transformer.wte.weight
+    for (name, p), q in zip(plain.named_parameters(), reference.parameters(), strict=True):
+        assert (p - q).abs().max().item() < 1e-6, name
 
 
 # -- bad input: one line each, naming the key ----------------------------------------------------
