@@ -150,7 +150,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _sgd_losses(model: torch.nn.Module, spec: HFSpec, steps: int, shard: slice) -> list[float]:
+def _sgd_losses(
+    model: torch.nn.Module, spec: HFSpec, steps: int, shard: slice, on_logits: bool = False
+) -> list[float]:
     """SGD steps on the global batch of 4; this rank computes the loss of rows ``shard``
     (the mean over ranks is the global loss) and returns the global loss of each step."""
     import torch.distributed as dist
@@ -159,7 +161,10 @@ def _sgd_losses(model: torch.nn.Module, spec: HFSpec, steps: int, shard: slice) 
     out = []
     for _ in range(steps):
         x, y = tokens(batch=4, seed=10)  # one batch: the loss must fall
-        loss = spec.forward_loss(model, x[shard], y[shard])
+        if on_logits:  # a stage: logits out, the pipeline's loss
+            loss = spec.loss(model(x[shard]), y[shard])
+        else:
+            loss = spec.forward_loss(model, x[shard], y[shard])
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -215,6 +220,12 @@ def _worker(rank: int, port: int, ckpt: str, queue: object) -> None:
     spec.apply_tensor_parallel(model, mesh)
     q = model.model.layers[0].self_attn.q_proj.weight
     tp = (_sgd_losses(model, spec, 3, slice(None)), tuple(q.to_local().shape))
+    # the same on a stage holding the whole model (what tp=2 pp=N applies TP to)
+    part = spec.pipeline_stage(built(spec), Stage([0, 4], True, True))
+    spec.apply_tensor_parallel(part, mesh)
+    head = part.lm_head.weight.to_local().shape, part.model.embed_tokens.weight.to_local().shape
+    assert head == ((VOCAB // 2, 64), (VOCAB // 2, 64)), head
+    tp_stage = _sgd_losses(part, spec, 3, slice(None), on_logits=True)
     pp = _pipeline_losses(spec, rank, 3)
     # FSDP of a tied-embedding GPT-2: its blocks, then the root (embedding, norm, head together)
     spec = spec_of("gpt2")
@@ -226,7 +237,7 @@ def _worker(rank: int, port: int, ckpt: str, queue: object) -> None:
     fully_shard(model, mesh=mesh)
     fsdp = _sgd_losses(model, spec, 3, slice(rank * 2, rank * 2 + 2))
     dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=ckpt)  # as dtrain saves
-    queue.put((rank, tp, pp, fsdp))  # type: ignore[attr-defined]
+    queue.put((rank, tp, tp_stage, pp, fsdp))  # type: ignore[attr-defined]
     dist.destroy_process_group()
 
 
@@ -243,9 +254,10 @@ def test_tp_pp_and_tied_fsdp_on_two_ranks_equal_one_process(tmp_path):
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.start_processes(_worker, args=(_free_port(), ckpt, queue), nprocs=2, start_method="spawn")
-    for rank, (tp, q_shape), pp, fsdp in sorted(queue.get() for _ in range(2)):
+    for rank, (tp, q_shape), tp_stage, pp, fsdp in sorted(queue.get() for _ in range(2)):
         assert q_shape == (32, 64), f"rank {rank}: q_proj not split by columns: {q_shape}"
         assert max(abs(a - b) for a, b in zip(tp, ref_llama, strict=True)) < 1e-5, (rank, tp)
+        assert max(abs(a - b) for a, b in zip(tp_stage, ref_llama, strict=True)) < 1e-5, rank
         assert max(abs(a - b) for a, b in zip(fsdp, ref_gpt2, strict=True)) < 1e-5, (rank, fsdp)
         if rank == 1:  # the last stage has the loss
             assert max(abs(a - b) for a, b in zip(pp, ref_llama, strict=True)) < 1e-5, pp

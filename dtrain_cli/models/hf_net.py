@@ -106,16 +106,16 @@ def _layer_list(model: nn.Module) -> list[nn.Module]:
 
 # -- tensor parallel -------------------------------------------------------------------------
 def tp_plan(model: nn.Module) -> dict[str, str]:
-    """Full-name patterns -> transformers style names: the config's ``base_model_tp_plan``
-    under the base model's prefix, plus the head's ``_tp_plan`` (``lm_head``). Empty when the
-    model has no base plan (then it has no tensor parallel)."""
-    base = dict(getattr(model.config, "base_model_tp_plan", None) or {})
-    if not base:
+    """Full-name patterns -> transformers style names: the model's own merged plan
+    (``model.tp_plan``: the config's ``base_model_tp_plan`` under the base model's prefix,
+    the embedding, the head's ``_tp_plan``). Empty when the config has no base plan (then
+    the model has no tensor parallel). A stage carries its model's plan."""
+    if isinstance(model, HFStage):
+        return dict(model.hf_tp_plan)
+    if not getattr(model.config, "base_model_tp_plan", None):
         return {}
-    prefix = model.base_model_prefix
-    plan = {f"{prefix}.{k}": v for k, v in base.items()}
-    plan.update(getattr(type(model), "_tp_plan", None) or {})
-    return plan
+    plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {}
+    return dict(plan)
 
 
 def torch_style(name: str) -> Any:
@@ -147,9 +147,10 @@ def torch_style(name: str) -> Any:
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Megatron-style TP from the model's own plan: q/k/v and the MLP's gate/up split by
     columns (each tp rank holds heads/tp query heads and kv_heads/tp kv heads), o_proj and
-    down_proj by rows (one all-reduce each way), the LM head by columns with the logits
-    gathered. What the plan does not name (embeddings, norms) stays replicated. Works on a
-    whole model or one :class:`HFStage` (same names, so the same plan)."""
+    down_proj by rows (one all-reduce each way), the token embedding over the vocabulary
+    (``embedding_rowwise``) and the LM head by columns with the logits gathered. What the
+    plan does not name (norms) stays replicated. Works on a whole model or one
+    :class:`HFStage` (same names, so the same plan)."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     plan = [(re.compile(re.escape(k).replace(r"\*", r"\d+")), v) for k, v in tp_plan(model).items()]
@@ -172,7 +173,7 @@ class HFStage(nn.Module):
         embeds, layer_list, norm, rotary = LAYOUTS[conf.model_type]
         self.config = conf
         self.base_model_prefix = model.base_model_prefix
-        self._tp_plan = dict(getattr(type(model), "_tp_plan", None) or {})
+        self.hf_tp_plan = tp_plan(model)
         self.first, self.last = stage.embeddings, stage.head
         self.model_type = conf.model_type
         base = model.base_model
