@@ -50,5 +50,7 @@ class HFWorkload(Workload):
 
     def loss(self, model: torch.nn.Module, tokens: torch.Tensor) -> torch.Tensor:
         x, y = tokens[:, :-1], tokens[:, 1:].contiguous()
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.args.precision == "bf16"):
+        with torch.autocast(
+            self.device.type, dtype=torch.bfloat16, enabled=self.args.precision == "bf16"
+        ):
             return model(input_ids=x, labels=y, shift_labels=y).loss

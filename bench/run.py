@@ -20,6 +20,7 @@ from pathlib import Path
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
+from hf_bench import hf_overhead
 from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
 from programs import Pair, Workload
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "checkpoint": checkpoint_bench,
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
+    "hf": hf_overhead,
 }
 
 
