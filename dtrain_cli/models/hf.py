@@ -52,6 +52,11 @@ class HFConfig:
     attn_implementation: str = "sdpa"
     """sdpa | eager (transformers' attention kernels)."""
 
+    @property
+    def vocab_size(self) -> int | None:
+        """The transformers config's vocabulary (what token data is checked against)."""
+        return HFSpec(self).vocab_size
+
 
 def transformers_module() -> Any:
     """``transformers``, or the one-line error naming the extra when it is not installed."""
