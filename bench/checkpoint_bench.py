@@ -40,9 +40,10 @@ def _worker(rank: int, port: int, shape: dict, rounds: int, out: str) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from dtrain_cli.config.schema import ModelConfig
+    from dtrain_cli.models.gpt import GPTConfig as ModelConfig
+    from dtrain_cli.models.gpt_net import GPT
+    from dtrain_cli.models.losses import cross_entropy as lm_loss
     from dtrain_cli.runtime.checkpoint import CheckpointManager
-    from dtrain_cli.runtime.model import GPT, lm_loss
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))

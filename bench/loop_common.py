@@ -2,7 +2,7 @@
 torchrun loop and the peers (Lightning Fabric, the Lightning Trainer, accelerate) run the
 SAME model class, data, optimizer and schedule as ``dtrain launch``.
 
-The model is ``dtrain_cli.runtime.model.GPT`` seeded like dtrain seeds it; the data is the
+The model is ``dtrain_cli.models.gpt_net.GPT`` seeded like dtrain seeds it; the data is the
 global sample stream of ``dtrain_cli.runtime.data`` cut into per-rank micro-batches by
 ``BatchLayout`` (what dtrain's data-parallel ranks read); AdamW with decay only on
 matrices, linear warmup then cosine, global-norm clipping. Each program prints one JSON
@@ -105,9 +105,12 @@ class Workload:
     group is up, so its import is timed apart from torch's)."""
 
     def __init__(self, args: argparse.Namespace, rank: int, world: int) -> None:
-        from dtrain_cli.config.schema import DataConfig, ModelConfig
+
+        from dtrain_cli.config.schema import DataConfig
+        from dtrain_cli.models.gpt import GPTConfig as ModelConfig
+        from dtrain_cli.models.gpt_net import GPT
+        from dtrain_cli.models.losses import cross_entropy as lm_loss
         from dtrain_cli.runtime.data import BatchLayout, SampleStream, open_splits
-        from dtrain_cli.runtime.model import GPT, lm_loss
 
         self.imported_at = time.time()
         self.args = args

@@ -115,7 +115,7 @@ def _get(tree: dict[str, Any], dotted: str, default: Any = None) -> Any:
 
 # What plain_ddp.py implements: (config key, value it supports, default when absent).
 PLAIN_SUPPORTS = (
-    ("model.arch", "gpt", "gpt"),
+    ("model.kind", "gpt", "gpt"),
     ("model.dropout", 0.0, 0.0),
     ("model.bias", True, True),
     ("model.tie_embeddings", False, False),

@@ -161,12 +161,33 @@ def test_corrupted_and_truncated_shards_are_named_and_skipped(straight, tmp_path
     assert bad.returncode == 2 and "truncated" in bad.stderr
 
 
+def test_verify_exits_nonzero_on_corruption_with_the_whole_path(straight, tmp_path):
+    deep = tmp_path / ("a-long-folder-name-" * 4) / "more"  # the path is wider than 80 columns
+    run_dir = copy_run(straight[2].run_dir, deep)
+    ok = run_dtrain(["checkpoints", str(run_dir), "--verify"], tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert "latest" in ok.stdout and "error" not in ok.stderr
+    shard = catalog.checkpoints_dir(run_dir) / "step_000020" / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    bad = run_dtrain(["checkpoints", str(run_dir), "--verify"], tmp_path)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    lines = bad.stderr.splitlines()
+    assert f"error: {shard}: corrupted (sha256 does not match the manifest)" in lines
+    assert "error: latest -> step_000020 is bad; a resume uses step_000010 instead" in lines
+    # without --verify only sizes are checked: a truncated file is found too
+    shard.write_bytes(bytes(data[:100]))
+    quick = run_dtrain(["checkpoints", str(run_dir)], tmp_path)
+    assert quick.returncode == 1 and f"error: {shard}: truncated" in quick.stderr
+
+
 def test_export_round_trip(straight, tmp_path):
     import torch
     from safetensors.torch import load_model
 
-    from dtrain_cli.config.schema import ModelConfig
-    from dtrain_cli.runtime.model import GPT
+    from dtrain_cli.models.gpt import GPTConfig
+    from dtrain_cli.models.gpt_net import GPT
 
     ref = straight[2]
     out = tmp_path / "model.safetensors"
@@ -174,7 +195,7 @@ def test_export_round_trip(straight, tmp_path):
     done = run_dtrain(["export", "--ckpt", str(ckpt), "--out", str(out)], tmp_path)
     assert done.returncode == 0, done.stderr
     info = json.loads(out.with_suffix(".json").read_text())
-    model = GPT(ModelConfig(**info["model"]))
+    model = GPT(GPTConfig(**info["model"]))
     load_model(model, str(out))
     import hashlib
 

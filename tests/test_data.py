@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dtrain_cli.config.schema import DataConfig, ModelConfig
+from dtrain_cli.config.schema import DataConfig
+from dtrain_cli.models.gpt import GPTConfig as ModelConfig
 from dtrain_cli.runtime.data import (
     BatchLayout,
     SampleStream,

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from dtrain_cli.plan.plan import Plan
+from tests.conftest import run_dtrain
 
 pytestmark = pytest.mark.multiproc
 
@@ -73,6 +74,69 @@ def test_lr_follows_the_plan(run_dp2):
 def test_console_shows_progress_and_summary(run_dp2):
     assert "step 10/10" in run_dp2.stdout and "run summary" in run_dp2.stdout
     assert "done:" in run_dp2.stdout
+
+
+def test_console_summary_fits_a_screen_and_summary_json_keeps_every_field(run_dp2):
+    out = run_dp2.stdout
+    block = out[out.index("run summary") : out.index("done:")].splitlines()
+    assert len(block) <= 15, "\n".join(block)
+    text = "\n".join(block)
+    s = run_dp2.summary()
+    for label, value in (
+        ("final loss", f"{s['final_loss']:.4f}"),
+        ("val loss", f"{s['val_loss']:.4f}"),
+        ("tokens/s", f"{s['tokens_per_s']:,.0f}"),
+        ("wall time", f"{s['train_wall_s']:,.1f} s"),
+    ):
+        row = next(line for line in block if label in line)
+        assert value in row, row
+    assert str(run_dp2.run_dir) in out[out.index("run summary") :]
+    assert "summary.json" in text and "metrics.jsonl" in text
+    assert "param_digest" not in text and "startup_" not in text
+    for key in (
+        "final_loss",
+        "val_loss",
+        "tokens_per_s",
+        "train_wall_s",
+        "param_sum",
+        "param_sq_sum",
+        "param_digest",
+        "replicas_identical",
+        "memory_params_bytes",
+        "comm_bytes_per_step_estimate",
+        "startup_phases_s",
+        "startup_first_step_done_s",
+        "data_wait_ms_per_step",
+    ):
+        assert key in s, key
+
+
+@pytest.mark.parametrize("mode", ["off", "bar"])
+def test_progress_modes(mode, tmp_path):
+    """off: no step lines on the console (the rank's log keeps them); bar: its last state is
+    drawn before the summary, not after it."""
+    run = run_dtrain(
+        [
+            "launch",
+            "recipe=gpt_tiny",
+            "model.n_layer=1",
+            "train.steps=3",
+            "logging.every=1",
+            "optim.warmup_steps=1",
+            "train.eval_every=0",
+            "logging.tensorboard=false",
+            f"logging.progress={mode}",
+        ],
+        tmp_path,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "step 3/3" in (run.run_dir / "logs" / "rank_0.log").read_text()
+    if mode == "off":
+        assert "step 1/3" not in run.stdout and "step 3/3" not in run.stdout, run.stdout
+    else:
+        assert "step 3/3" in run.stdout
+        assert run.stdout.rindex("step 3/3") < run.stdout.index("run summary"), run.stdout
+    assert "run summary" in run.stdout
 
 
 def test_startup_breakdown_adds_up_to_the_first_step(run_dp2):

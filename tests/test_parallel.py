@@ -62,12 +62,12 @@ def final_params(run: Run) -> dict[str, torch.Tensor]:
     """The full model of the run's last checkpoint, consolidated the way `dtrain export` does."""
     from safetensors.torch import load_file
 
-    from dtrain_cli.checkpoint.export import export_safetensors
+    from dtrain_cli.checkpoint.export import export_model
 
     ckpt = catalog.newest_complete(run.run_dir)
     assert ckpt is not None
     out = run.run_dir / "final.safetensors"
-    export_safetensors(ckpt, out)
+    export_model(ckpt, out)
     return load_file(str(out))
 
 
@@ -95,9 +95,9 @@ def test_layout_equals_single_process(name, layout_runs, reference):
     ref_ckpt = catalog.checkpoints_dir(reference.run_dir) / "step_000010"
     from safetensors.torch import load_file
 
-    from dtrain_cli.checkpoint.export import export_safetensors
+    from dtrain_cli.checkpoint.export import export_model
 
-    export_safetensors(ref_ckpt, reference.run_dir / "step10.safetensors")
+    export_model(ref_ckpt, reference.run_dir / "step10.safetensors")
     want = load_file(str(reference.run_dir / "step10.safetensors"))
     got = final_params(run)
     assert got.keys() == want.keys()

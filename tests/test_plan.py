@@ -7,8 +7,8 @@ import math
 import pytest
 
 from dtrain_cli.config.compose import compose_config
+from dtrain_cli.models import model_spec
 from dtrain_cli.plan.build import Resources, build_plan
-from dtrain_cli.plan.memory import count_params
 from dtrain_cli.plan.plan import LRPlan, Plan
 
 CPU = Resources(num_gpus=0, num_cpus=2)
@@ -117,16 +117,15 @@ def test_checkpoint_cadence_in_plan():
     assert p.checkpoint.steps == [30, 60, 90, 100]
 
 
-def test_param_count_matches_the_model():
-    import torch
-
-    from dtrain_cli.runtime.model import GPT
-
-    for name in ("gpt_tiny", "gpt_small"):
-        cfg = compose_config(name, [])
-        with torch.device("meta"):
-            model = GPT(cfg.model)
-        assert count_params(cfg.model) == sum(p.numel() for p in model.parameters())
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [("gpt_tiny", []), ("gpt_small", []), ("gpt_tiny", ["model.tie_embeddings=true"])],
+)
+def test_param_count_matches_the_model(name, overrides):
+    """The plan's torch-free count is the parameter count of the module the runtime builds."""
+    spec = model_spec(compose_config(name, overrides))
+    model = spec.build("meta")
+    assert spec.facts().num_params == sum(p.numel() for p in model.parameters())
 
 
 def test_estimates_scale_with_optimizer():
@@ -235,14 +234,9 @@ def test_strategy_estimates_and_comm_bytes():
 
 
 def test_cnn_param_count_matches_the_model():
-    from dtrain_cli.config.compose import compose_config
-    from dtrain_cli.runtime.model import build_model
-
-    cfg = compose_config("cnn_bn", [])
-    import torch
-
-    model = build_model(cfg.model, 0, torch.device("cpu"))
-    assert count_params(cfg.model) == sum(p.numel() for p in model.parameters())
+    spec = model_spec(compose_config("cnn_bn", []))
+    model = spec.build("cpu")
+    assert spec.facts().num_params == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize(
@@ -258,8 +252,8 @@ def test_cnn_param_count_matches_the_model():
         ("gpt_tiny", ["comm.powersgd_rank=0"], "comm.powersgd_rank=0: must be >= 1"),
         ("gpt_tiny", ["pp=2", "sync.mode=local_sgd"], "sync.mode=local_sgd: needs strategy=ddp"),
         ("gpt_tiny", ["tp=2", "parallel.strategy=zero1"], "use parallel.strategy=fsdp with tp"),
-        ("gpt_tiny", ["data=shapes"], "images need model.arch=cnn_bn"),
-        ("cnn_bn", ["tp=2"], "model.arch=cnn_bn: data parallel only"),
+        ("gpt_tiny", ["data=shapes"], "images need an image model"),
+        ("cnn_bn", ["tp=2"], "model.kind=cnn_bn: data parallel only"),
     ],
 )
 def test_strategy_bad_input(recipe, overrides, expected):
@@ -271,6 +265,25 @@ def test_strategy_bad_input(recipe, overrides, expected):
     assert expected in "\n".join(info.value.problems)
 
 
-def test_sync_bn_on_a_model_without_batchnorm_warns():
-    p = plan_for("model.sync_bn=true")
-    assert any("has no BatchNorm" in w for w in p.warnings)
+def test_a_key_of_another_model_kind_is_named_with_the_keys_it_has():
+    """sync_bn belongs to the cnn_bn kind: on a GPT it is refused, naming the GPT's keys."""
+    from dtrain_cli.config.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        plan_for("model.sync_bn=true")
+    (line,) = info.value.problems
+    assert line.startswith("model.sync_bn: not a key of model=gpt_tiny (kind gpt)")
+    assert "n_layer" in line
+
+
+def test_an_image_models_plan_counts_samples_not_tokens():
+    from rich.console import Console
+
+    from dtrain_cli.plan.render import render_plan
+
+    p = build_plan(compose_config("cnn_bn", [], validate=False), CPU)
+    assert p.batch.unit == "samples" and p.batch.seq_len == 1
+    console = Console(record=True, width=120)
+    console.print(render_plan(p))
+    text = console.export_text()
+    assert "32 samples" in text and "tokens" not in text and "FLOPs per sample" in text

@@ -214,3 +214,36 @@ def test_preemption_checkpoints_requeues_and_finishes_like_an_uninterrupted_run(
         time.sleep(0.1)
     assert wait_job(job_id, TERMINAL)["JobState"] == "COMPLETED"
     assert metrics.read_text() == before
+
+
+@pytest.mark.parametrize("how", ["--batch", "--full"])
+def test_two_node_preemption_requeues_whichever_process_gets_the_signal(how, reference, tmp_path):
+    """``--batch``: the batch shell only (SLURM's --signal=B: before the time limit);
+    ``--full``: the shell and every step's tasks (scancel --full, some sites' preemption).
+    With --full a node's agent may exit 75 first and srun kills the other (143): the
+    requeue rests on the run's preempted.json, not on srun's code."""
+    job_id, run_dir = submit(
+        tmp_path, *TINY, "nodes=2", "cluster.cpus_per_task=1", f"run.name=pre2{how[2:]}"
+    )
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+        assert time.time() < deadline, job_info(job_id)
+        time.sleep(0.05)
+    subprocess.run(["scancel", how, "--signal=USR1", job_id], check=True)
+    info = wait_job(job_id, {"PENDING"} | TERMINAL, timeout=120)
+    out = (run_dir / "slurm" / f"job-{job_id}.out").read_text()
+    assert info["JobState"] == "PENDING" and info["Restarts"] == "1", out
+    step = json.loads((run_dir / "preempted.json").read_text())["step"]
+    assert (run_dir / "checkpoints" / f"step_{step:06d}").is_dir() and step < 300
+    release(job_id)
+    info = wait_job(job_id, TERMINAL)
+    out = (run_dir / "slurm" / f"job-{job_id}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out
+    assert f"requeueing job {job_id}" in out and "dtrain: finished" in out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["resumed_from"] == f"step_{step:06d}"
+    one, two = losses(reference[1]), losses(run_dir)
+    assert len(one) == len(two) == 60
+    for a, b in zip(one, two, strict=True):
+        assert abs(a - b) <= 1e-5 * abs(a)

@@ -205,3 +205,43 @@ def test_sbatch_dry_run_does_not_import_torch(tmp_path):
     )
     assert "#SBATCH --gpus-per-node=8" in out.stdout
     assert out.stdout.strip().endswith("NO_TORCH")
+
+
+@pytest.mark.parametrize(
+    "srun_body, stale_marker, requeued, rc",
+    [
+        # node 2 exited 75 first; --kill-on-bad-exit killed node 1's task: srun says 143
+        ('touch "$RUN_DIR_T/preempted.json"; exit 143', False, True, 0),
+        ('touch "$RUN_DIR_T/preempted.json"; exit 75', False, True, 0),
+        ("exit 143", False, False, 143),  # killed without a checkpoint: not a preemption
+        ("exit 1", True, False, 1),  # a marker from an earlier attempt does not count
+    ],
+)
+def test_requeue_rests_on_the_preemption_marker_not_on_srun_exit_code(
+    srun_body, stale_marker, requeued, rc, tmp_path
+):
+    run_dir = tmp_path / "runs" / "exp1"
+    (run_dir / "slurm").mkdir(parents=True)
+    if stale_marker:
+        (run_dir / "preempted.json").write_text("{}")
+    built = build_job(
+        ["recipe=gpt_tiny", "nodes=2", "dp=2"], [], run_dir=run_dir, python="/p", workdir=tmp_path
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    stub(bin_dir, "scontrol", f'echo "$@" >> {calls}; [ "$1" = show ] && echo node1; exit 0')
+    stub(bin_dir, "srun", srun_body)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "RUN_DIR_T": str(run_dir),
+    }
+    out = subprocess.run(
+        ["bash", "-c", render_sbatch(built.job)], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == rc, out.stdout + out.stderr
+    assert ("requeue 42" in calls.read_text().splitlines()) is requeued, out.stdout
+    assert ("requeueing job 42" in out.stdout) is requeued
+    assert not (run_dir / "slurm" / "FINISHED").exists()

@@ -35,10 +35,10 @@ def launch(cwd: Path, *args: str) -> Run:
 def final_params(run: Run) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
-    from dtrain_cli.checkpoint.export import export_safetensors
+    from dtrain_cli.checkpoint.export import export_model
 
     out = run.run_dir / "final.safetensors"
-    export_safetensors(catalog.newest_complete(run.run_dir), out)
+    export_model(catalog.newest_complete(run.run_dir), out)
     return load_file(str(out))
 
 

@@ -1,36 +1,41 @@
-"""Consolidate a sharded DCP checkpoint into one ``safetensors`` file for plain PyTorch.
+"""Consolidate a sharded DCP checkpoint into a plain model file for use outside dtrain.
 
     dtrain export --ckpt runs/<run>/checkpoints/step_000200 --out model.safetensors
+    dtrain export --ckpt runs/<run> --format hf --out exported/      # Hugging Face models
 
-Loads the model entries of the checkpoint into a plain, non-distributed GPT (DCP reads
-all shards, whatever layout wrote them), then writes them with ``safetensors`` plus a
-JSON file with the model config::
+Builds the model the run trained through its spec (:mod:`dtrain_cli.models`), loads the
+checkpoint's model entries into it (DCP reads all shards, whatever layout wrote them), and
+lets the spec write it: one ``safetensors`` file plus ``<out>.json`` with the model config
+for every kind; ``save_pretrained`` for ``--format hf``. Reading it back::
 
     from safetensors.torch import load_model
-    model = GPT(ModelConfig(**json.load(open("model.json"))["model"]))
+    from dtrain_cli.models.gpt import GPTConfig
+    from dtrain_cli.models.gpt_net import GPT
+    model = GPT(GPTConfig(**json.load(open("model.json"))["model"]))
     load_model(model, "model.safetensors")
 """
 
 from __future__ import annotations
 
 import json
-import os
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 
+FORMATS = ("safetensors", "hf")
 
-def export_safetensors(ckpt: Path, out: Path) -> tuple[Path, Path]:
+
+def export_model(ckpt: Path, out: Path, fmt: str = "safetensors") -> list[Path]:
+    import torch
     import torch.distributed.checkpoint as dcp
-    from safetensors.torch import save_model
 
     from dtrain_cli.checkpoint.catalog import CheckpointError, read_meta
     from dtrain_cli.config.compose import config_from_yaml
-    from dtrain_cli.runtime.model import GPT
+    from dtrain_cli.models import model_spec
     from dtrain_cli.runtime.safe_load import SafeLoadPlanner
 
     cfg = config_from_yaml(ckpt / "config.yaml")
-    model = GPT(cfg.model)
+    spec = model_spec(cfg)
+    model = spec.build("cpu")
     state = {"model": model.state_dict()}
     try:
         with warnings.catch_warnings():
@@ -46,14 +51,11 @@ def export_safetensors(ckpt: Path, out: Path) -> tuple[Path, Path]:
             raise
         raise CheckpointError(f"{ckpt}: cannot be read ({str(exc).splitlines()[0][:300]})") from exc
     model.load_state_dict(state["model"])
-    tmp = out.with_name(f".{out.name}.tmp")
-    save_model(model, str(tmp), metadata={"step": str(read_meta(ckpt).get("step", ""))})
-    os.replace(tmp, out)
-    config_path = out.with_suffix(".json")
-    config_path.write_text(
-        json.dumps(
-            {"model": asdict(cfg.model), "source": str(ckpt), "step": read_meta(ckpt).get("step")},
-            indent=2,
-        )
-    )
-    return out, config_path
+    with torch.no_grad():
+        files = spec.export(model, out, fmt)
+    for path in files:  # say where the weights came from next to the model config
+        if path.suffix == ".json" and path.name != "config.json":
+            info = json.loads(path.read_text())
+            info.update(source=str(ckpt), step=read_meta(ckpt).get("step"))
+            path.write_text(json.dumps(info, indent=2))
+    return files

@@ -1,4 +1,12 @@
-"""``dtrain checkpoints runs/<run>``: the checkpoints of a run, newest last."""
+"""``dtrain checkpoints runs/<run>``: the checkpoints of a run, newest last.
+
+    dtrain checkpoints runs/<run> --verify     # sha256 of every file; exit 1 when one is bad
+
+Exit code 0 when every listed checkpoint verifies (size checks; with ``--verify`` also the
+sha256 of every file), 1 when one does not: each problem is printed below the table, one
+line with the whole path, and ``latest`` pointing at a bad checkpoint says which one a
+resume would use instead.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +14,17 @@ import time
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from dtrain_cli.cli.common import console, fail
+from dtrain_cli.cli.common import console, err_console, fail
 
 
 def checkpoints(
     run_dir: Path = typer.Argument(..., help="A run directory."),
     verify: bool = typer.Option(False, "--verify", help="Also check every file's sha256."),
 ) -> None:
-    """Table of checkpoints: step, time, size, complete?, loss."""
+    """Table of checkpoints: step, time, size, complete?, loss. Exit 1 if one is bad."""
     from dtrain_cli.checkpoint import catalog
 
     if not run_dir.is_dir():
@@ -28,12 +37,14 @@ def checkpoints(
     table = Table(title=f"checkpoints of {run_dir}")
     for col in ("step", "saved", "size", "complete", "loss", "val loss", "world", ""):
         table.add_column(col)
+    problems: dict[str, str] = {}
     for info in infos:
         status = "yes" if info.complete else "no"
         try:
             catalog.verify(info.path, deep=verify)
         except catalog.CheckpointError as exc:
-            status = f"[red]no[/]: {exc}"
+            problems[info.path.name] = str(exc)
+            status = "[red]no[/] (see below)" if info.complete else "[red]no[/]"
         meta = info.meta
         saved = meta.get("saved_at")
         table.add_row(
@@ -47,3 +58,15 @@ def checkpoints(
             "latest" if info.path.name == latest else "",
         )
     console.print(table)
+    lines = list(problems.values())  # each names the whole path of the bad file
+    if latest and (latest in problems or not (latest_file.parent / latest).is_dir()):
+        good = [i.path.name for i in reversed(infos) if i.path.name not in problems]
+        why = "is bad" if latest in problems else "does not exist"
+        instead = f"a resume uses {good[0]} instead" if good else "no checkpoint verifies"
+        lines.append(f"latest -> {latest} {why}; {instead}")
+    for line in lines:
+        err_console.print(
+            f"[bold red]error:[/] {escape(line)}", markup=True, highlight=False, soft_wrap=True
+        )
+    if lines:
+        raise typer.Exit(1)

@@ -36,14 +36,21 @@ def fail(problems: Sequence[str], code: int = EXIT_CONFIG) -> NoReturn:
 def compose_and_plan(overrides: Sequence[str], config_dirs: Sequence[Path]):
     """recipe=... + overrides -> (typed config, plan). ConfigError -> exit 2."""
     from dtrain_cli.config.compose import compose_config, split_recipe
+    from dtrain_cli.config.data_checks import data_problems
     from dtrain_cli.plan.build import build_plan
 
     recipe, rest = split_recipe(overrides)
     try:
         cfg = compose_config(recipe, rest, config_dirs, validate=False)  # build_plan checks
-        plan = build_plan(cfg)
     except ConfigError as exc:
         fail(exc.problems)
+    problems = data_problems(cfg, config_dirs)  # paths and targets exist: before any write
+    try:
+        plan = build_plan(cfg)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        fail(problems)
     return cfg, plan
 
 

@@ -1,4 +1,5 @@
-"""``dtrain export --ckpt runs/<run>/checkpoints/step_N --out model.safetensors``."""
+"""``dtrain export --ckpt runs/<run>/checkpoints/step_N --out model.safetensors`` (or
+``--format hf --out DIR`` for Hugging Face models)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,20 @@ from dtrain_cli.cli.common import CKPT_HELP, console, err_console, fail
 
 def export(
     ckpt: Path = typer.Option(..., "--ckpt", help=CKPT_HELP),
-    out: Path = typer.Option(..., "--out", help="The .safetensors file to write."),
+    out: Path = typer.Option(
+        ..., "--out", help="The .safetensors file to write (a folder with --format hf)."
+    ),
+    fmt: str = typer.Option(
+        "safetensors", "--format", help="safetensors (any model) | hf (save_pretrained folder)."
+    ),
 ) -> None:
-    """Write one consolidated safetensors file (+ a JSON model config) for plain PyTorch."""
+    """Write the trained model for use outside dtrain: one safetensors file (+ a JSON model
+    config), or a Hugging Face folder that from_pretrained loads."""
     from dtrain_cli.checkpoint import catalog
+    from dtrain_cli.checkpoint.export import FORMATS
+
+    if fmt not in FORMATS:
+        fail([f"--format {fmt}: not allowed; choose one of {', '.join(FORMATS)}"])
 
     def warn(msg: str) -> None:
         err_console.print(f"[yellow]warning:[/] {msg}", highlight=False)
@@ -25,11 +36,17 @@ def export(
         fail([str(exc)])
     if not out.parent.is_dir():
         fail([f"--out {out}: folder {out.parent} does not exist"])
-    from dtrain_cli.checkpoint.export import export_safetensors
+    from dtrain_cli.checkpoint.export import export_model
 
     try:
-        weights, config = export_safetensors(path, out)
+        files = export_model(path, out, fmt)
+    except ValueError as exc:  # the model kind cannot export in this format
+        fail([str(exc)])
     except (OSError, catalog.CheckpointError) as exc:
         msg = getattr(exc, "strerror", None) or str(exc)
         fail([f"--out {out}: cannot write ({msg})"], code=1)
-    console.print(f"exported {path.name} -> {weights} (+ {config.name})", highlight=False)
+    shown = " + ".join(f.name for f in files[1:])
+    console.print(
+        f"exported {path.name} -> {files[0]}" + (f" (+ {shown})" if shown else ""),
+        highlight=False,
+    )

@@ -17,6 +17,7 @@ from dtrain_cli.cli.common import (
     err_console,
     fail,
 )
+from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
 
@@ -45,6 +46,7 @@ def launch(
     problems = apply_node_args(cfg, NodeArgs(count, node_rank, rdzv_endpoint, rdzv_id))
     if problems:
         fail(problems)
+    prepare_data(cfg)
     from dtrain_cli.launch.rundir import materialize
 
     try:
@@ -55,6 +57,17 @@ def launch(
     start_workers(run_dir, cfg, plan, node_rank, {"composed": composed})
 
 
+def prepare_data(cfg: DtrainConfig) -> None:
+    """Tokenize/cache the corpus, or build and check a custom dataset, before the run dir
+    exists: a problem found here leaves nothing behind."""
+    from dtrain_cli.runtime.data import prepare_corpus
+
+    try:
+        prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
+    except (ConfigError, FileNotFoundError) as exc:
+        fail(exc.problems if isinstance(exc, ConfigError) else [str(exc)])
+
+
 def start_workers(
     run_dir: Path,
     cfg: DtrainConfig,
@@ -63,6 +76,8 @@ def start_workers(
     milestones: dict[str, float] | None = None,
 ) -> None:
     """Hand the materialized run to the local launcher; map its outcome to an exit code."""
+    for w in plan.warnings:  # once, here: the workers read the plan and do not repeat them
+        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     console.print(
         f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) ({plan.mesh.label()}) "
         f"on {plan.device}/{plan.backend} -> {run_dir}",
@@ -76,6 +91,8 @@ def start_workers(
         result = launch_local(run_dir, cfg, plan, node_rank, milestones)
     except FileNotFoundError as exc:
         fail([str(exc)])
+    except ConfigError as exc:
+        fail(exc.problems)
     finally:
         worker_server.stop()
     if not result.ok:

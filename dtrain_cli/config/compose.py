@@ -15,14 +15,15 @@ import difflib
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import fields, is_dataclass
+from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from dtrain_cli.config.errors import ConfigError
-from dtrain_cli.config.schema import DtrainConfig, register_schema
+from dtrain_cli.config.schema import DataConfig, DtrainConfig, register_schema
+from dtrain_cli.config.targets import import_roots
 
 CONFIG_PATH_ENV = "DTRAIN_CONFIG_PATH"
 
@@ -67,8 +68,12 @@ def user_config_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
 
 
 def recipe_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
-    """Where recipes are looked up, first match wins: user folders' recipes/, then built-in."""
-    dirs = [d / "recipes" for d in user_config_dirs(extra) if (d / "recipes").is_dir()]
+    """Where recipes are looked up, first match wins: each user folder's recipes/ and the
+    folder itself (``--config-dir conf`` with ``conf/my_experiment.yaml``), then built-in."""
+    dirs = []
+    for d in user_config_dirs(extra):
+        dirs += [d / "recipes"] if (d / "recipes").is_dir() else []
+        dirs.append(d)
     return [*dirs, builtin_recipes_dir()]
 
 
@@ -151,21 +156,25 @@ def compose_dictconfig(
         )
     user_dirs = user_config_dirs(config_dirs)
     search = [*user_dirs, *(d / "recipes" for d in user_dirs), builtin_configs_dir()]
+    search = [d for d in search if d.is_dir()]
     searchpath = "hydra.searchpath=[" + ",".join(f"file://{p}" for p in search) + "]"
-    user_overrides = expand_shorthands(overrides)
+    user_overrides = open_key_overrides(recipes[recipe], expand_shorthands(overrides), search)
     register_schema()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(recipes[recipe].parent), version_base="1.3"):
             cfg = compose(config_name=recipe, overrides=[searchpath, *user_overrides])
     except Exception as exc:  # Hydra/OmegaConf raise many types; translate all of them
-        raise ConfigError([_explain_compose_error(exc, user_overrides)]) from None
+        message = _model_key_error(exc, recipes[recipe], user_overrides, search)
+        raise ConfigError([message or _explain_compose_error(exc, user_overrides)]) from None
     finally:
         GlobalHydra.instance().clear()
     if "hydra" in cfg:
         with _writable(cfg):
             del cfg["hydra"]
     OmegaConf.update(cfg, "run.recipe", recipe, merge=False)
+    # where _target_ modules import from, fixed now so every worker and node imports the same
+    OmegaConf.update(cfg, "run.import_roots", import_roots(config_dirs), merge=False)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError([f"{k} is required (set {k}=...)" for k in missing])
@@ -184,9 +193,29 @@ class _writable:
 
 
 def to_dataclass(cfg: DictConfig) -> DtrainConfig:
+    from dtrain_cli.models import typed_model_config
+
+    _fold_data_kwargs(cfg)
     obj = OmegaConf.to_object(cfg)
     assert isinstance(obj, DtrainConfig)
+    obj.model = typed_model_config(obj.model)
     return obj
+
+
+def _fold_data_kwargs(cfg: DictConfig) -> None:
+    """``data=custom``: extra ``data.*`` keys (``++data.n=100``, or a recipe's) are the
+    dataset's keyword arguments; they are copied under ``data.kwargs`` (the typed
+    config drops keys it does not declare)."""
+    data = cfg.get("data")
+    if not isinstance(data, DictConfig):
+        return
+    known = {f.name for f in fields(DataConfig)}
+    extra = [k for k in data if k not in known]
+    if not extra:
+        return
+    with _writable(cfg):
+        for k in extra:
+            data.kwargs[k] = data[k]
 
 
 def config_from_yaml(path: str | Path) -> DtrainConfig:
@@ -196,18 +225,130 @@ def config_from_yaml(path: str | Path) -> DtrainConfig:
 
 
 def config_to_yaml(cfg: DtrainConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    return OmegaConf.to_yaml(config_container(cfg))
+
+
+def config_container(cfg: DtrainConfig) -> dict:
+    """The config as plain data, the model as its kind writes it (``config.yaml``)."""
+    from dtrain_cli.models import model_spec
+
+    data = OmegaConf.to_container(OmegaConf.structured(replace(cfg, model=None)))
+    assert isinstance(data, dict)
+    return {
+        "model": model_spec(cfg).config_dict(),
+        **{k: v for k, v in data.items() if k != "model"},
+    }
 
 
 def _all_keys(node: type = DtrainConfig, prefix: str = "") -> list[str]:
+    """Every key of the schema; under ``model`` the fields of every built-in model kind."""
+    from dtrain_cli.models import schema_classes
+
     keys = []
     for f in fields(node):
         key = f"{prefix}{f.name}"
         keys.append(key)
+        if key == "model":
+            names = {n.name for cls in schema_classes().values() for n in fields(cls)}
+            keys += [f"model.{n}" for n in sorted(names)] + ["model._target_"]
+            continue
         t = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
         if t is not None and is_dataclass(t):
             keys += _all_keys(type(t), key + ".")
     return keys
+
+
+def open_key_overrides(
+    recipe_path: Path, overrides: list[str], search: Sequence[Path]
+) -> list[str]:
+    """Keys the schema cannot know (a custom model's or dataset's keyword arguments, a
+    transformers config) are added, not overridden: ``model.width=256`` becomes
+    ``++model.width=256`` when the chosen option is of an open kind
+    (``dtrain_cli.models.OPEN_KEYS``; ``data=custom``)."""
+    from dtrain_cli.models import OPEN_KEYS
+
+    prefixes = []
+    option = _group_option("model", recipe_path, overrides)
+    kind = _option_kind(option, search) if option else None
+    if kind in OPEN_KEYS:
+        prefixes.append(OPEN_KEYS[kind])
+    data_option = _group_option("data", recipe_path, overrides)
+    if data_option and _option_value("data", data_option, "source", search) == "custom":
+        prefixes.append("data.")
+    if not prefixes:
+        return overrides
+    out = []
+    for ov in overrides:
+        key = ov.split("=", 1)[0]
+        if "=" in ov and key.startswith(tuple(prefixes)) and not key.startswith(("+", "~")):
+            ov = f"++{ov}"
+        out.append(ov)
+    return out
+
+
+def _model_key_error(
+    exc: Exception, recipe_path: Path, overrides: Sequence[str], search: Sequence[Path]
+) -> str | None:
+    """A ``model.<key>`` the chosen model kind does not have: name the kind and its keys."""
+    from dtrain_cli.models import UnknownModelKind, spec_class
+
+    m = re.search(r"Could not override '(model\.[\w.]+)'", str(exc))
+    option = _group_option("model", recipe_path, overrides)
+    kind = _option_kind(option, search) if m and option else None
+    if not (m and kind):
+        return None
+    try:
+        names = [f.name for f in fields(spec_class(kind).config_class)]
+    except (UnknownModelKind, TypeError):
+        return None
+    key = m.group(1)
+    hint = _did_you_mean(key.split(".", 1)[1], names)
+    return f"{key}: not a key of model={option} (kind {kind}){hint}; its keys: {', '.join(names)}"
+
+
+def _group_option(group: str, recipe_path: Path, overrides: Sequence[str]) -> str | None:
+    """The option of ``group`` this composition picks: the last ``group=x`` override, else
+    the recipe's ``override /group: x``."""
+    for ov in reversed(overrides):
+        if ov.startswith(f"{group}="):
+            return ov.split("=", 1)[1]
+    try:
+        defaults = OmegaConf.load(recipe_path).get("defaults") or []
+    except Exception:  # an unreadable recipe: Hydra reports it
+        return None
+    for item in defaults:
+        if isinstance(item, dict | DictConfig):
+            for k, v in dict(item).items():
+                if str(k).replace("override", "").strip().strip("/") == group:
+                    return str(v)
+    return None
+
+
+def _option_value(group: str, option: str, key: str, search: Sequence[Path]) -> str | None:
+    for d in search:
+        path = d / group / f"{option}.yaml"
+        if path.is_file():
+            try:
+                value = OmegaConf.load(path).get(key)
+            except Exception:
+                return None
+            return None if value is None else str(value)
+    return None
+
+
+def _option_kind(option: str, search: Sequence[Path]) -> str | None:
+    for d in search:
+        path = d / "model" / f"{option}.yaml"
+        if path.is_file():
+            try:
+                node = OmegaConf.load(path)
+            except Exception:
+                return None
+            if "kind" in node:
+                return str(node["kind"])
+            defaults = [str(x) for x in node.get("defaults") or []]
+            return next((x[: -len("_schema")] for x in defaults if x.endswith("_schema")), None)
+    return None
 
 
 def _did_you_mean(word: str, candidates: Sequence[str]) -> str:

@@ -1,5 +1,7 @@
 """The typed schema of a dtrain run: dataclasses registered in Hydra's ConfigStore.
 
+The model's fields belong to its kind (``dtrain_cli/models/<kind>.py``): ``model`` is
+typed by the kind's own dataclass, stored in the ConfigStore as ``model/<kind>_schema``.
 YAML under ``configs/`` and ``recipes/`` only sets values of these fields; a key that
 is not here is an error at composition time, a value of the wrong type too. Choices
 (``optim.name``, ``precision.name`` ...) are checked in :mod:`dtrain_cli.config.validate`
@@ -11,40 +13,20 @@ No torch import here: ``dtrain --help`` and ``dtrain plan`` stay fast.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
 
 SCHEMA_NAME = "dtrain_schema"
 
 
 @dataclass
-class ModelConfig:
-    """A nanoGPT-style decoder-only transformer."""
-
-    name: str = "gpt"
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    vocab_size: int = 256
-    dropout: float = 0.0
-    bias: bool = True
-    tie_embeddings: bool = False
-    """Tie the LM head to the token embedding (off: keeps pipeline stages independent)."""
-    arch: str = "gpt"
-    """gpt (language model on tokens) | cnn_bn (conv + BatchNorm classifier on images)."""
-    sync_bn: bool = False
-    """Synchronize BatchNorm statistics over the dp group (cnn_bn)."""
-    channels: list[int] = field(default_factory=lambda: [16, 32])
-    """cnn_bn: output channels of each conv + BN + ReLU block."""
-    num_classes: int = 10
-    image_size: int = 16
-
-
-@dataclass
 class DataConfig:
     source: str = "builtin"
-    """builtin (stdlib sources, byte-level) | text (file or folder) | tokens (.bin) | synthetic."""
+    """builtin (stdlib sources, byte-level) | text (file or folder) | tokens (.bin) | synthetic
+    | shapes (images) | hf (JSONL/Parquet/text files, any tokenizer) | custom (``_target_``)."""
     path: str | None = None
-    """File or folder for source=text / source=tokens."""
+    """File or folder for source=text / tokens / hf."""
     val_fraction: float = 0.1
     token_dtype: str = "uint16"
     """dtype of pre-tokenized .bin files (nanoGPT writes uint16)."""
@@ -53,6 +35,26 @@ class DataConfig:
     """source=shapes: images drawn (train + val)."""
     cache_dir: str | None = None
     """Where tokenized corpora are cached; default $DTRAIN_CACHE or ~/.cache/dtrain."""
+    _target_: str | None = None
+    """source=custom: your map-style dataset (class or function), e.g. my_data.Pairs;
+    items are (inputs, targets) or a dict of tensors."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """source=custom: keyword arguments of ``_target_`` (extra ``data.*`` keys land here;
+    nested ``_target_`` allowed, Hydra ``instantiate`` semantics)."""
+    val_target: str | None = None
+    """source=custom: the validation dataset (built with ``kwargs``); default: the last
+    ``val_fraction`` of the items of ``_target_``."""
+    format: str = "auto"
+    """source=hf: json (JSONL) | parquet | text | auto (from the file extension)."""
+    text_field: str = "text"
+    """source=hf: the column holding the text (json, parquet)."""
+    tokenizer: str | None = None
+    """source=hf: a local tokenizer folder (tokenizer.json, or any AutoTokenizer folder);
+    default: byte-level (vocab 256)."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank (0: load in the training process)."""
+    prefetch_factor: int | None = None
+    """Batches each worker loads ahead (DataLoader default 2; needs num_workers > 0)."""
 
 
 @dataclass
@@ -71,6 +73,13 @@ class ParallelConfig:
     """fsdp: free gathered parameters after forward (ZeRO-3); false keeps them (ZeRO-2)."""
     cpu_offload: bool = False
     """fsdp: keep sharded parameters and optimizer state in CPU memory."""
+    fsdp_units: list[str] = field(default_factory=list)
+    """fsdp: class names of the modules sharded as one unit each (custom models); default
+    the model's own blocks (built-in, Hugging Face ``_no_split_modules``) or the children of
+    its largest ``nn.ModuleList``."""
+    tp_plan: dict[str, str] = field(default_factory=dict)
+    """tp > 1 for a custom model: ``parallelize_module`` patterns -> colwise | rowwise |
+    colwise_rep | rowwise_rep | sequence, e.g. {"trunk.*.up": colwise, "trunk.*.down": rowwise}."""
 
 
 @dataclass
@@ -109,6 +118,13 @@ class PipelineConfig:
     """Stages per pp rank (interleaved schedules: >= 2; zbv and dualpipev: exactly 2)."""
     layers_per_stage: list[int] | None = None
     """Transformer layers of each stage, e.g. [3, 3]; default an even split."""
+    layers: str | None = None
+    """Custom models: the attribute holding the layer list the stages split (default: the
+    model itself when it is an ``nn.Sequential``)."""
+    first: list[str] = field(default_factory=list)
+    """Custom models: modules run before the layers, on the first stage (e.g. [embed])."""
+    last: list[str] = field(default_factory=list)
+    """Custom models: modules run after the layers, on the last stage (e.g. [norm, head])."""
 
 
 @dataclass
@@ -165,6 +181,10 @@ class TrainConfig:
     """Validate every N steps (0 = only at the end)."""
     eval_batches: int = 4
     compile: bool = False
+    loss: str = "auto"
+    """cross_entropy (class indices over the last dim: the LM case) | mse | model (the
+    model's forward(inputs, targets) returns the loss) | a dotted path to a callable
+    (outputs, targets) -> loss | auto (the model kind's default)."""
 
 
 @dataclass
@@ -200,6 +220,9 @@ class RunConfig:
     recipe: str = "custom"
     device: str = "auto"
     """auto (cuda when GPUs are visible, else cpu) | cpu | cuda."""
+    import_roots: list[str] = field(default_factory=list)
+    """Where ``_target_`` modules are imported from: set by the launcher (current directory,
+    --config-dir folders, PYTHONPATH) so every worker and node imports the same code."""
 
 
 @dataclass
@@ -242,7 +265,8 @@ class ClusterConfig:
 
 @dataclass
 class DtrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: Any = MISSING
+    """The model kind's typed config (``dtrain_cli.models``): GPTConfig, CNNConfig, ..."""
     data: DataConfig = field(default_factory=DataConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
@@ -262,4 +286,9 @@ def register_schema() -> None:
     """Store the schema so ``configs/base.yaml`` can extend it (``defaults: [dtrain_schema]``)."""
     from hydra.core.config_store import ConfigStore  # here, not at import: keeps --help fast
 
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=DtrainConfig)
+    from dtrain_cli.models import schema_classes
+
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=DtrainConfig)
+    for name, cls in schema_classes().items():
+        store.store(group="model", name=name, node=cls)

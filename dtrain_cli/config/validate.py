@@ -9,13 +9,15 @@ from __future__ import annotations
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 
+BUILTIN_LOSSES = ("cross_entropy", "mse", "model")  # dtrain_cli.models.losses (torch)
+
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.source": ("builtin", "text", "tokens", "synthetic", "shapes"),
+    "data.source": ("builtin", "text", "tokens", "synthetic", "shapes", "hf", "custom"),
     "data.token_dtype": ("uint8", "uint16", "int32"),
+    "data.format": ("auto", "json", "parquet", "text"),
     "parallel.strategy": ("ddp", "zero1", "fsdp"),
     "comm.compression": ("none", "fp16", "bf16", "powersgd"),
     "sync.mode": ("sync", "local_sgd"),
-    "model.arch": ("gpt", "cnn_bn"),
     "optim.name": ("adamw", "sgd"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "optim.decay": ("cosine", "linear", "constant"),
@@ -36,11 +38,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 # key -> (minimum, inclusive?)
 POSITIVE: dict[str, tuple[float, bool]] = {
-    "model.n_layer": (1, True),
-    "model.n_head": (1, True),
-    "model.n_embd": (1, True),
-    "model.block_size": (1, True),
-    "model.vocab_size": (1, True),
     "parallel.dp": (1, True),
     "parallel.tp": (1, True),
     "parallel.pp": (1, True),
@@ -51,8 +48,6 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "comm.powersgd_start_iter": (0, True),
     "sync.every": (1, True),
     "sync.warmup_steps": (0, True),
-    "model.num_classes": (2, True),
-    "model.image_size": (8, True),
     "optim.base_lr": (0, False),
     "optim.base_batch_size": (0, True),
     "optim.warmup_steps": (0, True),
@@ -70,7 +65,31 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "logging.every": (1, True),
     "launcher.max_restarts": (0, True),
     "data.synthetic_tokens": (2, True),
+    "data.num_workers": (0, True),
 }
+
+
+def name_problems(key: str, value: str | None) -> list[str]:
+    """A value that becomes one folder name (the run dir under run.root) and a SLURM job
+    name: a single path component that no shell or SLURM command reads as an option."""
+    if value is None:
+        return []
+    why = None
+    if not value.strip():
+        why = "is empty"
+    elif "/" in value or "\\" in value:
+        why = "contains a path separator"
+    elif value in (".", ".."):
+        why = "is not a folder name"
+    elif value.startswith("-"):
+        why = "starts with '-' (commands would read it as an option)"
+    elif any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        why = "contains a newline or control character"
+    elif len(value.encode()) > 200:
+        why = "is longer than 200 bytes"
+    if why is None:
+        return []
+    return [f"{key}={value!r}: {why}; use a single folder name such as my-run_01"]
 
 
 def get_key(cfg: DtrainConfig, key: str) -> object:
@@ -104,6 +123,7 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         "train.grad_accum",
         "train.micro_batch_size",
         "pipeline.microbatches",
+        "data.prefetch_factor",
     ):
         value = get_key(cfg, key)
         if value is not None and value < 1:  # type: ignore[operator]
@@ -113,26 +133,31 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             "train.global_batch_size and train.grad_accum are both set: set one, "
             "the other follows (global = micro_batch_size * dp * grad_accum)"
         )
-    if not 0.0 <= cfg.model.dropout < 1.0:
-        problems.append(f"model.dropout={cfg.model.dropout}: must be in [0, 1)")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be in (0, 1)")
-    if cfg.optim.warmup_steps > cfg.train.steps:
-        problems.append(
-            f"optim.warmup_steps={cfg.optim.warmup_steps}: longer than training "
-            f"(train.steps={cfg.train.steps}); use at most {cfg.train.steps}"
-        )
     if cfg.optim.min_lr > cfg.optim.base_lr:
         problems.append(f"optim.min_lr={cfg.optim.min_lr}: above optim.base_lr={cfg.optim.base_lr}")
-    if cfg.model.n_embd % max(cfg.model.n_head, 1):
+    byte_level = cfg.data.source in ("builtin", "text") or (
+        cfg.data.source == "hf" and not cfg.data.tokenizer
+    )
+    vocab = getattr(cfg.model, "vocab_size", None)  # the model's own checks: plan/build.py
+    if byte_level and isinstance(vocab, int) and vocab < 256:
         problems.append(
-            f"model.n_embd={cfg.model.n_embd}: not divisible by model.n_head={cfg.model.n_head}"
+            f"model.vocab_size={vocab}: byte-level data (data.source={cfg.data.source}) "
+            f"needs >= 256"
         )
-    if cfg.data.source in ("builtin", "text") and cfg.model.vocab_size < 256:
+    loss = cfg.train.loss
+    if loss not in ("auto", *BUILTIN_LOSSES) and "." not in loss:
         problems.append(
-            f"model.vocab_size={cfg.model.vocab_size}: byte-level data (data.source="
-            f"{cfg.data.source}) needs >= 256"
+            f"train.loss={loss}: not allowed; choose one of auto, {', '.join(BUILTIN_LOSSES)} "
+            f"or a dotted path to a callable (outputs, targets) -> loss"
         )
-    if cfg.data.source in ("text", "tokens") and not cfg.data.path:
+    problems += name_problems("run.name", cfg.run.name)
+    problems += name_problems("launcher.rdzv_id", cfg.launcher.rdzv_id)
+    if cfg.data.source in ("text", "tokens", "hf") and not cfg.data.path:
         problems.append(f"data.path is required for data.source={cfg.data.source}")
+    if cfg.data.prefetch_factor is not None and cfg.data.num_workers == 0:
+        problems.append(
+            f"data.prefetch_factor={cfg.data.prefetch_factor}: needs data.num_workers > 0"
+        )
     return problems

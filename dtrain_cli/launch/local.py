@@ -77,7 +77,8 @@ def launch_local(
     from dtrain_cli.runtime.data import prepare_corpus
     from dtrain_cli.runtime.worker import worker_main  # imported here so forked workers inherit it
 
-    prepare_corpus(cfg.data, cfg.train.seed)  # once, before workers start
+    # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
+    prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
     # The agent's own logs repeat what dtrain reports (the failing rank and its error).
     for name in (
         "torch.distributed.elastic",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from dtrain_cli.config.compose import config_to_yaml
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.config.validate import name_problems
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime.preemption import signal_number
 
@@ -77,6 +78,7 @@ def apply_node_args(cfg: DtrainConfig, args: NodeArgs) -> list[str]:
         cfg.launcher.rdzv_endpoint = args.rdzv_endpoint
     if args.rdzv_id is not None:
         cfg.launcher.rdzv_id = args.rdzv_id
+        problems += name_problems("--rdzv-id", args.rdzv_id)  # it names the run dir
     if args.node_rank is not None and not 0 <= args.node_rank < nnodes:
         problems.append(
             f"--node-rank={args.node_rank}: must be in [0, {nnodes}) for --nnodes {nnodes}"

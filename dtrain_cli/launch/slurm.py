@@ -8,8 +8,9 @@ the same elastic agent as ``dtrain launch``: rendezvous at the first host of
 is submitted, so a requeued job continues the same run from its newest checkpoint.
 Preemption: SLURM sends ``cluster.signal`` to the batch shell ``signal_lead_s`` before the
 time limit (``--signal=B:...``); the shell passes it to srun, the workers checkpoint at the
-next logging step and exit 75; the shell then requeues the job, unless ``slurm/FINISHED``
-says the run completed.
+next logging step and exit 75; the shell then requeues the job when the run's own record
+says it was preempted (``preempted.json``, written once the checkpoint is complete), not on
+srun's exit code, unless ``slurm/FINISHED`` says the run completed.
 
 Every value that reaches the shell is quoted with :func:`shlex.quote` (sbatch strips the
 same quotes in ``#SBATCH`` lines); values that cannot be quoted there (newlines, control
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from dtrain_cli.config.schema import ClusterConfig, DtrainConfig
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.preemption import EXIT_PREEMPTED, SIGNAL_NAMES
+from dtrain_cli.runtime.preemption import MARKER, SIGNAL_NAMES
 
 SCRIPT_NAME = "job.sbatch"
 FINISHED = "FINISHED"
@@ -228,6 +229,9 @@ def render_sbatch(job: SbatchJob) -> str:
         'forward() { TRAPPED=1; echo "dtrain: got SIG$1, workers checkpoint and stop"; '
         'kill -s "$1" "$SRUN_PID" 2>/dev/null; }',
         f"trap 'forward {sig}' {sig}",
+        # the run's own record of a preemption (rank 0 writes it once the checkpoint is
+        # complete); one left from an earlier attempt must not requeue this one
+        f'rm -f "$RUN_DIR/{MARKER}"',
         # one task per node; SLURM_NODEID (node rank) is read by `dtrain agent` on each node
         'srun --export=ALL --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m dtrain_cli '
         f"{node_cmd} \\",
@@ -246,10 +250,13 @@ def render_sbatch(job: SbatchJob) -> str:
         "fi",
     ]
     if job.requeue:
+        # requeue on the marker, not on srun's code: srun reports the first task that ended
+        # (a node that exited 75 first gets the others killed: 143)
         lines += [
-            f'if [ "$rc" -eq {EXIT_PREEMPTED} ] && [ ! -e "$RUN_DIR/slurm/{FINISHED}" ]; then',
+            f'if [ -e "$RUN_DIR/{MARKER}" ] && [ ! -e "$RUN_DIR/slurm/{FINISHED}" ]; then',
             f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {c.max_requeues} ]; then',
-            '    echo "dtrain: checkpoint saved; requeueing job $SLURM_JOB_ID"',
+            '    echo "dtrain: checkpoint saved (srun exited with $rc); requeueing job'
+            ' $SLURM_JOB_ID"',
             '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
             "  fi",
             f'  echo "dtrain: not requeued (cluster.max_requeues={c.max_requeues} or scontrol'

@@ -58,9 +58,9 @@ def typed_model_config(node: Any) -> Any:
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cls), data))
 
 
-def model_spec(cfg: Any) -> ModelSpec:
-    """The spec of a typed model config (``DtrainConfig.model``)."""
-    return spec_class(cfg.kind)(cfg)
+def model_spec(run: Any) -> ModelSpec:
+    """The spec of a run's model (``run``: a :class:`DtrainConfig`)."""
+    return spec_class(run.model.kind)(run.model, run)
 
 
 def schema_classes() -> dict[str, type]:

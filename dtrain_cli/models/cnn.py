@@ -55,7 +55,9 @@ class CNNSpec(ModelSpec):
             matrix_shapes=mats,
         )
 
-    def activation_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> tuple[float, float]:
+    def activation_bytes(
+        self, micro_batch: int, bytes_per_value: int, tp: int
+    ) -> tuple[float, float]:
         pixels = self.cfg.image_size * self.cfg.image_size
         return 0.0, float(micro_batch * pixels * sum(self.cfg.channels) * 4 * 3)
 

@@ -69,12 +69,14 @@ class GPTSpec(ModelSpec):
             matrix_shapes=mats,
         )
 
-    def activation_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> tuple[float, float]:
+    def activation_bytes(
+        self, micro_batch: int, bytes_per_value: int, tp: int
+    ) -> tuple[float, float]:
         """Korthikanti et al. 2022: s*b*d*(34 + 5*a*s/d) bytes per layer at 2-byte
         activations; outside the blocks the fp32 logits and their gradient."""
         m = self.cfg
         s, d, a = m.block_size, m.n_embd, m.n_head
-        per_layer = s * micro_batch * d * (34 + 5 * a * s / d) * (bytes_per_value / 2) / tp
+        per_layer = s * micro_batch * d * (34 + 5 * a * s / max(d, 1)) * (bytes_per_value / 2) / tp
         logits = micro_batch * s * m.vocab_size * 4 * 2
         return per_layer, float(logits)
 
@@ -88,15 +90,17 @@ class GPTSpec(ModelSpec):
         if m.n_embd % m.n_head:
             out.append(f"model.n_embd={m.n_embd}: not divisible by model.n_head={m.n_head}")
         if par.tp > 1:
-            sizes = {"model.n_head": m.n_head, "model.n_embd": m.n_embd, "model.vocab_size": m.vocab_size}
-            bad = {k: v for k, v in sizes.items() if v % par.tp}
-            if bad:
-                allowed = [t for t in range(1, m.n_head + 1) if all(v % t == 0 for v in sizes.values())]
-                out.append(
-                    f"parallel.tp={par.tp}: must divide "
-                    + ", ".join(f"{k}={v}" for k, v in bad.items())
-                    + f"; use tp in {allowed}"
-                )
+            sizes = {
+                "model.n_head": m.n_head,
+                "model.n_embd": m.n_embd,
+                "model.vocab_size": m.vocab_size,
+            }
+            allowed = [t for t in range(1, m.n_head + 1) if all(v % t == 0 for v in sizes.values())]
+            out += [
+                f"{key}={value}: not divisible by tp={par.tp}; this model allows tp in {allowed}"
+                for key, value in sizes.items()
+                if value % par.tp
+            ]
         if m.tie_embeddings and (par.tp > 1 or par.pp > 1):
             out.append(
                 "model.tie_embeddings=true: not supported with tp > 1 or pp > 1 "
@@ -108,6 +112,9 @@ class GPTSpec(ModelSpec):
 
     def supports_tensor_parallel(self) -> bool:
         return True
+
+    def layers_label(self, num_layers: int) -> str:
+        return f"model.n_layer={num_layers}"
 
     def build(self, device: Any) -> Any:
         from dtrain_cli.models.gpt_net import GPT

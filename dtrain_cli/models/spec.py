@@ -61,8 +61,10 @@ class ModelSpec(ABC):
     kind: ClassVar[str]
     config_class: ClassVar[type]
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, run: DtrainConfig | None = None) -> None:
         self.cfg = cfg
+        self.run = run
+        """The whole run's config, for kinds whose layout options live outside ``model``."""
 
     # -- plan (torch-free for the built-in kinds) ----------------------------------------------
     @property
@@ -73,7 +75,9 @@ class ModelSpec(ABC):
     @abstractmethod
     def facts(self) -> ModelFacts: ...
 
-    def activation_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> tuple[float, float]:
+    def activation_bytes(
+        self, micro_batch: int, bytes_per_value: int, tp: int
+    ) -> tuple[float, float]:
         """(per block, outside the blocks) activation bytes kept for backward, one micro-batch."""
         return 0.0, 0.0
 
@@ -91,6 +95,10 @@ class ModelSpec(ABC):
                 f"pipeline stages{self.pp_hint()}"
             )
         return out
+
+    def layers_label(self, num_layers: int) -> str:
+        """How pipeline errors name the model's layer count (the key that sets it)."""
+        return f"the model's layers ({num_layers})"
 
     def warnings(self, cfg: DtrainConfig) -> list[str]:
         return []
@@ -135,6 +143,12 @@ class ModelSpec(ABC):
 
         return cross_entropy(outputs, targets)
 
+    def forward_loss(self, model: nn.Module, inputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        """``train.loss=model``: the model's ``forward(inputs, targets)`` computes the loss."""
+        from dtrain_cli.models.losses import model_loss
+
+        return model_loss(model(inputs, targets))
+
     def fsdp_units(self, model: nn.Module) -> list[nn.Module]:
         """Modules FSDP shards as one unit each (blocks), before the root."""
         from dtrain_cli.models.units import largest_module_list
@@ -160,7 +174,5 @@ class ModelSpec(ABC):
         from dtrain_cli.models.export import save_safetensors
 
         if fmt != "safetensors":
-            raise ValueError(
-                f"--format {fmt}: model.kind={self.kind} exports only as safetensors"
-            )
+            raise ValueError(f"--format {fmt}: model.kind={self.kind} exports only as safetensors")
         return save_safetensors(model, out, self.config_dict())

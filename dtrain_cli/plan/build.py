@@ -14,12 +14,12 @@ from pathlib import Path
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import config_problems
+from dtrain_cli.models import ModelSpec, UnknownModelKind, model_spec
 from dtrain_cli.plan.layout import (
     batch_layout,
     bubble_warning,
     pipeline_layout,
     strategy_problems,
-    tensor_parallel_problems,
 )
 from dtrain_cli.plan.memory import estimate
 from dtrain_cli.plan.plan import (
@@ -57,10 +57,34 @@ def visible_gpu_count() -> int:
     return min(total, len(ids))
 
 
+def loss_problems(cfg: DtrainConfig, spec: ModelSpec) -> list[str]:
+    """``train.loss``: a dotted path must resolve (outside the standard library) to a
+    callable; ``model`` cannot run on pipeline stages unless the model's spec computes it."""
+    loss = cfg.train.loss
+    if loss == "model" and cfg.parallel.pp > 1 and spec.default_loss() != "model":
+        return [
+            "train.loss=model: with pp > 1 the last stage returns outputs, not a loss; "
+            "use train.loss=cross_entropy, mse or a callable"
+        ]
+    if "." not in loss:
+        return []
+    from dtrain_cli.config.targets import TargetError, resolve_target
+
+    try:
+        fn = resolve_target(loss, key="train.loss", roots=cfg.run.import_roots)
+    except TargetError as exc:
+        return [str(exc)]
+    return [] if callable(fn) else [f"train.loss={loss}: not callable"]
+
+
 def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     res = resources or Resources.detect()
     problems = config_problems(cfg)
-    par, tr, m = cfg.parallel, cfg.train, cfg.model
+    par, tr = cfg.parallel, cfg.train
+    try:
+        spec = model_spec(cfg)
+    except UnknownModelKind as exc:
+        raise ConfigError([*problems, str(exc)]) from None
 
     device = cfg.run.device
     if device == "auto":
@@ -97,11 +121,16 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
             "precision=fp16: fp16 with dynamic loss scaling needs a CUDA device, and this "
             "run is on cpu; use precision=bf16 or precision=fp32"
         )
-    tensor_parallel_problems(m, par.tp, par.pp, problems)
-    warnings: list[str] = []
+    problems += spec.problems(cfg)  # the model's own checks (sizes, tp, pp)
+    problems += loss_problems(cfg, spec)
+    warnings: list[str] = spec.warnings(cfg)
     strategy_problems(cfg, problems, warnings)
-    batch = batch_layout(cfg, problems)
-    pipeline = pipeline_layout(cfg, batch, problems)
+    try:
+        facts = spec.facts()
+    except ValueError:  # a model that cannot be built: its problems() said why
+        raise ConfigError(problems) from None
+    batch = batch_layout(cfg, facts, problems)
+    pipeline = pipeline_layout(cfg, spec, batch, problems)
 
     if problems:
         raise ConfigError(problems)
@@ -123,6 +152,11 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     )
     if pipeline is not None and (w := bubble_warning(pipeline, par.pp)):
         warnings.append(w)
+    if opt.warmup_steps > tr.steps:  # a shortened try-out run: fine, the LR never peaks
+        warnings.append(
+            f"optim.warmup_steps={opt.warmup_steps} is longer than training "
+            f"(train.steps={tr.steps}): the LR stays in warmup and never reaches its peak"
+        )
     if opt.min_lr > lr.peak_lr:
         warnings.append(f"optim.min_lr={opt.min_lr} is above the scaled peak lr; capped to it")
 
@@ -134,7 +168,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     threads = cfg.launcher.threads_per_proc or max(1, res.num_cpus // max(nproc, 1))
     return Plan(
         recipe=cfg.run.recipe,
-        model=m.name,
+        model=spec.name,
         world_size=world,
         nnodes=nnodes,
         nproc_per_node=nproc,
@@ -161,9 +195,10 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
             async_save=ck.async_save,
             steps=save_steps,
         ),
-        estimates=estimate(cfg, batch),
+        estimates=estimate(cfg, spec, batch, pipeline),
         steps=tr.steps,
         strategy=par.strategy,
         pipeline=pipeline,
         warnings=warnings,
+        loss=spec.default_loss() if tr.loss == "auto" else tr.loss,
     )

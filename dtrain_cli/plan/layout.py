@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from dtrain_cli.config.schema import DtrainConfig, ModelConfig
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.models.spec import ModelFacts, ModelSpec
 from dtrain_cli.plan.plan import BatchPlan, PipelinePlan, StagePlan
 
 # Schedules of torch.distributed.pipelining, by dtrain name.
@@ -24,21 +25,7 @@ BUBBLE_WARN = 0.25
 BYTES_PER_ACTIVATION = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def params_per_layer(m: ModelConfig) -> int:
-    """One transformer block of :class:`dtrain_cli.runtime.model.GPT`."""
-    d, b = m.n_embd, int(m.bias)
-    return 12 * d * d + 9 * d * b + 2 * d * (1 + b)
-
-
-def activation_bytes_per_layer(cfg: DtrainConfig, micro_batch: int) -> float:
-    """Korthikanti et al. 2022: s*b*d*(34 + 5*a*s/d) bytes per layer at 2-byte activations."""
-    m = cfg.model
-    s, d, a = m.block_size, m.n_embd, m.n_head
-    scale = BYTES_PER_ACTIVATION[cfg.precision.name] / 2
-    return s * micro_batch * d * (34 + 5 * a * s / d) * scale / max(cfg.parallel.tp, 1)
-
-
-def batch_layout(cfg: DtrainConfig, problems: list[str]) -> BatchPlan:
+def batch_layout(cfg: DtrainConfig, facts: ModelFacts, problems: list[str]) -> BatchPlan:
     """global = micro * grad_accum * dp. An unset micro batch takes the whole per-rank share
     (no accumulation) or, with pp > 1, splits it into pipeline micro-batches."""
     tr, par = cfg.train, cfg.parallel
@@ -74,51 +61,37 @@ def batch_layout(cfg: DtrainConfig, problems: list[str]) -> BatchPlan:
                 f"= {micro}*{dp} = {per_step}; use a multiple of {per_step}"
             )
         accum = max(1, global_batch // per_step)
-    seq = cfg.model.block_size
-    return BatchPlan(micro, accum, dp, global_batch, seq, global_batch * seq)
-
-
-def tensor_parallel_problems(m: ModelConfig, tp: int, pp: int, problems: list[str]) -> None:
-    if tp > 1:
-        sizes = {
-            "model.n_head": m.n_head,
-            "model.n_embd": m.n_embd,
-            "model.vocab_size": m.vocab_size,
-        }
-        allowed = [t for t in range(1, m.n_head + 1) if all(v % t == 0 for v in sizes.values())]
-        for key, value in sizes.items():
-            if value % tp:
-                problems.append(
-                    f"{key}={value}: not divisible by tp={tp}; this model allows tp in {allowed}"
-                )
-    if m.tie_embeddings and (tp > 1 or pp > 1):
-        problems.append(
-            "model.tie_embeddings=true: not supported with tp > 1 or pp > 1 "
-            "(the embedding and the head live on different shards/stages)"
-        )
+    seq = facts.tokens_per_sample
+    return BatchPlan(micro, accum, dp, global_batch, seq, global_batch * seq, facts.unit)
 
 
 def stage_layers(
-    m: ModelConfig, num_stages: int, split: list[int] | None, pp: int, problems: list[str]
+    num_layers: int,
+    num_stages: int,
+    split: list[int] | None,
+    pp: int,
+    problems: list[str],
+    label: str = "",
 ) -> list[list[int]]:
+    """[first, last + 1) of the model's layers on each stage: even, or as given."""
     if split is not None:
-        if len(split) != num_stages or sum(split) != m.n_layer or min(split) < 1:
+        if len(split) != num_stages or sum(split) != num_layers or min(split) < 1:
             problems.append(
                 f"pipeline.layers_per_stage={split}: needs {num_stages} entries >= 1 "
-                f"(pp*virtual_stages) summing to model.n_layer={m.n_layer}"
+                f"(pp*virtual_stages) summing to {label or num_layers}"
             )
             return []
         counts = split
     else:
-        if m.n_layer % num_stages:
+        if num_layers % num_stages or num_layers < num_stages:
             where = f"pp={pp}" if num_stages == pp else f"pp*virtual_stages={num_stages}"
-            allowed = [p for p in range(1, m.n_layer + 1) if m.n_layer % p == 0]
+            allowed = [p for p in range(1, num_layers + 1) if num_layers % p == 0]
             problems.append(
-                f"model.n_layer={m.n_layer}: not divisible by {where}; stages must divide "
-                f"n_layer ({allowed}) or set pipeline.layers_per_stage"
+                f"{label or num_layers}: not divisible by {where}; stages must divide it "
+                f"({allowed}) or set pipeline.layers_per_stage"
             )
             return []
-        counts = [m.n_layer // num_stages] * num_stages
+        counts = [num_layers // num_stages] * num_stages
     starts = [sum(counts[:i]) for i in range(num_stages)]
     return [[s, s + c] for s, c in zip(starts, counts, strict=True)]
 
@@ -131,9 +104,9 @@ def stage_to_pp_rank(stage: int, pp: int, v_shaped: bool) -> int:
 
 
 def pipeline_layout(
-    cfg: DtrainConfig, batch: BatchPlan, problems: list[str]
+    cfg: DtrainConfig, spec: ModelSpec, batch: BatchPlan, problems: list[str]
 ) -> PipelinePlan | None:
-    par, pipe, m = cfg.parallel, cfg.pipeline, cfg.model
+    par, pipe = cfg.parallel, cfg.pipeline
     if par.pp <= 1:
         return None
     name, v, pp = pipe.schedule, pipe.virtual_stages, par.pp
@@ -166,17 +139,27 @@ def pipeline_layout(
                 f"pipeline.microbatches={m_count}: schedule {name} needs a "
                 f"multiple of {rounds} (rounds of pp={pp})"
             )
-    ranges = stage_layers(m, num_stages, pipe.layers_per_stage, pp, problems)
+    facts = spec.facts()
+    if not facts.num_layers:  # the model's own problems() said why
+        return None
+    ranges = stage_layers(
+        facts.num_layers,
+        num_stages,
+        pipe.layers_per_stage,
+        pp,
+        problems,
+        spec.layers_label(facts.num_layers),
+    )
     bubble = (pp - 1) / (v * m_count + pp - 1)
     stages = []
-    d, b = m.n_embd, int(m.bias)
-    per_layer = params_per_layer(m)
-    act_layer = activation_bytes_per_layer(cfg, batch.micro_batch_size)
+    act_layer, _ = spec.activation_bytes(
+        batch.micro_batch_size, BYTES_PER_ACTIVATION[cfg.precision.name], max(par.tp, 1)
+    )
     for i, (lo, hi) in enumerate(ranges):
         first, last = i == 0, i == num_stages - 1
-        params = (hi - lo) * per_layer
-        params += (m.vocab_size + m.block_size) * d if first else 0
-        params += m.vocab_size * d + d * (1 + b) if last else 0
+        params = (hi - lo) * facts.params_per_layer
+        params += facts.params_first if first else 0
+        params += facts.params_last if last else 0
         act = int(act_layer * (hi - lo))
         stages.append(
             StagePlan(
@@ -201,7 +184,7 @@ def bubble_warning(pipe: PipelinePlan, pp: int) -> str | None:
 
 def strategy_problems(cfg: DtrainConfig, problems: list[str], warnings: list[str]) -> None:
     """Combinations of strategy, compression, sync mode and model that do not go together."""
-    par, m = cfg.parallel, cfg.model
+    par = cfg.parallel
     strategy, comp, sync = par.strategy, cfg.comm.compression, cfg.sync.mode
     if strategy != "fsdp" and (par.cpu_offload or not par.reshard_after_forward):
         key = (
@@ -236,21 +219,7 @@ def strategy_problems(cfg: DtrainConfig, problems: list[str], warnings: list[str
                 f"gradients after warm-up; use comm.compression=none"
             )
         if cfg.sync.warmup_steps > cfg.train.steps:
-            problems.append(
-                f"sync.warmup_steps={cfg.sync.warmup_steps}: longer than training "
-                f"(train.steps={cfg.train.steps})"
+            warnings.append(
+                f"sync.warmup_steps={cfg.sync.warmup_steps} is longer than training "
+                f"(train.steps={cfg.train.steps}): every step is synchronous"
             )
-    if m.arch == "cnn_bn":
-        if par.tp > 1 or par.pp > 1:
-            problems.append(f"model.arch=cnn_bn: data parallel only (got tp={par.tp}, pp={par.pp})")
-        if cfg.data.source != "shapes":
-            problems.append(
-                f"data.source={cfg.data.source}: model.arch=cnn_bn trains on "
-                f"images; use data=shapes"
-            )
-    elif cfg.data.source == "shapes":
-        problems.append("data.source=shapes: images need model.arch=cnn_bn (e.g. recipe=cnn_bn)")
-    if m.sync_bn and m.arch != "cnn_bn":
-        warnings.append(
-            f"model.sync_bn=true: model.arch={m.arch} has no BatchNorm; nothing to synchronize"
-        )

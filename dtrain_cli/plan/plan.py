@@ -48,7 +48,10 @@ class BatchPlan:
     dp: int
     global_batch_size: int
     seq_len: int
+    """Tokens per sample (1 for models whose samples are not token sequences)."""
     tokens_per_step: int
+    unit: str = "tokens"
+    """What throughput counts: tokens (language models) or samples."""
 
 
 @dataclass
@@ -162,6 +165,8 @@ class Plan:
     strategy: str
     pipeline: PipelinePlan | None = None
     warnings: list[str] = field(default_factory=list)
+    loss: str = "cross_entropy"
+    """train.loss resolved (auto -> the model kind's default)."""
 
     def rank_table(self) -> list[dict[str, int]]:
         return [{"rank": r, **self.mesh.coords(r)} for r in range(self.world_size)]

@@ -49,9 +49,24 @@ def render_plan(plan: Plan) -> Group:
         "batch",
         [
             ("micro batch x accum x dp", f"{b.micro_batch_size} x {b.grad_accum} x {b.dp}"),
-            ("global batch", f"{b.global_batch_size} sequences of {b.seq_len} tokens"),
-            ("tokens per step", f"{b.tokens_per_step:,}"),
-            ("steps / tokens in all", f"{plan.steps:,} / {plan.steps * b.tokens_per_step:,}"),
+            *(
+                [
+                    ("global batch", f"{b.global_batch_size} sequences of {b.seq_len} tokens"),
+                    ("tokens per step", f"{b.tokens_per_step:,}"),
+                    (
+                        "steps / tokens in all",
+                        f"{plan.steps:,} / {plan.steps * b.tokens_per_step:,}",
+                    ),
+                ]
+                if b.unit == "tokens"
+                else [
+                    ("global batch", f"{b.global_batch_size} samples"),
+                    (
+                        "steps / samples in all",
+                        f"{plan.steps:,} / {plan.steps * b.global_batch_size:,}",
+                    ),
+                ]
+            ),
         ],
     )
     sched = _kv(
@@ -83,12 +98,23 @@ def render_plan(plan: Plan) -> Group:
     mem = _kv(
         "estimates per rank",
         [
-            ("parameters", f"{e.params_per_rank:,} ({_bytes(e.bytes_params)})"),
+            (
+                "parameters (largest stage)" if plan.pipeline else "parameters",
+                f"{e.params_per_rank:,} of {e.num_params:,}",
+            ),
+            (
+                "parameter bytes held"
+                + (f" (sharded over dp={b.dp})" if plan.strategy == "fsdp" and b.dp > 1 else ""),
+                _bytes(e.bytes_params),
+            ),
             ("gradients", _bytes(e.bytes_grads)),
             ("optimizer state", _bytes(e.bytes_optimizer)),
             ("activations (per micro batch)", _bytes(e.bytes_activations)),
             ("total", _bytes(e.bytes_total)),
-            ("FLOPs per token (fwd+bwd)", f"{e.flops_per_token:,}"),
+            (
+                f"FLOPs per {'token' if b.unit == 'tokens' else 'sample'} (fwd+bwd)",
+                f"{e.flops_per_token:,}",
+            ),
         ],
     )
     ranks = Table(title="rank -> mesh coordinates", title_justify="left")

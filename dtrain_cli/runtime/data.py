@@ -6,6 +6,10 @@ Corpora (prepared once, in the launcher, before workers start):
 - ``text``: a user file or folder, read the same way.
 - ``tokens``: pre-tokenized ``.bin`` files (nanoGPT layout: ``train.bin``/``val.bin``).
 - ``synthetic``: random tokens from the seed; no I/O.
+- ``hf``: local JSONL/Parquet/text files through ``datasets``, any local tokenizer
+  (:mod:`.hf_data`), cached as token files like ``text``.
+- ``custom``: your map-style dataset from ``data._target_`` (:mod:`.custom_data`); the
+  launcher builds it once to check it, each worker builds its own.
 
 Sampling. The training set is cut into windows of ``block_size + 1`` tokens. The
 *global sample stream* is, epoch after epoch, a permutation of all windows seeded by
@@ -30,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from dtrain_cli.config.schema import DataConfig, ModelConfig
+from dtrain_cli.config.schema import DataConfig
 
 SPLITS = ("train", "val")
+_CHECKED: set[str] = set()  # custom datasets this process already built and checked
 
 
 def cache_root(cfg: DataConfig) -> Path:
@@ -61,11 +66,27 @@ def _write_atomic(path: Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def prepare_corpus(cfg: DataConfig, seed: int = 0) -> dict[str, Path]:
-    """Tokenize (once) and return the token file of each split. Safe to call concurrently."""
+def prepare_corpus(
+    cfg: DataConfig, seed: int = 0, vocab_size: int | None = None
+) -> dict[str, Path]:
+    """Tokenize (once) and return the token file of each split. Safe to call concurrently.
+    ``hf``/``custom`` problems (tokenizer larger than ``vocab_size``, a target that builds no
+    map-style dataset) raise :class:`~dtrain_cli.config.errors.ConfigError`."""
     if cfg.source == "tokens":
         return _token_files(cfg)
     if cfg.source == "shapes":  # drawn in memory by each worker (runtime/shapes.py)
+        return {}
+    if cfg.source == "hf":
+        from dtrain_cli.runtime.hf_data import prepare_hf
+
+        return prepare_hf(cfg, cache_root(cfg), vocab_size)
+    if cfg.source == "custom":  # built here once to check it; each worker builds its own
+        from dtrain_cli.runtime.custom_data import build_custom
+
+        key = repr(cfg)
+        if key not in _CHECKED:
+            build_custom(cfg)
+            _CHECKED.add(key)
         return {}
     if cfg.source == "synthetic":
         key = f"synthetic-{cfg.synthetic_tokens}-{seed}-{cfg.val_fraction}"
@@ -124,7 +145,7 @@ class TokenWindows:
     block_size: int
 
     @classmethod
-    def open(cls, path: Path, dtype: str, block_size: int, vocab_size: int) -> TokenWindows:
+    def open(cls, path: Path, dtype: str, block_size: int, vocab_size: int | None) -> TokenWindows:
         tokens = np.memmap(path, dtype=dtype, mode="r")
         windows = cls(tokens, block_size)
         if len(windows) < 1:
@@ -133,7 +154,7 @@ class TokenWindows:
                 f"block_size+1={block_size + 1}"
             )
         top = int(tokens[: 1 << 20].max())
-        if top >= vocab_size:
+        if vocab_size is not None and top >= vocab_size:
             raise ValueError(f"{path}: token id {top} >= model.vocab_size={vocab_size}")
         return windows
 
@@ -207,8 +228,9 @@ class BatchLayout:
         )
 
 
-def open_splits(data: DataConfig, model: ModelConfig, seed: int) -> dict[str, Any]:
-    """train/val datasets: ``len()`` and ``pairs(indices) -> (inputs, targets)``."""
+def open_splits(data: DataConfig, model: Any, seed: int) -> dict[str, Any]:
+    """train/val datasets: ``len()`` and ``pairs(indices) -> (inputs, targets)`` (built-in
+    sources), or map-style items (``data=custom``); :mod:`.loader` batches either."""
     if data.source == "shapes":
         from dtrain_cli.runtime.shapes import ShapeImages
 
@@ -219,8 +241,16 @@ def open_splits(data: DataConfig, model: ModelConfig, seed: int) -> dict[str, An
             "train": ShapeImages(n_train, *args, offset=0),
             "val": ShapeImages(n_val, *args, offset=n_train),
         }
-    paths = prepare_corpus(data, seed)
+    if data.source == "custom":
+        from dtrain_cli.runtime.custom_data import build_custom
+
+        return build_custom(data)
+    paths = prepare_corpus(data, seed, model.vocab_size)
     dtype = data.token_dtype if data.source == "tokens" else "uint16"
+    if data.source == "hf":
+        from dtrain_cli.runtime.hf_data import cached_dtype
+
+        dtype = cached_dtype(paths)
     return {
         split: TokenWindows.open(path, dtype, model.block_size, model.vocab_size)
         for split, path in paths.items()

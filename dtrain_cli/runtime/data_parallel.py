@@ -28,6 +28,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.models import ModelSpec
 from dtrain_cli.runtime.distributed import DistContext
 
 
@@ -121,7 +122,7 @@ def ddp_step_times(model: nn.Module) -> dict[str, float]:
     }
 
 
-def apply_fsdp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
+def apply_fsdp(model: nn.Module, spec: ModelSpec, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     par = cfg.parallel
@@ -134,18 +135,19 @@ def apply_fsdp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Modu
     }
     if par.cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
-    blocks = getattr(model, "layers", None)
-    for block in blocks.values() if blocks is not None else []:
-        fully_shard(block, **kwargs)
+    for unit in spec.fsdp_units(model):  # the model's blocks; the rest goes with the root
+        fully_shard(unit, **kwargs)
     return fully_shard(model, **kwargs)
 
 
-def apply_data_parallel(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
+def apply_data_parallel(
+    model: nn.Module, spec: ModelSpec, cfg: DtrainConfig, ctx: DistContext
+) -> nn.Module:
     """Replicas (or shards) over the mesh's dp axis. dp=1: nothing to do."""
     if ctx.mesh["dp"].size() == 1:
         return model
     if cfg.parallel.strategy == "fsdp":
-        return apply_fsdp(model, cfg, ctx)
+        return apply_fsdp(model, spec, cfg, ctx)
     if ctx.mesh["tp"].size() > 1:
         from torch.distributed._composable.replicate_with_fsdp import replicate
 

@@ -31,6 +31,8 @@ class _ConsoleHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         if record.exc_info:  # tracebacks go to the rank's file; the launcher reports the error
             return
+        if not getattr(record, "console", True):  # the rank's file only (logging.progress=off)
+            return
         self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
 
 
@@ -79,9 +81,7 @@ class MetricsSink:
             self.progress = Progress(
                 TextColumn("step {task.completed}/{task.total}"),
                 BarColumn(),
-                TextColumn(
-                    "loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"
-                ),
+                TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]}"),
                 TimeRemainingColumn(),
                 console=console,
                 auto_refresh=False,
@@ -120,27 +120,41 @@ class MetricsSink:
             for key, value in values.items():
                 self.writer.add_scalar(f"{kind}/{key}", value, step)
         if kind == "train":
+            rate = throughput(values)  # tokens/s for language models, samples/s otherwise
             self._fields = {
                 "loss": f"{values['loss']:.4f}",
                 "lr": f"{values['lr']:.2e}",
-                "tps": f"{values['tokens_per_s']:,.0f}",
+                "tps": rate,
             }
             if self.progress is not None:
                 self.progress.update(self._task, completed=step, **self._fields)
                 self.progress.refresh()
-                return
-            log.info(
-                "step %d/%s  loss %.4f  lr %.3e  grad_norm %.3f  %s tok/s  %.1f ms/step",
+            log.info(  # the rank's file always; the console when the mode is lines
+                "step %d/%s  loss %.4f  lr %.3e  grad_norm %.3f  %s  %.1f ms/step",
                 step,
                 self.total_steps,
                 values["loss"],
                 values["lr"],
                 values.get("grad_norm", float("nan")),
-                f"{values['tokens_per_s']:,.0f}",
+                rate,
                 values["step_time_ms"],
+                extra={"console": self.mode == "lines"},
             )
         else:
-            log.info("step %d  %s", step, "  ".join(f"{k} {v:.4f}" for k, v in values.items()))
+            log.info(
+                "step %d  %s",
+                step,
+                "  ".join(f"{k} {v:.4f}" for k, v in values.items()),
+                extra={"console": self.mode != "off"},
+            )
+
+    def print_summary(self, summary: dict[str, Any], run_dir: Path) -> None:
+        """End of the run: the progress bar's last line first, then the short summary."""
+        if self.progress is not None:
+            self.progress.update(self._task, completed=summary.get("steps"), **self._fields)
+            self.progress.stop()
+            self.progress = None
+        self.console.print(summary_table(summary, run_dir))
 
     def close(self) -> None:
         if self.progress is not None:
@@ -164,12 +178,35 @@ def truncate_metrics(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
-def summary_table(summary: dict[str, Any]) -> Table:
-    table = Table(title="run summary", show_header=False)
-    for key, value in summary.items():
-        if isinstance(value, float):
-            value = f"{value:,.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
-        table.add_row(key, str(value))
+def throughput(values: dict[str, Any]) -> str:
+    """``12,345 tok/s`` or ``1,234 samples/s``: the unit follows the model."""
+    if "samples_per_s" in values:
+        return f"{_num(values['samples_per_s'], ',.0f')} samples/s"
+    return f"{_num(values.get('tokens_per_s'), ',.0f')} tok/s"
+
+
+def _num(value: Any, fmt: str = ",.4f") -> str:
+    return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+
+def summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
+    """What a person reads at the end of a run (summary.json keeps every field)."""
+    table = Table(title="run summary", show_header=False, title_justify="left")
+    table.add_row("steps", f"{summary.get('steps')} (world size {summary.get('world_size')})")
+    table.add_row("final loss", _num(summary.get("final_loss")))
+    table.add_row("val loss", _num(summary.get("val_loss")))
+    if "samples_per_s" in summary:
+        table.add_row("samples/s", _num(summary.get("samples_per_s"), ",.0f"))
+    else:
+        table.add_row("tokens/s", _num(summary.get("tokens_per_s"), ",.0f"))
+    table.add_row("wall time", f"{_num(summary.get('train_wall_s'), ',.1f')} s")
+    if summary.get("resumed_from"):
+        table.add_row("resumed from", str(summary["resumed_from"]))
+    if summary.get("replicas_identical") is False:
+        table.add_row("[red]replicas[/]", "[red]dp replicas hold different parameters[/]")
+    table.add_row("run dir", str(run_dir))
+    files = [n for n in ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/")]
+    table.add_row("files", " ".join(n for n in files if (run_dir / n.rstrip("/")).exists()))
     return table
 
 

@@ -17,10 +17,10 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.models import ModelSpec, model_spec
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime.data_parallel import apply_data_parallel
 from dtrain_cli.runtime.distributed import DistContext
-from dtrain_cli.runtime.model import build_model
 
 
 @dataclass
@@ -30,6 +30,7 @@ class ParallelModel:
     parts: list[nn.Module]
     stage_ids: list[int]
     num_stages: int
+    spec: ModelSpec
     schedule: Any | None = None
 
     @property
@@ -48,12 +49,25 @@ class ParallelModel:
         return [p for part in self.parts for p in part.parameters() if p.requires_grad]
 
 
-def apply_compile(model: nn.Module, cfg: DtrainConfig) -> nn.Module:
-    """torch.compile each transformer block (off by default: no gain for tiny models on CPU)."""
+def build_model(spec: ModelSpec, seed: int, device: torch.device) -> nn.Module:
+    """The same weights on every rank for the same seed, whatever the layout: built on the
+    CPU from a seeded RNG (so CUDA and CPU runs start alike), then moved."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = spec.build("cpu")
+    return model.to(device)
+
+
+def apply_compile(model: nn.Module, spec: ModelSpec, cfg: DtrainConfig) -> nn.Module:
+    """``torch.compile`` each block the model's spec names (off by default: no gain for tiny
+    models on CPU); a model without blocks is compiled whole."""
     if not cfg.train.compile:
         return model
-    for name, block in list(model.layers.named_children()):  # type: ignore[union-attr]
-        model.layers.register_module(name, torch.compile(block))  # type: ignore[union-attr]
+    blocks = spec.blocks(model)
+    if not blocks:
+        model.compile()
+    for block in blocks:
+        block.compile()  # in place: parameter names (and checkpoints) stay the same
     return model
 
 
@@ -76,28 +90,28 @@ def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
 
 
 def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -> ParallelModel:
-    model = build_model(cfg.model, cfg.train.seed, ctx.device)
+    """Build the model through its spec (:mod:`dtrain_cli.models`) and apply the layout."""
+    spec = model_spec(cfg)
+    model = build_model(spec, cfg.train.seed, ctx.device)
     pipe = plan.pipeline
     # pipelining (torch._dynamo) and DTensor cost about a second to import: only when used
     if pipe is not None:
-        from dtrain_cli.runtime.pipeline import build_schedule, split_stage, stages_of_rank
+        from dtrain_cli.runtime.pipeline import build_schedule, stages_of_rank
 
         stage_ids = stages_of_rank(pipe, ctx.mesh["pp"].get_local_rank())
-        parts: list[nn.Module] = [split_stage(model, pipe, s) for s in stage_ids]
+        parts: list[nn.Module] = [spec.pipeline_stage(model, pipe.stages[s]) for s in stage_ids]
         del model
     else:
         stage_ids, parts = [0], [model]
     if ctx.mesh["tp"].size() > 1:
-        from dtrain_cli.runtime.tensor_parallel import apply_tensor_parallel
-
         for part in parts:
-            apply_tensor_parallel(part, ctx.mesh["tp"])  # type: ignore[arg-type]
-    if cfg.model.sync_bn and ctx.mesh["dp"].size() > 1:
+            spec.apply_tensor_parallel(part, ctx.mesh["tp"])
+    if spec.wants_sync_batchnorm() and ctx.mesh["dp"].size() > 1:
         from dtrain_cli.runtime.sync_batchnorm import apply_sync_batchnorm
 
         parts = [apply_sync_batchnorm(p, ctx.dp_group, ctx.device) for p in parts]
-    parts = [apply_data_parallel(apply_compile(p, cfg), cfg, ctx) for p in parts]
-    pm = ParallelModel(parts, stage_ids, pipe.num_stages if pipe else 1)
+    parts = [apply_data_parallel(apply_compile(p, spec, cfg), spec, cfg, ctx) for p in parts]
+    pm = ParallelModel(parts, stage_ids, pipe.num_stages if pipe else 1, spec)
     if pipe is not None:
         pm.schedule = build_schedule(
             parts, stage_ids, pipe, ctx.device, ctx.mesh["pp"].get_group(), loss_fn

@@ -4,15 +4,15 @@
         pipeline.virtual_stages=2
 
 Every rank builds the full model from the seed (so weights equal the single-process
-model) and keeps only its stages' layers: embeddings on the first stage, norm and head
-on the last. Layer names stay those of the full model, so checkpoints reshard between
-layouts. Stage placement follows the schedule (loop: stage % pp; V-shaped for zbv and
-dualpipev), as torch places them.
+model) and keeps only its stages' layers (the model's spec cuts them:
+``ModelSpec.pipeline_stage``): embeddings on the first stage, norm and head on the last.
+Layer names stay those of the full model, so checkpoints reshard between layouts. Stage
+placement follows the schedule (loop: stage % pp; V-shaped for zbv and dualpipev), as
+torch places them.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -22,28 +22,10 @@ from torch.distributed.pipelining.schedules import get_schedule_class
 
 from dtrain_cli.plan.layout import SCHEDULES, SINGLE_STAGE
 from dtrain_cli.plan.plan import PipelinePlan
-from dtrain_cli.runtime.model import GPT
 
 
 def stages_of_rank(pipe: PipelinePlan, pp_rank: int) -> list[int]:
     return [s.stage for s in pipe.stages if s.pp_rank == pp_rank]
-
-
-def split_stage(model: GPT, pipe: PipelinePlan, stage: int) -> GPT:
-    """A copy of ``model`` holding only the layers (and ends) of ``stage``."""
-    plan = pipe.stages[stage]
-    part = copy.deepcopy(model)
-    lo, hi = plan.layers
-    for name in list(part.layers.keys()):
-        if not lo <= int(name) < hi:
-            del part.layers[name]
-    if not plan.embeddings:
-        part.tok_embeddings = None
-        part.pos_embeddings = None
-    if not plan.head:
-        part.norm = None
-        part.lm_head = None
-    return part
 
 
 def build_schedule(

@@ -12,63 +12,46 @@ the step's micro-batches on ranks that see the loss (the last stage), zero elsew
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import numpy as np
 import torch
 
+from dtrain_cli.models import ModelSpec
+from dtrain_cli.models.losses import resolve_loss
 from dtrain_cli.plan.layout import V_SHAPED
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.data import BatchLayout, SampleStream
-from dtrain_cli.runtime.model import lm_loss
+from dtrain_cli.runtime.loader import Batches
 from dtrain_cli.runtime.parallelize import ParallelModel, gradient_sync
 from dtrain_cli.runtime.precision import Precision
 
 
-class Batches:
-    """This rank's micro-batches of the global sample stream (see :mod:`.data`)."""
+def forward_loss_fn(spec: ModelSpec, plan: Plan, roots: list[str]) -> Any:
+    """``(model, inputs, targets) -> loss`` for ``train.loss`` (resolved in the plan)."""
+    fn = resolve_loss(plan.loss, roots)
+    if fn is None:  # train.loss=model: the model's forward(inputs, targets) computes it
+        return spec.forward_loss
+    return lambda model, x, y: fn(model(x), y)
 
-    def __init__(self, windows: Any, layout: BatchLayout, seed: int, device: torch.device) -> None:
-        self.windows = windows
-        self.layout = layout
-        self.stream = SampleStream(len(windows), seed)
-        self.device = device
-        self.pin = device.type == "cuda"
-        self.wait_s = 0.0
-        """Time the training loop spent getting batches (reported per step in the summary)."""
 
-    def micro_batch(self, step: int, micro_step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        t0 = time.perf_counter()
-        start = self.layout.micro_start(step, micro_step)
-        idx = self.stream.indices(start, self.layout.micro_batch_size)
-        out = self.to_device(*self.windows.pairs(idx))
-        self.wait_s += time.perf_counter() - t0
-        return out
-
-    def micro_batches(self, step: int, first: int, count: int) -> tuple[torch.Tensor, ...]:
-        """Micro-steps ``first .. first+count-1`` concatenated (one pipeline call)."""
-        parts = [self.micro_batch(step, k) for k in range(first, first + count)]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-    def to_device(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        pair = (torch.from_numpy(x), torch.from_numpy(y))
-        if self.pin:
-            return tuple(t.pin_memory().to(self.device, non_blocking=True) for t in pair)
-        return pair
+def output_loss_fn(spec: ModelSpec, plan: Plan, roots: list[str]) -> Any:
+    """``(outputs, targets) -> loss`` on a pipeline's last stage (which returns outputs)."""
+    return resolve_loss(plan.loss, roots) or spec.loss
 
 
 class LocalStep:
-    def __init__(self, pm: ParallelModel, plan: Plan, precision: Precision) -> None:
+    def __init__(
+        self, pm: ParallelModel, plan: Plan, precision: Precision, roots: list[str]
+    ) -> None:
         self.model = pm.parts[0]
         self.accum = plan.batch.grad_accum
         self.precision = precision
+        self.loss = forward_loss_fn(pm.spec, plan, roots)
 
     def __call__(self, batches: Batches, step: int) -> torch.Tensor:
         if self.accum == 1:  # the common case, without accumulation bookkeeping
             x, y = batches.micro_batch(step, 0)
             with self.precision.autocast():
-                loss = lm_loss(self.model(x), y)
+                loss = self.loss(self.model, x, y)
             self.precision.backward(loss)
             return loss.detach()
         losses = []
@@ -76,18 +59,20 @@ class LocalStep:
             x, y = batches.micro_batch(step, k)
             with gradient_sync(self.model, enabled=k == self.accum - 1):
                 with self.precision.autocast():
-                    loss = lm_loss(self.model(x), y) / self.accum
+                    loss = self.loss(self.model, x, y) / self.accum
                 self.precision.backward(loss)
             losses.append(loss.detach())
         return torch.stack(losses).sum()
 
     def eval_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with self.precision.autocast():
-            return lm_loss(self.model(x), y)
+            return self.loss(self.model, x, y)
 
 
 class PipelineStep:
-    def __init__(self, pm: ParallelModel, plan: Plan, precision: Precision) -> None:
+    def __init__(
+        self, pm: ParallelModel, plan: Plan, precision: Precision, roots: list[str]
+    ) -> None:
         assert plan.pipeline is not None and pm.schedule is not None
         self.pm = pm
         self.schedule = pm.schedule
@@ -96,11 +81,12 @@ class PipelineStep:
         self.v_shaped = plan.pipeline.schedule in V_SHAPED
         self.precision = precision
         self._scale = 1.0 / self.calls
+        self.output_loss = output_loss_fn(pm.spec, plan, roots)
 
     def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Called by the schedule on the last stage for each micro-batch; the outer
         accumulation (calls per step) is folded in here, the schedule averages over m."""
-        return self.precision.scale(lm_loss(output, target) * self._scale)
+        return self.precision.scale(self.output_loss(output, target) * self._scale)
 
     def _run(self, x: torch.Tensor, y: torch.Tensor, train: bool) -> torch.Tensor | None:
         """One schedule call; the sum of its micro-batch losses on the last stage."""

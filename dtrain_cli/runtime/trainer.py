@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +31,16 @@ from dtrain_cli.runtime.data import BatchLayout, open_splits
 from dtrain_cli.runtime.data_parallel import LocalSGD, ddp_step_times
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.dtensors import full_tensor, local_tensor
+from dtrain_cli.runtime.loader import Batches
 from dtrain_cli.runtime.metrics import (
     MetricsSink,
     startup_phases,
-    summary_table,
     truncate_metrics,
 )
 from dtrain_cli.runtime.optim import Optimizers
 from dtrain_cli.runtime.parallelize import parallelize
 from dtrain_cli.runtime.precision import Precision
-from dtrain_cli.runtime.steps import Batches, LocalStep, PipelineStep
+from dtrain_cli.runtime.steps import LocalStep, PipelineStep
 
 log = logging.getLogger("dtrain")
 
@@ -62,14 +61,18 @@ class Trainer:
         self.layout = BatchLayout(
             plan.batch.micro_batch_size, plan.batch.grad_accum, plan.batch.dp, ctx.dp_rank
         )
-        self.train_batches = Batches(splits["train"], self.layout, cfg.train.seed, ctx.device)
-        self.val_windows = splits["val"]
+        self.train_batches = Batches(
+            splits["train"], self.layout, cfg.train.seed, ctx.device, cfg.data
+        )
+        self.val_batches = Batches(splits["val"], self.layout, cfg.train.seed, ctx.device)
         self.precision = Precision(plan.precision, cfg.precision, ctx.device)
         pipelined = plan.pipeline is not None
         # the pipeline schedule needs the step's loss function before it exists
         self._pipeline_loss: list[Any] = []
         self.pm = parallelize(cfg, plan, ctx, loss_fn=lambda o, t: self._pipeline_loss[0](o, t))
-        self.step_fn = (PipelineStep if pipelined else LocalStep)(self.pm, plan, self.precision)
+        self.step_fn = (PipelineStep if pipelined else LocalStep)(
+            self.pm, plan, self.precision, cfg.run.import_roots
+        )
         if isinstance(self.step_fn, PipelineStep):
             self._pipeline_loss.append(self.step_fn.loss_fn)
         sharded_dp = plan.strategy in ("zero1", "fsdp") and plan.batch.dp > 1
@@ -178,7 +181,7 @@ class Trainer:
             "val_loss": self.last_val_loss,
             "world_size": self.plan.world_size,
             "mesh": dict(zip(self.plan.mesh.dim_names, self.plan.mesh.shape, strict=True)),
-            "model": asdict(self.cfg.model),
+            "model": self.pm.spec.config_dict(),
         }
         files = {name: (self.run_dir / name).read_text() for name in ("config.yaml", "plan.yaml")}
         self.checkpoints.save(self.step, self.state(), meta, files)
@@ -236,18 +239,18 @@ class Trainer:
         self.pm.train(False)
         micro, dp, r = self.plan.batch.micro_batch_size, self.plan.batch.dp, self.ctx.dp_rank
         group = self.plan.pipeline.microbatches if self.plan.pipeline else 1
-        n = len(self.val_windows)
+        n = len(self.val_batches)
         chunks = list(
             range(r, self.cfg.train.eval_batches * self.plan.batch.global_batch_size // micro, dp)
         )
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
         for i in range(0, len(chunks), group):
             idx = np.concatenate([np.arange(micro) + c * micro for c in chunks[i : i + group]]) % n
-            x, y = self.train_batches.to_device(*self.val_windows.pairs(idx))
+            x, y = self.val_batches.fetch(idx)
             loss = self.step_fn.eval_loss(x, y)
             if self.reports_loss:
                 totals += torch.stack(
-                    [loss.double() * len(idx), torch.tensor(len(idx), device=x.device)]
+                    [loss.double() * len(idx), torch.tensor(len(idx), device=self.ctx.device)]
                 )
         dist.all_reduce(totals)
         self.pm.train(True)
@@ -308,7 +311,7 @@ class Trainer:
                             "loss": self.last_loss,
                             "lr": self.plan.lr.lr_at(self.step - 1),
                             "grad_norm": float(norm) if norm is not None else float("nan"),
-                            "tokens_per_s": tps,
+                            f"{plan.batch.unit}_per_s": tps,
                             "step_time_ms": 1000 * elapsed / window_steps,
                             **self.comm_times(),
                         },
@@ -327,10 +330,14 @@ class Trainer:
             self.checkpoints.poll()
             if stop:
                 self.checkpoints.close()
-                return preemption.preempted(self.run_dir, self.step, self.ctx.rank)
+                self.train_batches.close()
+                info = preemption.preempted(self.run_dir, self.step, self.ctx.rank)
+                dist.barrier()  # no rank exits before the marker is on disk: SLURM's side reads it
+                return info
             if self.sink:
                 self.sink.advance(self.step)
         self.checkpoints.close()
+        self.train_batches.close()
         if self.local_sgd is not None:
             self.local_sgd.average_now()
         self.steps_run = self.step - first_step + 1
@@ -400,7 +407,9 @@ class Trainer:
             "steps": self.step,
             "final_loss": self.last_loss,
             "val_loss": self.last_val_loss,
-            "tokens_per_s": float(np.median(tokens_per_s)) if tokens_per_s else float("nan"),
+            f"{self.plan.batch.unit}_per_s": (
+                float(np.median(tokens_per_s)) if tokens_per_s else float("nan")
+            ),
             "train_wall_s": wall,
             "params": self.plan.estimates.num_params,
             "param_sum": param_sum,
@@ -427,5 +436,5 @@ class Trainer:
         if self.ctx.is_logging_rank:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
             if self.sink:
-                self.sink.console.print(summary_table(summary))
+                self.sink.print_summary(summary, self.run_dir)
         return summary

@@ -46,6 +46,9 @@ def worker_main(
     path = Path(run_dir)
     plan = Plan.load(path / "plan.yaml")
     cfg = config_from_yaml(path / "config.yaml")
+    for root in reversed(cfg.run.import_roots):  # the user's _target_ modules, as planned
+        if root not in sys.path:
+            sys.path.insert(0, root)
     torch.set_num_threads(plan.threads_per_proc)
     rank = int(os.environ["RANK"])
     console = make_console(rank == 0)

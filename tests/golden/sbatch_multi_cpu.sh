@@ -35,6 +35,7 @@ RDZV_PORT=$((20000 + SLURM_JOB_ID % 20000))
 TRAPPED=0
 forward() { TRAPPED=1; echo "dtrain: got SIG$1, workers checkpoint and stop"; kill -s "$1" "$SRUN_PID" 2>/dev/null; }
 trap 'forward USR1' USR1
+rm -f "$RUN_DIR/preempted.json"
 srun --export=ALL --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m dtrain_cli agent /shared/runs/exp1 --nnodes 2 \
   --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" --rdzv-id "dtrain-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" &
 SRUN_PID=$!
@@ -48,9 +49,9 @@ if [ "$rc" -eq 0 ]; then
   echo "dtrain: finished"
   exit 0
 fi
-if [ "$rc" -eq 75 ] && [ ! -e "$RUN_DIR/slurm/FINISHED" ]; then
+if [ -e "$RUN_DIR/preempted.json" ] && [ ! -e "$RUN_DIR/slurm/FINISHED" ]; then
   if [ "${SLURM_RESTART_COUNT:-0}" -lt 20 ]; then
-    echo "dtrain: checkpoint saved; requeueing job $SLURM_JOB_ID"
+    echo "dtrain: checkpoint saved (srun exited with $rc); requeueing job $SLURM_JOB_ID"
     scontrol requeue "$SLURM_JOB_ID" && exit 0
   fi
   echo "dtrain: not requeued (cluster.max_requeues=20 or scontrol failed); continue with: dtrain resume --ckpt $RUN_DIR"

@@ -1,0 +1,216 @@
+"""Plan-time checks of the data a config names: paths, tokenizer folders, dataset targets.
+
+    dtrain plan data=text data.path=/nope/corpus.txt        # exit 2, one line, nothing written
+    dtrain plan data=custom data._target_=my_data.Pairs
+
+Run by every command that composes a config, before a run dir exists. Torch-free: paths are
+checked with ``pathlib``, a JSONL file's first record with ``json``, a tokenizer's vocabulary
+with ``tokenizers`` when installed; a ``data._target_`` is imported (that is the user's module)
+and must be a class or a callable. Whether the built object is a map-style dataset is checked
+when the launcher builds it (:mod:`dtrain_cli.runtime.custom_data`), before workers start.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from dtrain_cli.config.schema import DataConfig, DtrainConfig
+from dtrain_cli.config.targets import TargetError, import_roots, resolve_target
+
+HF_EXTRA = "pip install 'dtrain[hf]'"
+EXTENSIONS = {"json": (".jsonl", ".json"), "parquet": (".parquet",), "text": (".txt",)}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> list[str]:
+    """One line per problem with the data of ``cfg``; empty when it can be loaded."""
+    data = cfg.data
+    problems: list[str] = []
+    if data.source != "custom":
+        if data.kwargs:
+            keys = ", ".join(f"data.{k}" for k in data.kwargs)
+            problems.append(f"{keys}: only data=custom takes extra keys (arguments of _target_)")
+        if data._target_:
+            problems.append(
+                f"data._target_={data._target_}: only read by data=custom (data.source="
+                f"{data.source}); add data=custom"
+            )
+    if data.source == "text":
+        problems += _path_problems(data)
+    elif data.source == "tokens":
+        problems += _token_path_problems(data)
+    elif data.source == "hf":
+        problems += hf_problems(data, getattr(cfg.model, "vocab_size", None))
+    elif data.source == "custom":
+        problems += target_problems(data, import_roots(config_dirs))
+    return problems
+
+
+def _path_problems(data: DataConfig) -> list[str]:
+    path = Path(data.path or "").expanduser()
+    if path.is_file():
+        return []
+    if path.is_dir():
+        if any(p.is_file() for p in path.rglob("*")):
+            return []
+        return [f"data.path={data.path}: an empty folder; give a text file or a folder of them"]
+    return [f"data.path={data.path}: no such file or folder"]
+
+
+def _token_path_problems(data: DataConfig) -> list[str]:
+    path = Path(data.path or "").expanduser()
+    if path.is_file():
+        return []
+    if path.is_dir():
+        missing = [s for s in ("train.bin", "val.bin") if not (path / s).is_file()]
+        if not missing:
+            return []
+        return [
+            f"data.path={data.path}: a folder without {' and '.join(missing)}; give a folder "
+            "with train.bin and val.bin, or one .bin token file"
+        ]
+    return [f"data.path={data.path}: no such file or folder"]
+
+
+# -- data=hf -------------------------------------------------------------------------------
+def hf_format(data: DataConfig, files: Sequence[Path]) -> str:
+    """json | parquet | text: ``data.format``, or from the files' extension."""
+    if data.format != "auto":
+        return data.format
+    kinds = {_kind(p) for p in files}
+    return kinds.pop() if len(kinds) == 1 else "mixed"
+
+
+def _kind(path: Path) -> str:
+    return next((k for k, exts in EXTENSIONS.items() if path.suffix in exts), "text")
+
+
+def hf_data_files(data: DataConfig) -> list[Path]:
+    """The files of ``data.path`` (a file, or a folder's files of the format), sorted."""
+    path = Path(data.path or "").expanduser()
+    if path.is_file():
+        return [path.resolve()]
+    if not path.is_dir():
+        raise FileNotFoundError(f"data.path={data.path}: no such file or folder")
+    exts = (
+        EXTENSIONS[data.format]
+        if data.format != "auto"
+        else tuple(e for v in EXTENSIONS.values() for e in v)
+    )
+    files = sorted(p.resolve() for p in path.rglob("*") if p.is_file() and p.suffix in exts)
+    if not files:
+        raise FileNotFoundError(f"data.path={data.path}: no {'/'.join(exts)} files in it")
+    return files
+
+
+def hf_problems(data: DataConfig, vocab_size: int | None) -> list[str]:
+    problems: list[str] = []
+    for module in ("datasets", "tokenizers"):
+        if importlib.util.find_spec(module) is None:
+            return [f"data.source=hf needs the '{module}' package: {HF_EXTRA}"]
+    try:
+        files = hf_data_files(data)
+    except FileNotFoundError as exc:
+        problems.append(str(exc))
+    else:
+        fmt = hf_format(data, files)
+        if fmt == "mixed":
+            problems.append(
+                f"data.path={data.path}: files of several formats; set data.format="
+                f"{'|'.join(EXTENSIONS)} or keep one kind of file"
+            )
+        elif fmt == "json":
+            problems += _first_record_problems(data, files[0])
+    if data.tokenizer:
+        problems += tokenizer_problems(data.tokenizer, vocab_size)
+    return problems
+
+
+def _first_record_problems(data: DataConfig, path: Path) -> list[str]:
+    """A JSONL file's first record must hold ``data.text_field`` (cheap; no datasets import)."""
+    if path.suffix != ".jsonl":
+        return []
+    with path.open("rb") as f:
+        line = next((raw for raw in f if raw.strip()), b"")
+    try:
+        record = json.loads(line) if line else {}
+    except ValueError:
+        return [f"data.path={path}: line 1 is not JSON (a .jsonl file holds one object a line)"]
+    if isinstance(record, dict) and data.text_field not in record:
+        columns = ", ".join(record) or "none"
+        return [f"data.text_field={data.text_field}: not a field of {path} (fields: {columns})"]
+    return []
+
+
+def tokenizer_problems(folder: str, vocab_size: int | None) -> list[str]:
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        return [
+            f"data.tokenizer={folder}: no such folder (a tokenizer folder, e.g. with a "
+            "tokenizer.json; unset it for byte-level tokens)"
+        ]
+    if not any((path / f).is_file() for f in TOKENIZER_FILES):
+        return [f"data.tokenizer={folder}: no {' or '.join(TOKENIZER_FILES)} in it"]
+    if not (path / "tokenizer.json").is_file():
+        if importlib.util.find_spec("transformers") is None:
+            return [f"data.tokenizer={folder}: needs the 'transformers' package: {HF_EXTRA}"]
+        return []  # an AutoTokenizer-only folder: its vocabulary is checked at launch
+    size = tokenizer_json_vocab(path / "tokenizer.json")
+    if vocab_size is not None and size > vocab_size:
+        return [vocab_problem(vocab_size, size, folder)]
+    return []
+
+
+def tokenizer_json_vocab(path: Path) -> int:
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
+
+
+def vocab_problem(vocab_size: int, needed: int, folder: str) -> str:
+    return (
+        f"model.vocab_size={vocab_size}: below the tokenizer's {needed} tokens "
+        f"(data.tokenizer={folder}); set model.vocab_size={needed} or more"
+    )
+
+
+# -- data=custom ----------------------------------------------------------------------------
+def nested_targets(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    """(key, dotted path) of every ``_target_`` inside keyword arguments."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "_target_":
+                yield f"{prefix}._target_", v
+            else:
+                yield from nested_targets(v, f"{prefix}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from nested_targets(v, f"{prefix}.{i}")
+
+
+def target_problems(data: DataConfig, roots: Sequence[str]) -> list[str]:
+    """Every target of a custom dataset imports, is not the standard library, and can be called."""
+    wanted = [("data._target_", data._target_)]
+    if data.val_target:
+        wanted.append(("data.val_target", data.val_target))
+    wanted += list(nested_targets(data.kwargs, "data"))
+    problems = []
+    for key, dotted in wanted:
+        if not dotted:
+            problems.append(f"{key} is required for data=custom (e.g. my_data.Pairs)")
+            continue
+        try:
+            obj = resolve_target(str(dotted), key=key, roots=roots)
+        except TargetError as exc:
+            problems.append(str(exc))
+            continue
+        if not callable(obj):
+            problems.append(
+                f"{key}={dotted}: is a {type(obj).__name__}, not a class or function "
+                "that builds a dataset"
+            )
+    return problems
