@@ -358,7 +358,7 @@ def test_good_layouts_have_no_problems():
 
 def test_without_transformers_one_line_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
-    spec = model_spec(HFConfig(model_type="llama"))
+    spec = model_spec(SimpleNamespace(model=HFConfig(model_type="llama")))
     with pytest.raises(ConfigError) as err:
         spec.facts()
     assert err.value.problems == [MISSING]
@@ -374,3 +374,11 @@ def test_hf_module_imports_no_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_config_vocab_size_reads_the_transformers_config():
+    """The data layer and compose read ``cfg.model.vocab_size``: the transformers config's
+    value, None (no error at compose time) while the config cannot be made."""
+    assert HFConfig(model_type="llama", config={"vocab_size": 300}).vocab_size == 300
+    assert HFConfig(model_type="gpt2").vocab_size == 50257
+    assert HFConfig().vocab_size is None

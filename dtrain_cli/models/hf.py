@@ -54,8 +54,12 @@ class HFConfig:
 
     @property
     def vocab_size(self) -> int | None:
-        """The transformers config's vocabulary (what token data is checked against)."""
-        return HFSpec(self).vocab_size
+        """The transformers config's vocabulary (what token data is checked against); None
+        while the config cannot be made (the plan reports why)."""
+        try:
+            return HFSpec(self).vocab_size
+        except ConfigError:
+            return None
 
 
 def transformers_module() -> Any:
