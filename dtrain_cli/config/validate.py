@@ -16,6 +16,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.token_dtype": ("uint8", "uint16", "int32"),
     "data.format": ("auto", "json", "parquet", "text"),
     "parallel.strategy": ("ddp", "zero1", "fsdp"),
+    "parallel.activation_checkpointing": ("none", "selective", "full"),
     "comm.compression": ("none", "fp16", "bf16", "powersgd"),
     "sync.mode": ("sync", "local_sgd"),
     "optim.name": ("adamw", "sgd"),

@@ -78,8 +78,14 @@ class ModelSpec(ABC):
     def activation_bytes(
         self, micro_batch: int, bytes_per_value: int, tp: int
     ) -> tuple[float, float]:
-        """(per block, outside the blocks) activation bytes kept for backward, one micro-batch."""
+        """(per block, outside the blocks) activation bytes kept for backward, one micro-batch
+        (the loss included): what autograd saves, as ``SavedTensorMeter`` measures it."""
         return 0.0, 0.0
+
+    def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
+        """Bytes a checkpointed block keeps for backward: its input (the rest is recomputed).
+        Default: the block's whole activations (a kind that does not say gets no saving)."""
+        return self.activation_bytes(micro_batch, bytes_per_value, tp)[0]
 
     def problems(self, cfg: DtrainConfig) -> list[str]:
         """What this model cannot do with this config: one line per problem (key=value: why)."""
