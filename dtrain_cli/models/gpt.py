@@ -67,6 +67,10 @@ class GPTSpec(ModelSpec):
             unit="tokens",
             flops_per_unit=6 * non_embedding + 12 * m.n_layer * d * m.block_size,
             matrix_shapes=mats,
+            # under tp: the position embedding, every norm and the row-wise layers' biases
+            params_tp_replicated=m.block_size * d
+            + (2 * m.n_layer + 1) * norm
+            + 2 * m.n_layer * d * int(m.bias),
         )
 
     def activation_bytes(

@@ -51,6 +51,8 @@ class ModelFacts:
     """What throughput counts: tokens (language models) or samples (everything else)."""
     flops_per_unit: int = 0
     """Forward + backward FLOPs per token (or per sample), for MFU."""
+    params_tp_replicated: int = 0
+    """Parameters every tp rank holds whole (norms, biases after a row-wise split...)."""
     matrix_shapes: list[tuple[int, int]] = field(default_factory=list)
     """2-D weights (what PowerSGD compresses); the rest of num_params is in other tensors."""
 

@@ -62,13 +62,16 @@ def estimate(
     par = cfg.parallel
     facts = spec.facts()
     n = facts.num_params
+    whole = facts.params_tp_replicated if par.tp > 1 else 0  # not split by tp
     if pipeline is not None and pipeline.stages:
         held: dict[int, int] = {}
         for st in pipeline.stages:
             held[st.pp_rank] = held.get(st.pp_rank, 0) + st.params
-        per_rank = math.ceil(max(held.values()) / par.tp)
+        most = max(held.values())
+        rep = whole * most / max(n, 1)
+        per_rank = math.ceil((most - rep) / par.tp + rep)
     else:
-        per_rank = math.ceil(n / (par.tp * par.pp))
+        per_rank = math.ceil((n / par.pp - whole) / par.tp + whole)
     optim_words = {"adamw": 2, "sgd": 1 if cfg.optim.momentum > 0 else 0}[cfg.optim.name]
     params_b, grads_b = 4 * per_rank, 4 * per_rank
     optim_b = 4 * optim_words * per_rank
