@@ -273,6 +273,8 @@ class HardwareConfig:
     estimate (``configs/hardware/<name>.yaml``; each value's source is a comment there)."""
 
     name: str = "cpu"
+    device: str = "cpu"
+    """cpu | cuda: the run.device layouts are planned for."""
     memory_gib: float = 0.0
     """Memory per device (GiB)."""
     reserved_gib: float = 0.0

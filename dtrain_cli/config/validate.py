@@ -35,6 +35,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     ),
     "launcher.start_method": ("fork", "spawn", "forkserver"),
     "run.device": ("auto", "cpu", "cuda"),
+    "hardware.device": ("cpu", "cuda"),
 }
 
 # key -> (minimum, inclusive?)
@@ -67,6 +68,16 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "launcher.max_restarts": (0, True),
     "data.synthetic_tokens": (2, True),
     "data.num_workers": (0, True),
+    "hardware.memory_gib": (0, False),
+    "hardware.reserved_gib": (0, True),
+    "hardware.peak_tflops_bf16": (0, False),
+    "hardware.peak_tflops_fp32": (0, False),
+    "hardware.matmul_efficiency": (0, False),
+    "hardware.devices_per_node": (1, True),
+    "hardware.intra_node_gbps": (0, False),
+    "hardware.inter_node_gbps": (0, False),
+    "hardware.intra_node_latency_us": (0, True),
+    "hardware.inter_node_latency_us": (0, True),
 }
 
 
@@ -133,6 +144,11 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         problems.append(
             "train.global_batch_size and train.grad_accum are both set: set one, "
             "the other follows (global = micro_batch_size * dp * grad_accum)"
+        )
+    if cfg.hardware.matmul_efficiency > 1.0:
+        problems.append(
+            f"hardware.matmul_efficiency={cfg.hardware.matmul_efficiency}: a fraction of the "
+            f"peak, must be in (0, 1]"
         )
     if not 0.0 < cfg.data.val_fraction < 1.0:
         problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be in (0, 1)")

@@ -196,7 +196,7 @@ def assess(
 ) -> Verdict:
     hw = cfg.hardware
     c = layout_config(cfg, lay, nnodes)
-    gpus = 0 if hw.name == "cpu" else hw.devices_per_node
+    gpus = hw.devices_per_node if hw.device == "cuda" else 0
     per_node = lay.dp * lay.tp * lay.pp // nnodes
     res = Resources(num_gpus=max(gpus, per_node if gpus else 0), num_cpus=max(per_node, 1))
     try:
@@ -295,6 +295,7 @@ def explain(advice: Advice) -> None:
     """One line per ranked layout: what its step is made of and, below #1, what it loses."""
     best = advice.ranked[0]
     pure_dp = [v for v in advice.ranked if v.layout.tp == 1 and v.layout.pp == 1]
+    short = {v.layout: v for v in advice.rejected if v.kind == "memory"}
     for i, v in enumerate(advice.ranked):
         est, lay = v.estimate, v.layout
         shares = {k: s for k, s in est.shares().items() if s >= 0.005}
@@ -314,4 +315,8 @@ def explain(advice: Advice) -> None:
             bits.append(
                 f"recomputes {est.recompute_s / max(est.compute_s, 1e-30):.0%} more compute"
             )
+            if plain := short.get(dataclasses.replace(lay, activation_checkpointing="none")):
+                bits.append(f"needed: without it {plain.estimate.memory.total / GIB:.1f} GiB")
+        if lay.strategy != "ddp" and (ddp := short.get(dataclasses.replace(lay, strategy="ddp"))):
+            bits.append(f"ddp would need {ddp.estimate.memory.total / GIB:.1f} GiB")
         v.why = "; ".join(bits)
