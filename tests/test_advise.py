@@ -179,3 +179,24 @@ def test_apply_output_launches_as_printed(tmp_path):
     assert plan["strategy"] == want["parallel.strategy"]
     assert plan["batch"]["micro_batch_size"] == int(want["train.micro_batch_size"])
     assert run.summary()["steps"] == 2
+
+
+def test_schedules_hold_activations_and_idle_as_the_theory_says():
+    a = _advice("gpt_small", "hardware=cpu", "train.global_batch_size=32")
+    every = {v.layout: v for v in [*a.ranked, *a.rejected] if v.estimate is not None}
+
+    def pick(schedule: str, micro: int):
+        return next(
+            v.estimate
+            for lay, v in every.items()
+            if lay.pp == 2
+            and lay.schedule == schedule
+            and lay.micro_batch_size == micro
+            and lay.activation_checkpointing == "none"
+        )
+
+    gpipe, one_f = pick("gpipe", 4), pick("1f1b", 4)  # 8 micro-batches on 2 stages
+    assert gpipe.memory.activations > 3 * one_f.memory.activations  # m=8 held vs <= pp=2
+    assert gpipe.bubble == one_f.bubble == pytest.approx(1 / 9)
+    busy = one_f.step_s - one_f.bubble_s
+    assert one_f.bubble_s == pytest.approx(busy * (1 / 9) / (8 / 9))
