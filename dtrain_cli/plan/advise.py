@@ -150,7 +150,9 @@ def candidates(
                 continue
             share = gb // dp if gb and gb % dp == 0 else 0
             micros = [m for m in divisors(share) if m & (m - 1) == 0 or m == share]
-            micros = micros[-MAX_MICRO_CHOICES:] if pp == 1 else micros[:MAX_MICRO_CHOICES]
+            if len(micros) > MAX_MICRO_CHOICES:  # the smallest (memory, pipeline micro-
+                half = MAX_MICRO_CHOICES // 2  # batches) and the largest (fewer steps)
+                micros = micros[:half] + micros[-half:]
             strategies = STRATEGIES if dp > 1 else ("ddp",)
             schedules = SCHEDULES if pp > 1 else ((None, 1),)
             for strategy in strategies:
