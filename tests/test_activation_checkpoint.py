@@ -193,3 +193,12 @@ def test_parameter_and_optimizer_estimates_match_measurement(name, ac_runs, more
     # of the model).
     rel = 0.02 if name == "zero1" else 0.01
     assert optim["measured"] == pytest.approx(optim["estimate"], rel=rel)
+
+
+def test_a_model_without_blocks_cannot_checkpoint():
+    from dtrain_cli.config.errors import ConfigError
+
+    cfg = compose_config("cnn_bn", ["parallel.activation_checkpointing=full"], validate=False)
+    with pytest.raises(ConfigError) as err:
+        build_plan(cfg, CPU)
+    assert any("has no repeated blocks to checkpoint; use none" in p for p in err.value.problems)
