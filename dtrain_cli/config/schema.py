@@ -292,6 +292,10 @@ class HardwareConfig:
     inter_node_gbps: float = 0.0
     """Per-device bandwidth to other nodes, one direction (GB/s)."""
     inter_node_latency_us: float = 0.0
+    comm_overlap: float = 1.0
+    """Fraction of data-parallel communication that can hide behind compute: 1 where
+    collectives run on their own engines (NCCL on GPUs), 0 where the same cores do both
+    (gloo on a CPU)."""
 
 
 @dataclass

@@ -145,6 +145,8 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             "train.global_batch_size and train.grad_accum are both set: set one, "
             "the other follows (global = micro_batch_size * dp * grad_accum)"
         )
+    if not 0.0 <= cfg.hardware.comm_overlap <= 1.0:
+        problems.append(f"hardware.comm_overlap={cfg.hardware.comm_overlap}: must be in [0, 1]")
     if cfg.hardware.matmul_efficiency > 1.0:
         problems.append(
             f"hardware.matmul_efficiency={cfg.hardware.matmul_efficiency}: a fraction of the "

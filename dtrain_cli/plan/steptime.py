@@ -15,8 +15,9 @@ per node: tp spans tp ranks, dp spans dp*tp, pp the whole world.
 
 Step time: compute at ``peak * matmul_efficiency`` (the plan's FLOPs per token, plus the
 recomputed forwards), tensor-parallel all-reduces on the critical path, data-parallel
-traffic hidden behind backward (ddp, zero1) or behind the whole step (fsdp prefetch) and
-only the rest exposed, pipeline sends and the bubble ``(p-1)/(v m + p-1)`` on top.
+traffic hidden behind backward (ddp, zero1) or behind the whole step (fsdp prefetch), as
+far as the hardware's ``comm_overlap`` lets it, and only the rest exposed, pipeline sends
+and the bubble ``(p-1)/(v m + p-1)`` on top.
 """
 
 from __future__ import annotations
@@ -172,11 +173,11 @@ def estimate_step(
         if par.strategy == "fsdp":
             calls = 3 * max(facts.num_layers // max(par.pp, 1), 1) + 2
             t = _link_time(hw, where, nbytes, calls)
-            hidden = compute_s + recompute_s  # prefetched gathers overlap the whole step
+            hidden = hw.comm_overlap * (compute_s + recompute_s)  # prefetched: whole step
         else:
             buckets = max(1, int(4 * e.params_per_rank / (cfg.comm.bucket_mb * 2**20)) + 1)
             t = _link_time(hw, where, nbytes, buckets + (1 if par.strategy == "zero1" else 0))
-            hidden = backward_s
+            hidden = hw.comm_overlap * backward_s
         exposed = max(0.0, t - hidden) + _link_time(hw, where, 0, 1)  # the last call waits
         links.append(Link("dp", int(nbytes), where, t, min(t, exposed)))
 
