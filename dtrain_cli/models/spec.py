@@ -89,6 +89,10 @@ class ModelSpec(ABC):
         Default: the block's whole activations (a kind that does not say gets no saving)."""
         return self.activation_bytes(micro_batch, bytes_per_value, tp)[0]
 
+    def value_problems(self) -> list[str]:
+        """The model's own values out of range (checked before anything computes with them)."""
+        return []
+
     def problems(self, cfg: DtrainConfig) -> list[str]:
         """What this model cannot do with this config: one line per problem (key=value: why)."""
         out = []
