@@ -9,6 +9,8 @@ bytes against what the runtime measured (summary.json) for dp, tp, pp, zero1 and
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 
@@ -21,7 +23,7 @@ from dtrain_cli.runtime.activation_checkpoint import (
     SavedTensorMeter,
     apply_activation_checkpointing,
 )
-from tests.conftest import Run, launch
+from tests.conftest import Run, launch, run_dtrain
 
 CPU = Resources(num_gpus=0, num_cpus=2)
 MICRO = 3  # odd, so no term of the estimate can hide behind a factor of 2
@@ -153,6 +155,7 @@ def ac_runs(tmp_path_factory) -> dict[str, Run]:
             *SHORT,
             *args,
             f"parallel.activation_checkpointing={mode}",
+            *(["checkpoint.every_steps=2"] if name == "dp" else []),  # for the resume test
         )
     return out
 
@@ -164,6 +167,24 @@ def test_checkpointing_loss_curve_equals_none(layout, ac_runs):
     got = [r["loss"] for r in ac_runs[f"{layout}+ac"].metrics()]
     assert len(ref) == len(got) == 4
     assert got == pytest.approx(ref, abs=1e-6)
+
+
+@pytest.mark.multiproc
+def test_a_checkpoint_saved_with_checkpointing_resumes_without(ac_runs, tmp_path):
+    """Same parameter names with and without checkpointing: step 2 of the checkpointed run
+    resumes with parallel.activation_checkpointing=none and ends bitwise where the run
+    without checkpointing ended."""
+    src = ac_runs["dp+ac"].run_dir
+    run_dir = tmp_path / "runs" / src.name
+    shutil.copytree(src, run_dir)
+    ckpt = run_dir / "checkpoints" / "step_000002"
+    done = run_dtrain(
+        ["resume", "--ckpt", str(ckpt), "parallel.activation_checkpointing=none"], tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    done.run_dir = run_dir
+    assert done.summary()["resumed_from"] == "step_000002"
+    assert done.summary()["param_digest"] == ac_runs["dp"].summary()["param_digest"]
 
 
 @pytest.fixture(scope="module")
