@@ -197,6 +197,15 @@ def assess(
     cfg: DtrainConfig, lay: Layout, nnodes: int, allow_cross_node_tp: bool = False
 ) -> Verdict:
     hw = cfg.hardware
+    g = max(hw.devices_per_node, 1)
+    if lay.tp > 1 and (lay.tp > g or g % lay.tp) and not allow_cross_node_tp:
+        return Verdict(
+            lay,
+            rejected=f"tp={lay.tp} crosses nodes ({g} devices per node): tensor-parallel "
+            f"all-reduces every layer would go over the {hw.inter_node_gbps:g} GB/s "
+            "inter-node link",
+            kind="cross-node tp",
+        )
     c = layout_config(cfg, lay, nnodes)
     gpus = hw.devices_per_node if hw.device == "cuda" else 0
     per_node = lay.dp * lay.tp * lay.pp // nnodes
@@ -208,14 +217,7 @@ def assess(
     est = estimate_step(c, model_spec(c), plan, hw)
     v = Verdict(lay, est)
     m = est.memory
-    g = max(hw.devices_per_node, 1)
-    if lay.tp > 1 and (lay.tp > g or g % lay.tp) and not allow_cross_node_tp:
-        v.rejected, v.kind = (
-            f"tp={lay.tp} crosses nodes ({g} devices per node): tensor-parallel all-reduces "
-            f"every layer would go over the {hw.inter_node_gbps:g} GB/s inter-node link",
-            "cross-node tp",
-        )
-    elif not m.fits:
+    if not m.fits:
         v.rejected, v.kind = (
             f"does not fit: {m.total / GIB:.2f} GiB per device of {m.capacity / GIB:.2f} GiB "
             f"(short {(m.total - m.capacity) / GIB:.2f} GiB)",
@@ -245,9 +247,17 @@ def advise(
             ]
         )
     devices, nnodes = world_of(cfg, world)
-    verdicts = [
-        assess(cfg, lay, nnodes, allow_cross_node_tp) for lay in candidates(cfg, devices, dp_max)
-    ]
+    verdicts = []
+    refused: dict[Layout, str] = {}  # the plan's reason for a layout, whatever its checkpointing
+    for lay in candidates(cfg, devices, dp_max):
+        key = dataclasses.replace(lay, activation_checkpointing="none")
+        if key in refused:  # checkpointing only adds a problem (no blocks), never removes one
+            verdicts.append(Verdict(lay, rejected=refused[key], kind="plan"))
+            continue
+        v = assess(cfg, lay, nnodes, allow_cross_node_tp)
+        if v.kind == "plan" and lay == key:
+            refused[key] = v.rejected or ""
+        verdicts.append(v)
     ranked = [v for v in verdicts if v.rejected is None]
     rejected = [v for v in verdicts if v.rejected is not None]
     ranked.sort(
