@@ -1,7 +1,8 @@
 """``dtrain advise recipe=gpt_small hardware=h100_80g parallel.nnodes=8``: ranked layouts.
 
     dtrain advise recipe=gpt_small hardware=cpu dp_max=4 --top 5 --json
-    dtrain launch $(dtrain advise recipe=gpt_small hardware=cpu --apply)
+    dtrain advise recipe=gpt_small hardware=cpu --apply > layout.txt
+    xargs dtrain launch < layout.txt
 
 Besides Hydra overrides it takes ``world=N`` (devices in all; default nnodes x the
 hardware's devices per node) and ``dp_max=N`` (the most data-parallel replicas to try).
@@ -42,7 +43,7 @@ def advise(
         False, "--json", help="Every layout (ranked and rejected) as JSON."
     ),
     apply: bool = typer.Option(
-        False, "--apply", help="Print the winner as overrides: dtrain launch $(dtrain advise ...)"
+        False, "--apply", help="Print the winner as overrides (xargs dtrain launch < that file)."
     ),
     allow_cross_node_tp: bool = typer.Option(
         False, "--allow-cross-node-tp", help="Also rank layouts whose tp group spans nodes."
