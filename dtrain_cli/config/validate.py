@@ -34,6 +34,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     ),
     "launcher.start_method": ("fork", "spawn", "forkserver"),
     "run.device": ("auto", "cpu", "cuda"),
+    "train.on_nan": ("stop", "skip", "rollback"),
+    "train.on_spike": ("off", "stop", "skip", "rollback"),
 }
 
 # key -> (minimum, inclusive?)
@@ -66,6 +68,12 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "launcher.max_restarts": (0, True),
     "data.synthetic_tokens": (2, True),
     "data.num_workers": (0, True),
+    "train.spike_threshold": (1, False),
+    "train.spike_window": (1, True),
+    "train.max_skips": (1, True),
+    "debug.collective_timeout_s": (0, True),
+    "debug.straggler_factor": (1, False),
+    "debug.replica_check_every": (0, True),
 }
 
 
@@ -90,6 +98,18 @@ def name_problems(key: str, value: str | None) -> list[str]:
     if why is None:
         return []
     return [f"{key}={value!r}: {why}; use a single folder name such as my-run_01"]
+
+
+def profile_problems(steps: list[int], num_steps: int) -> list[str]:
+    """``debug.profile_steps``: empty, or [first, last] with 1 <= first <= last <= steps."""
+    if not steps:
+        return []
+    if len(steps) == 2 and 1 <= steps[0] <= steps[1] <= num_steps:
+        return []
+    return [
+        f"debug.profile_steps={list(steps)}: must be [first, last] with "
+        f"1 <= first <= last <= train.steps={num_steps}"
+    ]
 
 
 def get_key(cfg: DtrainConfig, key: str) -> object:
@@ -152,6 +172,7 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             f"train.loss={loss}: not allowed; choose one of auto, {', '.join(BUILTIN_LOSSES)} "
             f"or a dotted path to a callable (outputs, targets) -> loss"
         )
+    problems += profile_problems(cfg.debug.profile_steps, cfg.train.steps)
     problems += name_problems("run.name", cfg.run.name)
     problems += name_problems("launcher.rdzv_id", cfg.launcher.rdzv_id)
     if cfg.data.source in ("text", "tokens", "hf") and not cfg.data.path:

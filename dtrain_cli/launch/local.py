@@ -21,13 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.launch import hang_report
 from dtrain_cli.launch.signals import forward_signal
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime import preemption
 
 # Errors the runtime raises on purpose, with a message that names the cause: shown as one
 # line (their traceback stays in logs/rank_<k>.log).
-EXPECTED_ERRORS = ("CheckpointError:", "FileNotFoundError:", "ValueError: ")
+EXPECTED_ERRORS = (
+    "CheckpointError:",
+    "FileNotFoundError:",
+    "ValueError: ",
+    "NumericsError:",
+    "ReplicaError:",
+    "CollectiveMismatch:",
+)
 
 
 def worker_modules(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> list[str]:
@@ -51,6 +59,10 @@ def prepare_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
     if plan.start_method == "fork":
         for name in worker_modules(run_dir, cfg, plan):
             importlib.import_module(name)
+
+
+HANG_EXIT_CODE = 124
+"""A worker's watchdog ended the run (dtrain_cli.runtime.watchdog.EXIT_HANG)."""
 
 
 @dataclass
@@ -106,11 +118,14 @@ def launch_local(
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic")),
     )
     preemption.clear_marker(run_dir)
+    hang_report.clear(run_dir)
     milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
     try:
         with forward_signal(cfg.cluster.signal):
             elastic_launch(config, worker_main)(str(run_dir), milestones)
     except ChildFailedError as exc:
+        if (hang := hang_report.hang_report(run_dir, plan.world_size)) is not None:
+            return LaunchResult(False, HANG_EXIT_CODE, hang)
         rank, failure = exc.get_first_failure()
         detail = failure.message if isinstance(failure.message, str) else str(failure.message)
         if failure.error_file_data:

@@ -120,7 +120,8 @@ class MetricsSink:
         self.jsonl.write(json.dumps(record) + "\n")
         if self.writer is not None:
             for key, value in values.items():
-                self.writer.add_scalar(f"{kind}/{key}", value, step)
+                if isinstance(value, (int, float)):  # per-rank lists: metrics.jsonl only
+                    self.writer.add_scalar(f"{kind}/{key}", value, step)
         if kind == "train":
             self._fields = {
                 "loss": f"{values['loss']:.4f}",
@@ -145,7 +146,7 @@ class MetricsSink:
             log.info(
                 "step %d  %s",
                 step,
-                "  ".join(f"{k} {v:.4f}" for k, v in values.items()),
+                "  ".join(f"{k} {v:.4f}" for k, v in values.items() if isinstance(v, (int, float))),
                 extra={"console": self.mode != "off"},
             )
 

@@ -21,7 +21,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from dtrain_cli.config.compose import config_from_yaml
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime import preemption
+from dtrain_cli.runtime import collective_debug, preemption
 from dtrain_cli.runtime.distributed import (
     init_distributed,
     mesh_coordinates,
@@ -29,6 +29,7 @@ from dtrain_cli.runtime.distributed import (
 )
 from dtrain_cli.runtime.metrics import make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
+from dtrain_cli.runtime.watchdog import process_group_timeout_s
 
 log = logging.getLogger("dtrain")
 
@@ -54,7 +55,8 @@ def worker_main(
     console = make_console(rank == 0)
     setup_logging(path, rank, console)
     preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
-    ctx = init_distributed(plan)
+    collective_debug.enable(cfg.debug.check_collectives)
+    ctx = init_distributed(plan, process_group_timeout_s(cfg.debug.collective_timeout_s))
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
     trainer = None
@@ -67,8 +69,10 @@ def worker_main(
             model_ready=time.time(),
         )
         return trainer.train()
-    except Exception:
+    except Exception as exc:
         log.exception("rank %d failed", rank)  # the traceback in logs/rank_<k>.log
+        if (mismatch := collective_debug.explain(str(exc))) is not None:
+            raise collective_debug.CollectiveMismatch(mismatch) from None
         raise
     finally:
         if trainer is not None and trainer.sink:
