@@ -62,7 +62,8 @@ def compare(
             else f"no step diverges (<= {tol:g})"
         ),
         highlight=False,
+        soft_wrap=True,
     )
-    console.print(f"plot: {path}", highlight=False)
+    console.print(f"plot: {path}", highlight=False, soft_wrap=True)
     if result.first_divergent is not None:
         raise typer.Exit(1)

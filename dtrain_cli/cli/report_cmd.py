@@ -33,7 +33,7 @@ def report(
         fail([f"--out {folder}: cannot write the plots ({exc.strerror or exc})"])
     text = summary_text(run)
     (folder / "summary.txt").write_text(text)
-    console.print(text, highlight=False, markup=False, end="")
+    console.print(text, highlight=False, markup=False, end="", soft_wrap=True)
     console.print(
         f"plots: {' '.join(p.name for p in paths)} summary.txt in {folder}", highlight=False
     )

@@ -224,7 +224,7 @@ class DebugConfig:
     across ranks (mismatches named at the first one; costs a check per collective)."""
     straggler_factor: float = 1.5
     """At logging steps, a rank whose own time per step (compute + data wait, without
-    waiting for others) is above this multiple of the median is named."""
+    waiting for others) is above this multiple of the other ranks' median is named."""
     replica_check_every: int = 0
     """Every N steps, compare a digest of every parameter across the dp group; the first
     differing parameter and rank are named and the run stops. 0: off."""

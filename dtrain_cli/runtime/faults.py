@@ -9,10 +9,10 @@ temporary folder is being written): the process dies by SIGKILL, as on a lost no
 Diagnosis drills (:func:`armed`, read by the loop's components): ``hang`` (sleep before
 the logging step's all-reduce: a rank that never joins it), ``slow`` (``ms`` of sleep in
 every step: a straggler), ``nan`` (that step's loss and a gradient become NaN),
-``mismatch`` (the logging all-reduce with another shape), ``perturb`` (a parameter
-changed after the optimizer step: a diverging replica). ``step`` and ``rank`` select
-where; a drill without them fires everywhere. Every fault fires on the first attempt
-only, so an elastic restart can show that the run recovers.
+``spike`` (its loss x1000), ``mismatch`` (the logging all-reduce with another shape),
+``perturb`` (a parameter changed after the optimizer step: a diverging replica).
+``step`` and ``rank`` select where; a drill without them fires everywhere. Every fault
+fires on the first attempt only, so an elastic restart can show that the run recovers.
 """
 
 from __future__ import annotations

@@ -37,12 +37,17 @@ RANK_SLOTS = ("step_ms", "data_ms", "compute_ms")
 
 
 def find_stragglers(own_ms: list[float], factor: float, min_gap_ms: float = 1.0) -> list[int]:
-    """Ranks whose own time per step is above ``factor`` x the median (and above it by
-    more than ``min_gap_ms``, so that tiny steps do not name noise)."""
-    if len(own_ms) < 2:
-        return []
-    median = float(np.median(own_ms))
-    return [r for r, v in enumerate(own_ms) if v > factor * median and v - median > min_gap_ms]
+    """Ranks whose own time per step is above ``factor`` x the median of the other ranks'
+    (and above it by more than ``min_gap_ms``, so that tiny steps do not name noise)."""
+    out = []
+    for r, value in enumerate(own_ms):
+        others = own_ms[:r] + own_ms[r + 1 :]
+        if not others:
+            continue
+        median = float(np.median(others))
+        if value > factor * median and value - median > min_gap_ms:
+            out.append(r)
+    return out
 
 
 @dataclass
@@ -183,12 +188,12 @@ class TrainMetrics:
             self.rank_rows.append(ranks)
         own = [ranks[i * k + 1] + ranks[i * k + 2] for i in range(len(ranks) // k)]
         slow = find_stragglers(own, self.straggler_factor)
-        median = float(np.median(own)) if own else 0.0
         for r in slow:
+            median = float(np.median(own[:r] + own[r + 1 :]))
             self.straggler_counts[r] = self.straggler_counts.get(r, 0) + 1
             log.warning(
                 "straggler at step %d: rank %d takes %.1f ms/step of its own (compute %.1f, "
-                "data wait %.1f) vs the median %.1f (x%.1f; debug.straggler_factor=%g)",
+                "data wait %.1f) vs the others' median %.1f (x%.1f; debug.straggler_factor=%g)",
                 step,
                 r,
                 own[r],

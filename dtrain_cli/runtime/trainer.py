@@ -160,6 +160,8 @@ class Trainer:
             loss = loss * float("nan")
             grad = next(p.grad for p in self.pm.parameters() if p.grad is not None)
             grad.fill_(float("nan"))
+        if faults.armed("spike", step=step, rank=rank):
+            loss = loss * 1000.0
         guard = None
         if self.numerics.per_step:
             guard = lambda norm: self.numerics.allow(step, loss, norm)  # noqa: E731

@@ -139,6 +139,7 @@ class Watchdog:
             faulthandler.dump_traceback(file=f, all_threads=True)
         record = {
             "rank": self.rank,
+            "pid": os.getpid(),
             "world_size": self.world_size,
             "step": self.step + 1,
             "waited_s": round(waited, 1),
