@@ -19,6 +19,7 @@ from pathlib import Path
 
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
+from diagnose_bench import diagnose_bench
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
 from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "checkpoint": checkpoint_bench,
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
+    "diagnose": diagnose_bench,
 }
 
 

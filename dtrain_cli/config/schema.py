@@ -222,6 +222,9 @@ class DebugConfig:
     check_collectives: bool = False
     """TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective's op, shape and dtype checked
     across ranks (mismatches named at the first one; costs a check per collective)."""
+    rank_times: bool = True
+    """Every rank's step, data-wait and compute times ride on the logging all-reduce (3
+    floats per rank): stragglers, per-rank medians in summary.json, ``dtrain report``."""
     straggler_factor: float = 1.5
     """At logging steps, a rank whose own time per step (compute + data wait, without
     waiting for others) is above this multiple of the other ranks' median is named."""

@@ -72,10 +72,12 @@ class TrainMetrics:
         dp_sync: DataParallelSync,
         batches: Any,
         straggler_factor: float,
+        rank_times: bool = True,
     ) -> None:
         self.plan, self.ctx, self.every, self.sink = plan, ctx, every, sink
         self.reports_loss, self.dp_sync = reports_loss, dp_sync
         self.batches, self.straggler_factor = batches, straggler_factor
+        self.rank_times = rank_times
         self._wait0 = 0.0
         self.rank_rows: list[list[float]] = []  # per logging step: 3 values per rank
         self.straggler_counts: dict[int, int] = {}
@@ -133,9 +135,10 @@ class TrainMetrics:
         extra = extra or []
         world, k = self.ctx.world_size, len(RANK_SLOTS)
         comm = self.dp_sync.step_times()
-        slots = [0.0] * (k * world)
-        r = self.ctx.rank
-        slots[k * r : k * r + k] = self.own_times(comm.get("comm_exposed_ms", 0.0))
+        slots = [0.0] * (k * world if self.rank_times else 0)
+        if self.rank_times:
+            r = self.ctx.rank
+            slots[k * r : k * r + k] = self.own_times(comm.get("comm_exposed_ms", 0.0))
         window = torch.zeros(NUM_VOTES + len(slots) + len(extra), device=self.ctx.device)
         if self.reports_loss and self.losses:
             window[0] = torch.stack(self.losses).sum()
@@ -149,7 +152,8 @@ class TrainMetrics:
         self.last_loss = (
             loss_sum / (self.loss_steps * self.plan.batch.dp) if self.loss_steps else float("nan")
         )
-        stragglers = self.note_ranks(step, ranks)
+        stragglers = self.note_ranks(step, ranks) if self.rank_times else []
+        per_rank = {f"rank_{n}": ranks[i::k] for i, n in enumerate(RANK_SLOTS)} if ranks else {}
         now = time.perf_counter()
         elapsed = now - self.window_start  # the record written below counts in the next window
         tps = self.plan.batch.tokens_per_step * self.window_steps / elapsed
@@ -166,8 +170,8 @@ class TrainMetrics:
                     "tokens_per_s": tps,
                     "step_time_ms": self.step_ms,
                     **comm,
-                    **{f"rank_{name}": ranks[i::k] for i, name in enumerate(RANK_SLOTS)},
-                    "stragglers": stragglers,
+                    **per_rank,
+                    **({"stragglers": stragglers} if self.rank_times else {}),
                 },
             )
         self.last_window = list(self.losses)

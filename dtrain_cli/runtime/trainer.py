@@ -118,6 +118,7 @@ class Trainer:
             self.dp_sync,
             self.train_batches,
             cfg.debug.straggler_factor,
+            cfg.debug.rank_times,
         )
 
     # -- the loop -----------------------------------------------------------------------------
