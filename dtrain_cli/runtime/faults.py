@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Callable
+from typing import Any
 
 ENV = "DTRAIN_FAULTS"
 
@@ -55,3 +58,35 @@ def maybe_fail(point: str, **where: int) -> None:
     for name, params in _FAULTS:
         if name == point and all(where.get(k) == v for k, v in params.items()):
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+# -- the diagnosis drills, called by the loop at fixed points (no-ops when none is armed) --
+def before_step(step: int, rank: int) -> None:
+    """``slow``: this rank sleeps ``ms`` (default 200) before the step: a straggler."""
+    if slow := armed("slow", step=step, rank=rank):
+        time.sleep(slow.get("ms", 200) / 1000)
+
+
+def after_backward(loss: Any, params: Callable[[], list[Any]], step: int, rank: int) -> Any:
+    """``nan``: the step's loss and the first gradient (after the reduce) become NaN;
+    ``spike``: the loss the numerics policy sees is x1000. Returns the loss."""
+    if armed("nan", step=step, rank=rank):
+        loss = loss * float("nan")
+        next(p.grad for p in params() if p.grad is not None).fill_(float("nan"))
+    if armed("spike", step=step, rank=rank):
+        loss = loss * 1000.0
+    return loss
+
+
+def after_update(params: Callable[[], list[Any]], step: int, rank: int) -> None:
+    """``perturb``: the second parameter moves by 1e-3 on this rank (a diverging replica)."""
+    if armed("perturb", step=step, rank=rank):
+        params()[1].data.add_(1e-3)
+
+
+def before_logging(step: int, rank: int) -> list[float] | None:
+    """``hang``: this rank never joins the logging all-reduce; ``mismatch``: it joins with
+    one more element. Returns the extra slots for the all-reduce."""
+    if armed("hang", step=step, rank=rank):
+        time.sleep(10**6)
+    return [0.0] if armed("mismatch", step=step, rank=rank) else None

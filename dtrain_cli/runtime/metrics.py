@@ -196,8 +196,14 @@ def summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
         table.add_row("resumed from", str(summary["resumed_from"]))
     if summary.get("replicas_identical") is False:
         table.add_row("[red]replicas[/]", "[red]dp replicas hold different parameters[/]")
+    numerics = {k: v for k, v in (summary.get("numerics") or {}).items() if k != "events" and v}
+    if numerics:
+        table.add_row("[yellow]numerics[/]", ", ".join(f"{k} {v}" for k, v in numerics.items()))
+    if summary.get("stragglers"):
+        slow = ", ".join(f"rank {r} ({n}x)" for r, n in summary["stragglers"].items())
+        table.add_row("[yellow]stragglers[/]", f"{slow}; see dtrain report")
     table.add_row("run dir", str(run_dir))
-    files = [n for n in ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/")]
+    files = ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/", "profile/")
     table.add_row("files", " ".join(n for n in files if (run_dir / n.rstrip("/")).exists()))
     return table
 

@@ -95,7 +95,9 @@ class Trainer:
         self.validator = Validator(cfg, plan, ctx, self.pm, self.step_fn, val_batches, reports_loss)
         self.replicas = ReplicaChecker(cfg, plan, ctx, self.pm)
         self.numerics = NumericsPolicy(cfg.train, ctx, self.pm, plan.batch.dp, reports_loss)
-        self.watchdog = Watchdog(run_dir, ctx.rank, ctx.world_size, cfg.debug.collective_timeout_s)
+        self.watchdog = Watchdog(
+            run_dir, ctx.rank, ctx.world_size, cfg.debug.collective_timeout_s, backend=plan.backend
+        )
         self.profiler = Profiler(cfg.debug.profile_steps, run_dir, ctx.rank, ctx.device)
         self.step = self.checkpointer.resume()
         self.sink = None
@@ -154,15 +156,9 @@ class Trainer:
         """One optimizer step: forward/backward (the step runner), clip, step. The loss is
         None when the numerics policy dropped the update."""
         step, rank = self.step + 1, self.ctx.rank
-        if slow := faults.armed("slow", step=step, rank=rank):
-            time.sleep(slow.get("ms", 200) / 1000)
+        faults.before_step(step, rank)
         loss = self.step_fn(self.train_batches, self.step)
-        if faults.armed("nan", step=step, rank=rank):
-            loss = loss * float("nan")
-            grad = next(p.grad for p in self.pm.parameters() if p.grad is not None)
-            grad.fill_(float("nan"))
-        if faults.armed("spike", step=step, rank=rank):
-            loss = loss * 1000.0
+        loss = faults.after_backward(loss, self.pm.parameters, step, rank)
         guard = None
         if self.numerics.per_step:
             guard = lambda norm: self.numerics.allow(step, loss, norm)  # noqa: E731
@@ -184,9 +180,7 @@ class Trainer:
         drift = self.dp_sync.after_optimizer_step()  # before zero_grad
         if drift is not None:
             self.metrics.log(step, drift, "sync")
-        if faults.armed("perturb", step=step, rank=rank):
-            with torch.no_grad():
-                self.pm.parameters()[1].add_(1e-3)
+        faults.after_update(self.pm.parameters, step, rank)
         self.replicas.maybe_check(step)
         self.optimizers.zero_grad()
         self.optimizers.scheduler_step()
@@ -195,10 +189,8 @@ class Trainer:
     def log_step(self, norm: torch.Tensor | None) -> Any:
         """The logging step's one all-reduce: loss, save-time and preemption votes, per-rank
         times; then the on_nan=stop check on its result."""
-        step, rank = self.step, self.ctx.rank
-        if faults.armed("hang", step=step, rank=rank):
-            time.sleep(10**6)  # a rank that never joins the collective
-        extra = [0.0] if faults.armed("mismatch", step=step, rank=rank) else None
+        step = self.step
+        extra = faults.before_logging(step, self.ctx.rank)  # drills: hang, mismatch
         votes = self.metrics.log_step(
             step, norm, self.checkpointer.time_vote(), preemption.requested(), extra
         )

@@ -76,14 +76,27 @@ class CollectiveLog:
 COLLECTIVES = CollectiveLog()
 
 
+def enable_flight_recorder(backend: str, collective_timeout_s: float) -> None:
+    """Before the process group exists: NCCL keeps its recent collectives for the dump."""
+    if backend == "nccl" and collective_timeout_s > 0:
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+
+
 def process_group_timeout_s(collective_timeout_s: float) -> float:
     return collective_timeout_s + PG_MARGIN_S if collective_timeout_s > 0 else 300.0
 
 
 class Watchdog:
     def __init__(
-        self, run_dir: Path, rank: int, world_size: int, timeout_s: float, grace_s: float = GRACE_S
+        self,
+        run_dir: Path,
+        rank: int,
+        world_size: int,
+        timeout_s: float,
+        grace_s: float = GRACE_S,
+        backend: str = "gloo",
     ) -> None:
+        self.backend = backend
         self.dir = run_dir / HANG_DIR
         self.rank, self.world_size, self.timeout_s, self.grace_s = (
             rank,
@@ -130,6 +143,21 @@ class Watchdog:
         last = traceback.extract_stack(frame)[-1]
         return f"{Path(last.filename).name}:{last.lineno} in {last.name}"
 
+    def dump_flight_recorder(self) -> str | None:
+        """NCCL: torch's Flight Recorder ring of recent collectives (enabled by
+        :func:`enable_flight_recorder`) into ``rank_<k>.nccl_trace.pkl`` (read it with
+        ``torchfrtrace``). Not measured here (no GPUs): best effort."""
+        if self.backend != "nccl":
+            return None
+        try:
+            from torch._C._distributed_c10d import _dump_nccl_trace
+
+            path = self.dir / f"rank_{self.rank}.nccl_trace.pkl"
+            path.write_bytes(_dump_nccl_trace())
+            return path.name
+        except Exception as exc:  # a missing or failing recorder must not stop the report
+            return f"unavailable: {type(exc).__name__}"
+
     def fire(self, waited: float) -> None:
         """Write this rank's stacks and record, wait briefly for the others', exit."""
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -148,6 +176,7 @@ class Watchdog:
             "collective": COLLECTIVES.as_dict(),
             "time": time.time(),
         }
+        record["nccl_trace"] = self.dump_flight_recorder()
         tmp = self.dir / f".rank_{self.rank}.json.tmp"
         tmp.write_text(json.dumps(record))
         tmp.replace(self.dir / f"rank_{self.rank}.json")

@@ -29,7 +29,7 @@ from dtrain_cli.runtime.distributed import (
 )
 from dtrain_cli.runtime.metrics import make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
-from dtrain_cli.runtime.watchdog import process_group_timeout_s
+from dtrain_cli.runtime.watchdog import enable_flight_recorder, process_group_timeout_s
 
 log = logging.getLogger("dtrain")
 
@@ -56,6 +56,7 @@ def worker_main(
     setup_logging(path, rank, console)
     preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
     collective_debug.enable(cfg.debug.check_collectives)
+    enable_flight_recorder(plan.backend, cfg.debug.collective_timeout_s)
     ctx = init_distributed(plan, process_group_timeout_s(cfg.debug.collective_timeout_s))
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
