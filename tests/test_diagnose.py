@@ -146,9 +146,11 @@ def test_hang_ends_soon_and_names_the_rank_that_never_joined(tmp_path):
     msg = next(x for x in run.stderr.splitlines() if "hang:" in x)
     assert "rank 1 never joined all_reduce #3 (step 3, logging)" in msg
     assert "rank 0 waited in it" in msg and "logs/hang" in msg
-    for r in (0, 1):  # every rank's Python stack, the main thread's frames included
-        text = (hang / f"rank_{r}.txt").read_text()
-        assert "trainer.py" in text and "in log_step" in text
+    # every rank's Python stack, the main thread's frames included: rank 0 in the
+    # logging all-reduce, rank 1 frozen by the drill at the end of step 3
+    assert "in log_step" in (hang / "rank_0.txt").read_text()
+    assert "in maybe_fail" in (hang / "rank_1.txt").read_text()
+    assert "(rank 1 at faults.py:" in msg and "in maybe_fail)" in msg
     assert records[0]["collective"]["inside"] is True
     assert records[1]["collective"]["count"] == 2
     for rec in records.values():

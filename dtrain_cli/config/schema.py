@@ -254,6 +254,10 @@ class LauncherConfig:
     threads_per_proc: int | None = None
     """torch threads per worker; default: CPU cores / processes per node."""
     monitor_interval_s: float = 0.1
+    collective_timeout_s: int | None = None
+    """The process group's timeout: seconds a collective waits for a peer before the rank
+    fails (a frozen rank is then named: 'stopped answering'). Default: the hang watchdog's
+    ``debug.collective_timeout_s`` + 15 s (the watchdog speaks first), 300 without it."""
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dtrain_cli.plan.layout import (
     batch_layout,
     bubble_warning,
     pipeline_layout,
+    plural,
     strategy_problems,
 )
 from dtrain_cli.plan.memory import estimate
@@ -31,6 +32,7 @@ from dtrain_cli.plan.plan import (
     PrecisionPlan,
 )
 
+MAX_SAVES = 100_000
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -77,14 +79,29 @@ def loss_problems(cfg: DtrainConfig, spec: ModelSpec) -> list[str]:
     return [] if callable(fn) else [f"train.loss={loss}: not callable"]
 
 
+def _world_fix(dp: int, model_parallel: int, nproc_total: int, nnodes: int) -> str:
+    """What to set so that dp*tp*pp equals the processes asked for: only valid values."""
+    fixes = []
+    if nproc_total % model_parallel == 0:
+        fixes.append(f"dp={nproc_total // model_parallel}")
+    world = dp * model_parallel
+    if world % nnodes == 0:
+        fixes.append(f"nproc_per_node={world // nnodes}")
+    return "set " + " or ".join(fixes) if fixes else "make them equal"
+
+
 def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     res = resources or Resources.detect()
     problems = config_problems(cfg)
+    if problems:  # every value is in range before the layout's arithmetic uses it
+        raise ConfigError(problems)
     par, tr = cfg.parallel, cfg.train
     try:
         spec = model_spec(cfg)
     except UnknownModelKind as exc:
         raise ConfigError([*problems, str(exc)]) from None
+    if problems := spec.value_problems():  # the model's own ranges, like the others above
+        raise ConfigError(problems)
 
     device = cfg.run.device
     if device == "auto":
@@ -105,13 +122,14 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     elif nproc * nnodes != world and world > 0:
         problems.append(
             f"dp*tp*pp = {par.dp}*{par.tp}*{par.pp} = {world} but nproc_per_node*nnodes = "
-            f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; set "
-            f"dp={max(1, nproc * nnodes // max(1, par.tp * par.pp))} or "
-            f"nproc_per_node={world // nnodes if world % nnodes == 0 else '?'}"
+            f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; "
+            + _world_fix(par.dp, par.tp * par.pp, nproc * nnodes, nnodes)
         )
     if device == "cuda" and nproc > res.num_gpus:
         problems.append(
-            f"{nproc} processes per node need {nproc} GPUs but {res.num_gpus} are visible; "
+            f"{plural(nproc, 'process', 'processes')} per node {'needs' if nproc == 1 else 'need'} "
+            f"{plural(nproc, 'GPU')} but "
+            f"{res.num_gpus} {'is' if res.num_gpus == 1 else 'are'} visible; "
             f"lower dp/tp/pp or set run.device=cpu"
         )
     if cfg.run.device == "cuda" and res.num_gpus == 0:
@@ -129,8 +147,9 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         facts = spec.facts()
     except ValueError:  # a model that cannot be built: its problems() said why
         raise ConfigError(problems) from None
+    before = len(problems)
     batch = batch_layout(cfg, facts, problems)
-    pipeline = pipeline_layout(cfg, spec, batch, problems)
+    pipeline = pipeline_layout(cfg, spec, batch, problems, batch_ok=len(problems) == before)
 
     if problems:
         raise ConfigError(problems)
@@ -161,6 +180,14 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         warnings.append(f"optim.min_lr={opt.min_lr} is above the scaled peak lr; capped to it")
 
     ck = cfg.checkpoint
+    if ck.every_steps and tr.steps // ck.every_steps > MAX_SAVES:
+        raise ConfigError(
+            [
+                f"checkpoint.every_steps={ck.every_steps}: {tr.steps // ck.every_steps:,} saves "
+                f"in train.steps={tr.steps}; use at least "
+                f"{math.ceil(tr.steps / MAX_SAVES)} (at most {MAX_SAVES:,} saves)"
+            ]
+        )
     save_steps = list(range(ck.every_steps, tr.steps + 1, ck.every_steps)) if ck.every_steps else []
     if ck.at_end and tr.steps not in save_steps:
         save_steps.append(tr.steps)

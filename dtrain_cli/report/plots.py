@@ -93,7 +93,13 @@ def report_plots(run: RunData, out: Path) -> list[Path]:
             run, out, "loss.png", "loss", [("loss", "train", "train"), ("val_loss", "val", "val")]
         ),
         _line(run, out, "lr.png", "learning rate", [("lr", "train", "lr")]),
-        _line(run, out, "tokens_per_s.png", "throughput", [("tokens_per_s", "train", "tokens/s")]),
+        _line(
+            run,
+            out,
+            "tokens_per_s.png",
+            "throughput",
+            [("tokens_per_s", "train", "tokens/s"), ("samples_per_s", "train", "samples/s")],
+        ),
         step_breakdown(run, out),
     ]
     ranks = per_rank(run, out)

@@ -110,6 +110,7 @@ def summary_text(run: RunData) -> str:
     lines.append(f"final loss: {losses[-1]:.4f}" + (f"   val loss: {val[-1]:.4f}" if val else ""))
     for key, label, fmt in (
         ("tokens_per_s", "tokens/s (median)", ",.0f"),
+        ("samples_per_s", "samples/s (median)", ",.0f"),
         ("train_wall_s", "train wall time, s", ",.1f"),
         ("data_wait_ms_per_step", "data wait, ms/step", ".2f"),
     ):

@@ -1,14 +1,17 @@
 """Fault injection for recovery and diagnosis drills: a chosen rank misbehaves at a step.
 
     DTRAIN_FAULTS="kill:step=13:rank=1" dtrain launch recipe=gpt_tiny dp=2 launcher.max_restarts=1
-    DTRAIN_FAULTS="hang:step=7:rank=1" dtrain launch recipe=gpt_tiny dp=2 \\
+    DTRAIN_FAULTS="hang:step=2:rank=1" dtrain launch recipe=gpt_tiny dp=2 \\
         debug.collective_timeout_s=10
 
 Points: ``kill`` (end of a training step) and ``kill_in_save`` (while a checkpoint's
-temporary folder is being written): the process dies by SIGKILL, as on a lost node.
-Diagnosis drills (:func:`armed`, read by the loop's components): ``hang`` (sleep before
-the logging step's all-reduce: a rank that never joins it), ``slow`` (``ms`` of sleep in
-every step: a straggler), ``nan`` (that step's loss and a gradient become NaN),
+temporary folder is being written): the process dies by SIGKILL, as on a lost node;
+``hang`` (end of a training step): the process stays alive but never reaches the next
+collective, as on a stuck device (the hang watchdog names it after
+``debug.collective_timeout_s``; with the watchdog off, its peers fail after the process
+group's timeout, ``launcher.collective_timeout_s``).
+Diagnosis drills (:func:`armed`, read by the loop at fixed points): ``slow`` (``ms`` of
+sleep in every step: a straggler), ``nan`` (that step's loss and a gradient become NaN),
 ``spike`` (its loss x1000), ``mismatch`` (the logging all-reduce with another shape),
 ``perturb`` (a parameter changed after the optimizer step: a diverging replica).
 ``step`` and ``rank`` select where; a drill without them fires everywhere. Every fault
@@ -56,7 +59,12 @@ def maybe_fail(point: str, **where: int) -> None:
     if not _FAULTS or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return
     for name, params in _FAULTS:
-        if name == point and all(where.get(k) == v for k, v in params.items()):
+        at = "kill" if name == "hang" else name  # a hang fires where kill does
+        if at == point and all(where.get(k) == v for k, v in params.items()):
+            if name == "hang":  # frozen: alive, silent (a real hang leaves no note)
+                while True:
+                    time.sleep(3600)
+            _note_drill(name, where)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -85,8 +93,19 @@ def after_update(params: Callable[[], list[Any]], step: int, rank: int) -> None:
 
 
 def before_logging(step: int, rank: int) -> list[float] | None:
-    """``hang``: this rank never joins the logging all-reduce; ``mismatch``: it joins with
-    one more element. Returns the extra slots for the all-reduce."""
-    if armed("hang", step=step, rank=rank):
-        time.sleep(10**6)
+    """``mismatch``: this rank joins the logging all-reduce with one more element.
+    Returns the extra slots for the all-reduce."""
     return [0.0] if armed("mismatch", step=step, rank=rank) else None
+
+
+def _note_drill(name: str, where: dict[str, int]) -> None:
+    """A drill says what it did (a real SIGKILL leaves no trace): the launcher's report
+    then names the signal (:mod:`dtrain_cli.runtime.failure_notes`)."""
+    run_dir = os.environ.get("DTRAIN_RUN_DIR")
+    if run_dir:
+        from pathlib import Path
+
+        from dtrain_cli.runtime.failure_notes import write_note
+
+        step = where.get("step")
+        write_note(Path(run_dir), int(os.environ.get("RANK", "-1")), step, None, "SIGKILL")

@@ -21,6 +21,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 log = logging.getLogger("dtrain")
+FIRST_STEP_DONE = "first step done"
+"""Every rank's log says this once its first step finished: the launcher keeps a failed
+run's dir from then on (before it, a failed start removes the dir it created)."""
 
 
 class _ConsoleHandler(logging.Handler):
@@ -81,9 +84,7 @@ class MetricsSink:
             self.progress = Progress(
                 TextColumn("step {task.completed}/{task.total}"),
                 BarColumn(),
-                TextColumn(
-                    "loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"
-                ),
+                TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]}"),
                 TimeRemainingColumn(),
                 console=console,
                 auto_refresh=False,
@@ -123,22 +124,23 @@ class MetricsSink:
                 if isinstance(value, (int, float)):  # per-rank lists: metrics.jsonl only
                     self.writer.add_scalar(f"{kind}/{key}", value, step)
         if kind == "train":
+            rate = throughput(values)  # tokens/s for language models, samples/s otherwise
             self._fields = {
                 "loss": f"{values['loss']:.4f}",
                 "lr": f"{values['lr']:.2e}",
-                "tps": f"{values['tokens_per_s']:,.0f}",
+                "tps": rate,
             }
             if self.progress is not None:
                 self.progress.update(self._task, completed=step, **self._fields)
                 self.progress.refresh()
             log.info(  # the rank's file always; the console when the mode is lines
-                "step %d/%s  loss %.4f  lr %.3e  grad_norm %.3f  %s tok/s  %.1f ms/step",
+                "step %d/%s  loss %.4f  lr %.3e  grad_norm %.3f  %s  %.1f ms/step",
                 step,
                 self.total_steps,
                 values["loss"],
                 values["lr"],
                 values.get("grad_norm", float("nan")),
-                f"{values['tokens_per_s']:,.0f}",
+                rate,
                 values["step_time_ms"],
                 extra={"console": self.mode == "lines"},
             )
@@ -156,7 +158,9 @@ class MetricsSink:
             self.progress.update(self._task, completed=summary.get("steps"), **self._fields)
             self.progress.stop()
             self.progress = None
-        self.console.print(summary_table(summary, run_dir))
+        self.console.print(summary_table(summary))
+        for line in summary_lines(run_dir):
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -180,17 +184,27 @@ def truncate_metrics(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def throughput(values: dict[str, Any]) -> str:
+    """``12,345 tok/s`` or ``1,234 samples/s``: the unit follows the model."""
+    if "samples_per_s" in values:
+        return f"{_num(values['samples_per_s'], ',.0f')} samples/s"
+    return f"{_num(values.get('tokens_per_s'), ',.0f')} tok/s"
+
+
 def _num(value: Any, fmt: str = ",.4f") -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "-"
 
 
-def summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
+def summary_table(summary: dict[str, Any]) -> Table:
     """What a person reads at the end of a run (summary.json keeps every field)."""
     table = Table(title="run summary", show_header=False, title_justify="left")
     table.add_row("steps", f"{summary.get('steps')} (world size {summary.get('world_size')})")
     table.add_row("final loss", _num(summary.get("final_loss")))
     table.add_row("val loss", _num(summary.get("val_loss")))
-    table.add_row("tokens/s", _num(summary.get("tokens_per_s"), ",.0f"))
+    if "samples_per_s" in summary:
+        table.add_row("samples/s", _num(summary.get("samples_per_s"), ",.0f"))
+    else:
+        table.add_row("tokens/s", _num(summary.get("tokens_per_s"), ",.0f"))
     table.add_row("wall time", f"{_num(summary.get('train_wall_s'), ',.1f')} s")
     if summary.get("resumed_from"):
         table.add_row("resumed from", str(summary["resumed_from"]))
@@ -202,10 +216,14 @@ def summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
     if summary.get("stragglers"):
         slow = ", ".join(f"rank {r} ({n}x)" for r, n in summary["stragglers"].items())
         table.add_row("[yellow]stragglers[/]", f"{slow}; see dtrain report")
-    table.add_row("run dir", str(run_dir))
-    files = ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/", "profile/")
-    table.add_row("files", " ".join(n for n in files if (run_dir / n.rstrip("/")).exists()))
     return table
+
+
+def summary_lines(run_dir: Path) -> list[str]:
+    """Below the table, unwrapped (a path to copy): the run dir and what it holds."""
+    names = ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/", "profile/")
+    files = " ".join(n for n in names if (run_dir / n.rstrip("/")).exists())
+    return [f"run dir: {run_dir}", f"  files: {files}"]
 
 
 def make_console(is_logging_rank: bool) -> Console | None:

@@ -100,12 +100,24 @@ class ReplicaChecker:
             f"{int(differ.any(dim=0).sum())} of {len(labels)} tensors differ"
         )
 
+    def not_applicable(self) -> str | None:
+        """Why the end-of-run replica check does not apply to this layout (None: it does)."""
+        if self.plan.strategy == "fsdp" and self.plan.batch.dp > 1:
+            return "not applicable: fsdp shards the parameters over dp (no replicas to compare)"
+        return None
+
     def digests(self) -> list[str]:
-        """sha256 of this rank's parameter bytes (local shards), gathered over the dp group."""
+        """sha256 of this rank's parameter bytes (local shards: the same tp shard / pp stage
+        across the dp group), gathered over the dp group. FSDP (dp > 1) has no replicas:
+        each dp rank holds another shard, so the digest is of the full parameters and there
+        is nothing to compare."""
         h = hashlib.sha256()
+        sharded = self.not_applicable() is not None
         for p in self.pm.parameters():
-            local = local_tensor(p)
-            h.update(local.detach().cpu().contiguous().numpy().tobytes())
+            t = full_tensor(p) if sharded else local_tensor(p)  # collective under FSDP
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        if sharded:
+            return [h.hexdigest()]
         out: list[str | None] = [None] * self.plan.batch.dp
         dist.all_gather_object(out, h.hexdigest(), group=self.ctx.dp_group)
         return [str(d) for d in out]
@@ -127,8 +139,12 @@ class ReplicaChecker:
         with ``debug.replica_check_at_end``."""
         out: dict[str, Any] = {}
         if self.at_end:
-            digests = self.digests()
-            out = {"param_digest": digests[0], "replicas_identical": len(set(digests)) == 1}
+            digests, why = self.digests(), self.not_applicable()
+            out = {
+                "param_digest": digests[0],
+                "replicas_identical": None if why else len(set(digests)) == 1,
+                "replicas_check": why,
+            }
         param_sum, param_sq_sum = self.moments()
         out = {"param_sum": param_sum, "param_sq_sum": param_sq_sum, **out}
         if self.active:

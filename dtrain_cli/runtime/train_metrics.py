@@ -167,7 +167,7 @@ class TrainMetrics:
                     "loss": self.last_loss,
                     "lr": self.plan.lr.lr_at(step - 1),
                     "grad_norm": float(norm) if norm is not None else float("nan"),
-                    "tokens_per_s": tps,
+                    f"{self.plan.batch.unit}_per_s": tps,
                     "step_time_ms": self.step_ms,
                     **comm,
                     **per_rank,

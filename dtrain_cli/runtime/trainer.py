@@ -32,7 +32,7 @@ from dtrain_cli.runtime.data_parallel import DataParallelSync
 from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.dtensors import local_tensor
 from dtrain_cli.runtime.loader import Batches
-from dtrain_cli.runtime.metrics import MetricsSink, startup_phases
+from dtrain_cli.runtime.metrics import FIRST_STEP_DONE, MetricsSink, startup_phases
 from dtrain_cli.runtime.numerics import NumericsPolicy
 from dtrain_cli.runtime.optim import Optimizers
 from dtrain_cli.runtime.parallelize import parallelize
@@ -190,7 +190,7 @@ class Trainer:
         """The logging step's one all-reduce: loss, save-time and preemption votes, per-rank
         times; then the on_nan=stop check on its result."""
         step = self.step
-        extra = faults.before_logging(step, self.ctx.rank)  # drills: hang, mismatch
+        extra = faults.before_logging(step, self.ctx.rank)  # the mismatch drill
         votes = self.metrics.log_step(
             step, norm, self.checkpointer.time_vote(), preemption.requested(), extra
         )
@@ -229,9 +229,8 @@ class Trainer:
         self.times["first_step_done"] = time.time()
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
         phases = " · ".join(f"{k} {v:.2f}" for k, v in startup_phases(self.times, t0).items())
-        log.info(
-            "first step done %.2f s after launch (%s)", self.times["first_step_done"] - t0, phases
-        )
+        took = self.times["first_step_done"] - t0
+        log.info("%s %.2f s after launch (%s)", FIRST_STEP_DONE, took, phases)
 
     def _summary(self, wall: float) -> dict[str, Any]:
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
@@ -244,7 +243,7 @@ class Trainer:
             "steps": self.step,
             "final_loss": self.metrics.last_loss,
             "val_loss": self.validator.last_loss,
-            "tokens_per_s": self.metrics.median_tokens_per_s(),
+            f"{self.plan.batch.unit}_per_s": self.metrics.median_tokens_per_s(),
             "train_wall_s": wall,
             "params": est.num_params,
             **self.replicas.summary(),

@@ -82,7 +82,10 @@ def enable_flight_recorder(backend: str, collective_timeout_s: float) -> None:
         os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
 
 
-def process_group_timeout_s(collective_timeout_s: float) -> float:
+def process_group_timeout_s(collective_timeout_s: float, pg_timeout_s: float | None) -> float:
+    """``launcher.collective_timeout_s`` when set, else the watchdog's + a margin."""
+    if pg_timeout_s:
+        return float(pg_timeout_s)
     return collective_timeout_s + PG_MARGIN_S if collective_timeout_s > 0 else 300.0
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,11 +28,16 @@ from dtrain_cli.runtime.distributed import (
     mesh_coordinates,
     shutdown_distributed,
 )
+from dtrain_cli.runtime.failure_notes import write_note
 from dtrain_cli.runtime.metrics import make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
 from dtrain_cli.runtime.watchdog import enable_flight_recorder, process_group_timeout_s
 
 log = logging.getLogger("dtrain")
+
+
+def _stop_quietly(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # @record and multiprocessing print no traceback for it
 
 
 @record
@@ -44,7 +50,11 @@ def worker_main(
     server = sys.modules.get("dtrain_cli.runtime.server_preload")
     if server is not None:  # forked from the fork server, which ignores some signals
         server.restore_worker_signals()
+    # Ctrl-C reaches every process of the terminal's group; the launcher reports it once,
+    # so a worker ends quietly (its finally blocks close the progress bar), no traceback
+    signal.signal(signal.SIGINT, _stop_quietly)
     path = Path(run_dir)
+    os.environ["DTRAIN_RUN_DIR"] = str(path)  # where a fault drill notes what it did
     plan = Plan.load(path / "plan.yaml")
     cfg = config_from_yaml(path / "config.yaml")
     for root in reversed(cfg.run.import_roots):  # the user's _target_ modules, as planned
@@ -57,7 +67,10 @@ def worker_main(
     preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
     collective_debug.enable(cfg.debug.check_collectives)
     enable_flight_recorder(plan.backend, cfg.debug.collective_timeout_s)
-    ctx = init_distributed(plan, process_group_timeout_s(cfg.debug.collective_timeout_s))
+    timeout = process_group_timeout_s(
+        cfg.debug.collective_timeout_s, cfg.launcher.collective_timeout_s
+    )
+    ctx = init_distributed(plan, timeout_s=timeout)
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
     trainer = None
@@ -72,6 +85,7 @@ def worker_main(
         return trainer.train()
     except Exception as exc:
         log.exception("rank %d failed", rank)  # the traceback in logs/rank_<k>.log
+        write_note(path, rank, trainer.step if trainer is not None else None, exc)
         if (mismatch := collective_debug.explain(str(exc))) is not None:
             raise collective_debug.CollectiveMismatch(mismatch) from None
         raise
