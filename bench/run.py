@@ -20,6 +20,7 @@ from pathlib import Path
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
 from diagnose_bench import diagnose_bench
+from data_bench import data_loading
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
 from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
@@ -36,6 +37,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "checkpoint": checkpoint_bench,
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
+    "data": data_loading,
     "diagnose": diagnose_bench,
 }
 

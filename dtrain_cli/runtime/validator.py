@@ -41,6 +41,7 @@ class Validator:
     def should_validate(self, step: int) -> bool:
         return bool(self.every and step % self.every == 0) or step == self.plan.steps
 
+    @torch.no_grad()  # a graph-building eval forward through DDP perturbs the next steps
     def validate(self) -> float:
         """Mean loss; micro-batches dealt round-robin to dp ranks and grouped by pipeline
         calls. One all-reduce (every rank calls it)."""
