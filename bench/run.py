@@ -19,8 +19,8 @@ from pathlib import Path
 
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
-from diagnose_bench import diagnose_bench
 from data_bench import data_loading
+from diagnose_bench import diagnose_bench
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
 from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
