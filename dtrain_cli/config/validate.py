@@ -177,6 +177,7 @@ def range_problems(cfg: DtrainConfig) -> list[str]:
             problems.append(f"{key}={value}: must be in [{low:g}, {high:g})")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be in (0, 1)")
+    problems += profile_problems(cfg.debug.profile_steps, cfg.train.steps)
     problems += _size_problems(cfg)
     return problems
 
@@ -230,7 +231,6 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             f"train.loss={loss}: not allowed; choose one of auto, {', '.join(BUILTIN_LOSSES)} "
             f"or a dotted path to a callable (outputs, targets) -> loss"
         )
-    problems += profile_problems(cfg.debug.profile_steps, cfg.train.steps)
     if cfg.data.source in ("text", "tokens", "hf") and not cfg.data.path:
         problems.append(f"data.path is required for data.source={cfg.data.source}")
     if cfg.data.prefetch_factor is not None and cfg.data.num_workers == 0:
