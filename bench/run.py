@@ -22,6 +22,7 @@ from cli_latency import cli_latency
 from data_bench import data_loading
 from diagnose_bench import diagnose_bench
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
+from hf_bench import hf_overhead
 from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
 from programs import Pair, Workload
@@ -38,6 +39,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
     "data": data_loading,
+    "hf": hf_overhead,
     "diagnose": diagnose_bench,
 }
 
