@@ -21,6 +21,7 @@ from advise_bench import advise_bench
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
 from data_bench import data_loading
+from diagnose_bench import diagnose_bench
 from elastic_bench import elastic_bench
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
 from hf_bench import hf_overhead
@@ -42,6 +43,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "advise": advise_bench,
     "data": data_loading,
     "hf": hf_overhead,
+    "diagnose": diagnose_bench,
     "elastic": elastic_bench,
 }
 

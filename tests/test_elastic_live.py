@@ -132,8 +132,8 @@ def test_a_lost_node_the_run_finishes_on_one_with_the_same_curve(tmp_path, refer
     deadline = time.monotonic() + OUTER_TIMEOUT_S
     try:
         # node 1 first: it waits for node 0's store, so both are in the first round
-        second = nodes.start(1, faults="slow:ms=100")
-        first = nodes.start(0, faults="slow:ms=100")
+        second = nodes.start(1, faults="throttle:ms=100")
+        first = nodes.start(0, faults="throttle:ms=100")
         on_two = lambda: (p := nodes.progress()).get("world_size") == 2 and p["step"] >= 12  # noqa: E731
         nodes.wait_until(on_two, deadline, "step 12 on two nodes", first)
         nodes.kill(second)
@@ -163,10 +163,10 @@ def test_lost_during_a_save_then_back_resumes_the_previous_checkpoint(tmp_path, 
         # the group of one is slowed down until the third agent is in (its start-up takes
         # 5-30 s on a loaded machine)
         nodes.start(1, faults="kill_node_in_save:step=10")
-        first = nodes.start(0, faults="slow:ms=1500:world=1")
+        first = nodes.start(0, faults="throttle:ms=1500:world=1")
         shrunk = lambda: any(c["new_world_size"] == 1 for c in nodes.changes())  # noqa: E731
         nodes.wait_until(shrunk, deadline, "the group of one", first)
-        third = nodes.start(1, faults="slow:ms=1500:world=1")
+        third = nodes.start(1, faults="throttle:ms=1500:world=1")
         first.wait(timeout=max(1.0, deadline - time.monotonic()))
         third.wait(timeout=30)
     finally:
