@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -35,18 +37,37 @@ def launch(
     from dtrain_cli.launch import worker_server
 
     worker_server.start(overrides)  # imports torch on another core while we compose
+    start_run(list(overrides or []), config_dir, nnodes, node_rank, rdzv_endpoint, rdzv_id)
+
+
+def start_run(
+    overrides: list[str],
+    config_dirs: list[Path],
+    nnodes: str | None = None,
+    node_rank: int | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    script: list[str] | None = None,
+    before_start: Callable[[DtrainConfig, Plan], None] | None = None,
+) -> None:
+    """compose -> plan -> run dir -> workers: ``dtrain launch``, and ``dtrain run`` with
+    its ``script`` (``["train.py", *args]`` or ``["-m", "mod", *args]``). ``before_start``
+    runs once the plan is checked, before the run dir is written (the cluster check)."""
     from dtrain_cli.launch.multinode import NodeArgs, apply_node_args, join_run_dir, parse_nnodes
 
     count, problems = parse_nnodes(nnodes)
     extra = [f"parallel.nnodes={count}"] if count else []
     if problems:
         fail(problems)
-    cfg, plan = compose_and_plan([*(overrides or []), *extra], config_dir)
+    cfg, plan = compose_and_plan([*overrides, *extra], config_dirs, script)
     composed = time.time()
     problems = apply_node_args(cfg, NodeArgs(count, node_rank, rdzv_endpoint, rdzv_id))
     if problems:
         fail(problems)
-    prepare_data(cfg)
+    if plan.script is None:  # a script's data is its own
+        prepare_data(cfg)
+    if before_start is not None:
+        before_start(cfg, plan)
     from dtrain_cli.launch.rundir import materialize
 
     try:
@@ -78,8 +99,9 @@ def start_workers(
     """Hand the materialized run to the local launcher; map its outcome to an exit code."""
     for w in plan.warnings:  # once, here: the workers read the plan and do not repeat them
         err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
+    what = shlex.join(plan.script.argv()) if plan.script else plan.recipe
     console.print(
-        f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) ({plan.mesh.label()}) "
+        f"[bold]dtrain[/] {escape(what)}: {plan.world_size} process(es) ({plan.mesh.label()}) "
         f"on {plan.device}/{plan.backend} -> {run_dir}",
         highlight=False,
     )

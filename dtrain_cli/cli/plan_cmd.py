@@ -19,8 +19,12 @@ def plan(
         False, "--show-config", help="Also print the resolved config."
     ),
 ) -> None:
-    """Compose the config and print the plan: layout, batch, LR, checkpoints, estimates."""
-    cfg, the_plan = compose_and_plan(overrides or [], config_dir)
+    """Compose the config and print the plan: layout, batch, LR, checkpoints, estimates.
+    With a script (``dtrain plan dp=4 -- train.py``): what ``dtrain run`` would start."""
+    from dtrain_cli.cli.script_args import split_script
+
+    overrides, script = split_script(overrides or [])
+    cfg, the_plan = compose_and_plan(overrides, config_dir, script)
     if show_config:
         from dtrain_cli.config.compose import config_to_yaml
 
@@ -28,6 +32,9 @@ def plan(
     if fmt == "yaml":
         console.print(the_plan.to_yaml(), markup=False, highlight=False)
         return
-    from dtrain_cli.plan.render import render_plan
+    from dtrain_cli.plan.render import render_plan, render_script
 
+    if the_plan.script is not None:
+        lc = cfg.launcher
+        console.print(render_script(the_plan, lc.rdzv_endpoint, lc.rdzv_timeout_s))
     console.print(render_plan(the_plan))

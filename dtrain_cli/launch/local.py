@@ -32,6 +32,10 @@ EXPECTED_ERRORS = ("CheckpointError:", "FileNotFoundError:", "ValueError: ")
 
 def worker_modules(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> list[str]:
     from dtrain_cli.checkpoint.catalog import has_checkpoint
+    from dtrain_cli.launch.script import script_preload
+
+    if plan.script is not None:
+        return script_preload(plan)
     from dtrain_cli.runtime.preload import modules_before_first_step
 
     return modules_before_first_step(cfg, plan, resuming=has_checkpoint(run_dir))
@@ -74,11 +78,17 @@ def launch_local(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from dtrain_cli.launch.script import failure_tail, script_entry
     from dtrain_cli.runtime.data import prepare_corpus
     from dtrain_cli.runtime.worker import worker_main  # imported here so forked workers inherit it
 
-    # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
-    prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
+    milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
+    if plan.script is not None:  # your own script (dtrain run train.py)
+        entry, args = script_entry(run_dir, plan)
+    else:
+        entry, args = worker_main, (str(run_dir), milestones)
+        # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
+        prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
     # The agent's own logs repeat what dtrain reports (the failing rank and its error).
     for name in (
         "torch.distributed.elastic",
@@ -106,10 +116,9 @@ def launch_local(
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic")),
     )
     preemption.clear_marker(run_dir)
-    milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
     try:
         with forward_signal(cfg.cluster.signal):
-            elastic_launch(config, worker_main)(str(run_dir), milestones)
+            elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         detail = failure.message if isinstance(failure.message, str) else str(failure.message)
@@ -120,6 +129,8 @@ def launch_local(
                 detail = f"{trace.get('message', '')}\n{stack}"
         if detail.startswith(EXPECTED_ERRORS):  # dtrain's own errors: the message says it all
             detail = detail.splitlines()[0]
+        if plan.script is not None:  # the script's own last lines, as python printed them
+            detail = failure_tail(run_dir, rank) or detail
         code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
         return LaunchResult(
             False, code, f"rank {rank} failed (exit code {failure.exitcode}): {detail.strip()}"
@@ -136,6 +147,13 @@ def launch_local(
 
 
 def preempted_result(marker: dict) -> LaunchResult:
+    if marker.get("by") == "script":
+        return LaunchResult(
+            False,
+            preemption.EXIT_PREEMPTED,
+            f"preempted: rank {marker.get('rank')}'s script saved its checkpoint and exited "
+            f"{preemption.EXIT_PREEMPTED}; a requeued SLURM job (or running it again) continues",
+        )
     return LaunchResult(
         False,
         preemption.EXIT_PREEMPTED,

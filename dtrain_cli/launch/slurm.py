@@ -129,7 +129,10 @@ def job_from_plan(
         cluster=c,
         node_command=["agent", str(run_dir), "--nnodes", str(plan.nnodes)],
         summary=(
-            f"run {run_dir.name} (recipe {plan.recipe}): {plan.nnodes} node(s) x "
+            f"run {run_dir.name} (script {shlex.join(plan.script.argv())}): {plan.nnodes} "
+            f"node(s) x {plan.nproc_per_node} process(es), {plan.device}/{plan.backend}"
+            if plan.script is not None  # your own script: it exits 75 to be requeued
+            else f"run {run_dir.name} (recipe {plan.recipe}): {plan.nnodes} node(s) x "
             f"{plan.nproc_per_node} process(es), {plan.device}/{plan.backend}, {plan.steps} steps"
         ),
         requeue=c.requeue,

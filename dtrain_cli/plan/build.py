@@ -22,6 +22,7 @@ from dtrain_cli.plan.layout import (
     strategy_problems,
 )
 from dtrain_cli.plan.memory import estimate
+from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
 from dtrain_cli.plan.plan import (
     MESH_DIM_NAMES,
     CheckpointPlan,
@@ -77,12 +78,16 @@ def loss_problems(cfg: DtrainConfig, spec: ModelSpec) -> list[str]:
     return [] if callable(fn) else [f"train.loss={loss}: not callable"]
 
 
-def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
+def build_plan(
+    cfg: DtrainConfig, resources: Resources | None = None, workdir: Path | None = None
+) -> Plan:
+    """``workdir``: where a script's relative path resolves (default: the current dir)."""
     res = resources or Resources.detect()
     problems = config_problems(cfg)
     par, tr = cfg.parallel, cfg.train
+    script = is_script(cfg)  # your own training script: its model is its own
     try:
-        spec = model_spec(cfg)
+        spec = ScriptSpec(None, cfg) if script else model_spec(cfg)
     except UnknownModelKind as exc:
         raise ConfigError([*problems, str(exc)]) from None
 
@@ -130,7 +135,8 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     except ValueError:  # a model that cannot be built: its problems() said why
         raise ConfigError(problems) from None
     batch = batch_layout(cfg, facts, problems)
-    pipeline = pipeline_layout(cfg, spec, batch, problems)
+    pipeline = None if script else pipeline_layout(cfg, spec, batch, problems)
+    script_run = script_plan(cfg, problems, workdir)
 
     if problems:
         raise ConfigError(problems)
@@ -201,4 +207,5 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         pipeline=pipeline,
         warnings=warnings,
         loss=spec.default_loss() if tr.loss == "auto" else tr.loss,
+        script=script_run,
     )

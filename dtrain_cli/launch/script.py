@@ -1,0 +1,60 @@
+"""The launcher's side of ``dtrain run train.py``: what the agent starts, what a failure says.
+
+    dtrain run dp=2 -- train.py --epochs 3
+
+The same elastic agent, rendezvous, restarts, signal forwarding and run dir as a recipe's
+launch (:mod:`.local`); only the workers' entry differs. ``forkserver`` (default) and
+``fork``: torch's function entry, :func:`dtrain_cli.runtime.script_worker.script_main`,
+in workers forked with torch imported (the first step comes sooner than under torchrun).
+``spawn``: a fresh ``python -u`` per rank, as torchrun starts it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dtrain_cli
+from dtrain_cli.plan.plan import Plan
+
+# Modules a typical DDP script imports before its first step (a speed-up only: the fork
+# server imports them while the launcher composes; a script that uses none loses nothing).
+SCRIPT_PRELOAD = [
+    "dtrain_cli.runtime.script_worker",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.utils.data",
+]
+TAIL_LINES = 12
+
+
+def script_preload(plan: Plan) -> list[str]:
+    return SCRIPT_PRELOAD + (["torch._dynamo"] if plan.world_size > 1 else [])
+
+
+def script_entry(run_dir: Path, plan: Plan) -> tuple[Callable[..., Any] | str, tuple]:
+    """(entrypoint, args) for ``elastic_launch``."""
+    if plan.start_method == "spawn":
+        root = str(Path(dtrain_cli.__file__).parent.parent)
+        code = (
+            f"import sys; sys.path.append({root!r}); "
+            "import dtrain_cli.runtime.script_worker as w; sys.path.pop(); w.main()"
+        )
+        return sys.executable, ("-u", "-c", code, str(run_dir))
+    from dtrain_cli.runtime.script_worker import script_main
+
+    return script_main, (str(run_dir),)
+
+
+def failure_tail(run_dir: Path, rank: int) -> str | None:
+    """The failing rank's last traceback (or last lines) from ``logs/rank_<k>.log``."""
+    try:
+        lines = (run_dir / "logs" / f"rank_{rank}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    tail = lines[starts[-1] :] if starts else lines
+    tail = tail[-TAIL_LINES:]
+    return "\n".join(tail).strip() or None
