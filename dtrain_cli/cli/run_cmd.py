@@ -102,7 +102,7 @@ def parse_late_options(tokens: list[str]) -> tuple[list[str], dict[str, list[str
         name, eq, value = tok.partition("=")
         if not tok.startswith("-"):
             overrides.append(tok)
-        elif name in LATE_OPTIONS and LATE_OPTIONS[name]:
+        elif LATE_OPTIONS.get(name):
             if not eq:
                 if i + 1 >= len(tokens):
                     problems.append(f"{name}: needs a value")
@@ -120,7 +120,7 @@ def parse_late_options(tokens: list[str]) -> tuple[list[str], dict[str, list[str
     return overrides, found, problems
 
 
-def cluster_check(cfg, plan) -> None:  # noqa: ANN001 - (DtrainConfig, Plan)
+def cluster_check(cfg, plan) -> None:
     """``--validate-cluster``: the live collective check on the run's layout, then the run;
     exit 1 (nothing started, no run dir) when a check fails."""
     from dtrain_cli.cli.validate_cmd import DEFAULT_SIZES, check_cluster, parse_size, show

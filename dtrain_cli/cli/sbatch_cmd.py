@@ -69,12 +69,11 @@ def build_job(
     configs; ``run_dir``/``python``/``workdir`` default to the new run dir, this Python and
     the current directory; ``script``: your own script and its arguments (``-- train.py``).
     Raises ConfigError for composition errors."""
+    from dtrain_cli.cli.script_args import apply_script, script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.launch.rundir import new_run_dir
     from dtrain_cli.launch.slurm import cluster_problems, job_from_plan, job_problems, validate_job
     from dtrain_cli.plan.build import Resources, build_plan
-
-    from dtrain_cli.cli.script_args import apply_script, script_problems
 
     args = expand_sbatch_shorthands(overrides)
     recipe, rest = split_recipe(args, "script" if script else "gpt_tiny")

@@ -22,7 +22,6 @@ from dtrain_cli.plan.layout import (
     strategy_problems,
 )
 from dtrain_cli.plan.memory import estimate
-from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
 from dtrain_cli.plan.plan import (
     MESH_DIM_NAMES,
     CheckpointPlan,
@@ -31,6 +30,7 @@ from dtrain_cli.plan.plan import (
     Plan,
     PrecisionPlan,
 )
+from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
 
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 

@@ -44,7 +44,7 @@ class ScriptSpec(ModelSpec):
     def default_loss(self) -> str:
         return "script"
 
-    def build(self, device):  # noqa: ANN001 - never called: the script builds its model
+    def build(self, device):
         raise NotImplementedError("a script run builds its own model")
 
 

@@ -12,8 +12,9 @@ import signal
 import sys
 import time
 
-from . import helper
 from dtrain_cli import script_env
+
+from . import helper
 
 MODE, OUT = sys.argv[1], sys.argv[2]
 RANK = int(os.environ["RANK"])
