@@ -64,10 +64,10 @@ def start_run(
     problems = apply_node_args(cfg, NodeArgs(count, node_rank, rdzv_endpoint, rdzv_id))
     if problems:
         fail(problems)
-    if plan.script is None:  # a script's data is its own
-        prepare_data(cfg)
     if before_start is not None:
         before_start(cfg, plan)
+    if plan.script is None:  # a script's data is its own
+        prepare_data(cfg)
     from dtrain_cli.launch.rundir import materialize
 
     try:

@@ -23,6 +23,8 @@ from pathlib import Path
 import typer
 
 from dtrain_cli.cli.common import CONFIG_DIR_HELP, fail
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.plan.plan import Plan
 
 RUN_SETTINGS = {
     "allow_extra_args": True,
@@ -61,11 +63,6 @@ def run(
     tokens, script = split_script(ctx.args, bare_is_script=True, value_options=takes_value)
     worker_server.start(tokens)  # imports torch on another core while we compose
     overrides, late, problems = parse_late_options(tokens)
-    if script is None:
-        problems.append(
-            "no script: name it after the overrides, e.g. dtrain run dp=2 -- train.py ARGS "
-            "(or -m mypkg.train, or a recipe with script.path)"
-        )
     if problems:
         fail(problems)
     dirs = [*config_dir, *(Path(p) for p in late.get("--config-dir", []) + late.get("-c", []))]
@@ -87,8 +84,22 @@ def run(
         last("--rdzv-endpoint", rdzv_endpoint),
         last("--rdzv-id", rdzv_id),
         script=script,
-        before_start=cluster_check if check else None,
+        before_start=lambda cfg, plan: before_start(cfg, plan, check),
     )
+
+
+def before_start(cfg: DtrainConfig, plan: Plan, check: bool) -> None:
+    """Once the plan is checked: a script to run (the command line's or the recipe's),
+    and with ``--validate-cluster`` the cluster check, before anything is written."""
+    if plan.script is None:
+        fail(
+            [
+                "no script: name it after the overrides, e.g. dtrain run dp=2 -- train.py ARGS "
+                "(or -m mypkg.train, or a recipe that sets script.path)"
+            ]
+        )
+    if check:
+        cluster_check(cfg, plan)
 
 
 def parse_late_options(tokens: list[str]) -> tuple[list[str], dict[str, list[str]], list[str]]:
@@ -120,7 +131,7 @@ def parse_late_options(tokens: list[str]) -> tuple[list[str], dict[str, list[str
     return overrides, found, problems
 
 
-def cluster_check(cfg, plan) -> None:
+def cluster_check(cfg: DtrainConfig, plan: Plan) -> None:
     """``--validate-cluster``: the live collective check on the run's layout, then the run;
     exit 1 (nothing started, no run dir) when a check fails."""
     from dtrain_cli.cli.validate_cmd import DEFAULT_SIZES, check_cluster, parse_size, show

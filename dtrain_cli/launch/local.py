@@ -83,10 +83,7 @@ def launch_local(
     from dtrain_cli.runtime.worker import worker_main  # imported here so forked workers inherit it
 
     milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
-    if plan.script is not None:  # your own script (dtrain run train.py)
-        entry, args = script_entry(run_dir, plan)
-    else:
-        entry, args = worker_main, (str(run_dir), milestones)
+    if plan.script is None:
         # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
         prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
     # The agent's own logs repeat what dtrain reports (the failing rank and its error).
@@ -114,7 +111,12 @@ def launch_local(
         monitor_interval=lc.monitor_interval_s,
         start_method=plan.start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic")),
+        **({"role": "default"} if plan.script else {}),  # ROLE_NAME as torchrun sets it
     )
+    if plan.script is not None:  # your own script (dtrain run train.py)
+        entry, args = script_entry(run_dir, plan, config.signals_to_handle)
+    else:
+        entry, args = worker_main, (str(run_dir), milestones)
     preemption.clear_marker(run_dir)
     try:
         with forward_signal(cfg.cluster.signal):

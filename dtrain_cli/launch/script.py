@@ -34,8 +34,18 @@ def script_preload(plan: Plan) -> list[str]:
     return SCRIPT_PRELOAD + (["torch._dynamo"] if plan.world_size > 1 else [])
 
 
-def script_entry(run_dir: Path, plan: Plan) -> tuple[Callable[..., Any] | str, tuple]:
-    """(entrypoint, args) for ``elastic_launch``."""
+def script_entry(
+    run_dir: Path, plan: Plan, signals_to_handle: str
+) -> tuple[Callable[..., Any] | str, tuple]:
+    """(entrypoint, args) for ``elastic_launch``. A worker forked from the fork server gets
+    the agent's environment as torchrun's workers would see it (they inherit the agent's):
+    what the launcher set after the server started, and what torch's ``launch_agent``
+    sets (``TORCHELASTIC_SIGNALS_TO_HANDLE``)."""
+    import os
+
+    from dtrain_cli.launch import worker_server
+
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals_to_handle  # as launch_agent will
     if plan.start_method == "spawn":
         root = str(Path(dtrain_cli.__file__).parent.parent)
         code = (
@@ -45,7 +55,7 @@ def script_entry(run_dir: Path, plan: Plan) -> tuple[Callable[..., Any] | str, t
         return sys.executable, ("-u", "-c", code, str(run_dir))
     from dtrain_cli.runtime.script_worker import script_main
 
-    return script_main, (str(run_dir),)
+    return script_main, (str(run_dir), worker_server.env_changes())
 
 
 def failure_tail(run_dir: Path, rank: int) -> str | None:

@@ -34,6 +34,7 @@ BASE_PRELOAD = ["dtrain_cli.runtime.server_preload"]  # it imports the worker, t
 
 _preload_file: str | None = None  # where the server waits for the list; None once written
 _running = False
+_env_at_start: dict[str, str] = {}  # the server's (and so its workers') environment
 
 
 def start(overrides: list[str] | None = None) -> None:
@@ -46,6 +47,8 @@ def start(overrides: list[str] | None = None) -> None:
         key, _, value = item.lstrip("+").partition("=")
         if key == "launcher.start_method" and value != "forkserver":
             return
+    _env_at_start.clear()
+    _env_at_start.update(os.environ)
     fd, path = tempfile.mkstemp(prefix="dtrain-preload-", suffix=".json")
     os.close(fd)
     os.unlink(path)  # the server waits for this path to appear
@@ -65,6 +68,15 @@ def start(overrides: list[str] | None = None) -> None:
     _preload_file = path
     _running = True
     atexit.register(stop)  # an error exit before the workers start leaves no server behind
+
+
+def env_changes() -> dict[str, str]:
+    """Variables this process set or changed since it started the server (the agent's own,
+    such as ``TORCHELASTIC_SIGNALS_TO_HANDLE``): a worker forked from the server does not
+    see them unless it is given them. Empty when no server runs."""
+    if not _running:
+        return {}
+    return {k: v for k, v in os.environ.items() if _env_at_start.get(k) != v}
 
 
 def announce(modules: list[str]) -> None:

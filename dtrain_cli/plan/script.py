@@ -15,6 +15,7 @@ import importlib.util
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
@@ -44,7 +45,7 @@ class ScriptSpec(ModelSpec):
     def default_loss(self) -> str:
         return "script"
 
-    def build(self, device):
+    def build(self, device: Any) -> Any:
         raise NotImplementedError("a script run builds its own model")
 
 
@@ -74,7 +75,7 @@ def script_plan(
 
 
 def script_file(path: str, cwd: Path, problems: list[str]) -> str | None:
-    full = (cwd / path).resolve()
+    full = Path(os.path.abspath(cwd / path))  # __file__ as python gives it (links kept)
     if not full.exists():
         problems.append(f"script {path}: not found (looked in {cwd}); check the path")
         return None
@@ -111,6 +112,12 @@ def module_file(name: str, cwd: Path, problems: list[str]) -> str | None:
                     f"name the module to run (e.g. {name}.train)"
                 )
                 return None
+    except ModuleNotFoundError as exc:  # a parent package that is not there
+        problems.append(
+            f"module {name}: not found from {cwd} or PYTHONPATH ({exc}); run from the folder "
+            "above the package or set PYTHONPATH"
+        )
+        return None
     except Exception as exc:  # a parent package that fails to import
         problems.append(f"module {name}: cannot be imported ({type(exc).__name__}: {exc})")
         return None

@@ -41,13 +41,22 @@ import yaml
 from dtrain_cli.runtime.preemption import EXIT_PREEMPTED, MARKER
 from dtrain_cli.script_env import CONFIG_ENV, PLAN_ENV, RUN_DIR_ENV
 
+# What torch's agent sets for each worker (already in os.environ when script_main runs)
+TORCH_WORKER_KEYS = frozenset(
+    ["RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "TORCHELASTIC_ERROR_FILE"]
+)
 
-def script_main(run_dir: str, launcher_milestones: dict[str, float] | None = None) -> None:
+
+def script_main(run_dir: str, agent_env: dict[str, str] | None = None) -> None:
     """The agent's function entry point (fork, forkserver): torch's ``record`` around it
-    writes an exception's traceback where the launcher finds it."""
+    writes an exception's traceback where the launcher finds it. ``agent_env``: what the
+    agent's environment has that the fork server's lacks (torchrun's workers inherit it)."""
     server = sys.modules.get("dtrain_cli.runtime.server_preload")
     if server is not None:  # forked from the fork server, which ignores some signals
         server.restore_worker_signals()
+    for key, value in (agent_env or {}).items():
+        if key not in TORCH_WORKER_KEYS:
+            os.environ[key] = value
     run_script(Path(run_dir))
 
 
@@ -99,7 +108,7 @@ def run_as_main(sc: dict[str, Any]) -> None:
         runpy.run_module(sc["module"], run_name="__main__", alter_sys=True)
     else:
         sys.argv = [sc["path"], *sc["args"]]  # as typed; __file__ is absolute (python 3.9+)
-        sys.path[0:1] = [os.path.dirname(sc["file"])]
+        sys.path[0:1] = [os.path.dirname(os.path.realpath(sc["file"]))]  # as python sets it
         run_file(sc["file"])
 
 
