@@ -116,10 +116,8 @@ def test_worker_env_has_every_torchrun_variable_with_the_same_values(ddp_pair):
         assert got["env"]["DTRAIN_RUN_DIR"] == str(run.run_dir)
         assert got["env"]["DTRAIN_PLAN"] == str(run.run_dir / "plan.yaml")
         # what python script.py gives a script, as under torchrun
-        assert got["argv"] == [rel, "--steps", "6", "--lr=0.1", "--out", "dtrain.json"] + [
-            "--dump",
-            "dump_dtrain",
-        ]
+        tail = ["--out", "dtrain.json", "--dump", "dump_dtrain"]
+        assert got["argv"] == [rel, "--steps", "6", "--lr=0.1", *tail]
         assert ref["argv"][1:4] == ["--steps", "6", "--out"]
         assert got["name"] == ref["name"] == "__main__"
         assert got["file"] == ref["file"] == str(DDP)

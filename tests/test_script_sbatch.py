@@ -48,5 +48,5 @@ def test_module_job_and_missing_script():
     built, text = script_job(["nodes=2", "dp=2"], ["-m", "probepkg.probe", "dump", "out"])
     assert "# dtrain sbatch: run exp1 (script -m probepkg.probe dump out)" in text
     assert built.plan.script.file == str((SCRIPTS / "probepkg" / "probe.py").resolve())
-    with pytest.raises(ConfigError, match="script nothere.py: not found"):
+    with pytest.raises(ConfigError, match=r"script nothere\.py: not found"):
         build_job(["dp=2"], [], workdir=SCRIPTS, script=["nothere.py"], **FIXED)
