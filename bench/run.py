@@ -23,6 +23,7 @@ from harness import REPO, Section, Workspace, load_average, log, machine_lines
 from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
 from programs import Pair, Workload
+from script_bench import script_vs_torchrun
 from startup import time_to_first_step
 from throughput import fixed_cost, framework_overhead
 
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "checkpoint": checkpoint_bench,
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
+    "script": script_vs_torchrun,
 }
 
 

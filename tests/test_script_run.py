@@ -186,6 +186,21 @@ def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
 
 
 @pytest.mark.multiproc
+def test_rank_that_never_arrives_is_named_after_the_rendezvous_timeout(tmp_path):
+    start = time.time()
+    run = run_dtrain(
+        ["run", "dp=2", "launcher.rdzv_timeout_s=6", "-m", "probepkg.probe", "late", "out"],
+        tmp_path,
+        timeout=180,
+        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "rank 0 failed" in run.stderr
+    assert "rank(s) 1 of 2 did not arrive within 6 s" in run.stderr
+    assert time.time() - start < 100  # not the process group's 30 minutes
+
+
+@pytest.mark.multiproc
 def test_restart_after_a_killed_rank(tmp_path):
     run = run_dtrain(
         ["run", "dp=2", "launcher.max_restarts=1", "-m", "probepkg.probe", "kill_once", "out"],
@@ -231,7 +246,9 @@ def test_ctrl_c_leaves_no_process_of_the_script(tmp_path):
     try:
         pid_files = [out / f"pid_rank_{r}" for r in range(2)]
         _wait_for(pid_files)
+        _wait_for([out / f"child_rank_{r}" for r in range(2)])
         pids = [int(p.read_text()) for p in pid_files]
+        pids += [int((out / f"child_rank_{r}").read_text()) for r in range(2)]
         assert all(_alive(p) for p in pids)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)

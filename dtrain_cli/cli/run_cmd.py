@@ -61,7 +61,9 @@ def run(
 
     takes_value = [name for name, has_value in LATE_OPTIONS.items() if has_value]
     tokens, script = split_script(ctx.args, bare_is_script=True, value_options=takes_value)
-    worker_server.start(tokens)  # imports torch on another core while we compose
+    from dtrain_cli.runtime.preload import SCRIPT_FIRST
+
+    worker_server.start(tokens, SCRIPT_FIRST)  # imports torch on another core meanwhile
     overrides, late, problems = parse_late_options(tokens)
     if problems:
         fail(problems)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.schema import DtrainConfig
-from dtrain_cli.launch.signals import forward_signal
+from dtrain_cli.launch.signals import forward_signal, no_orphans
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime import preemption
 
@@ -79,11 +79,12 @@ def launch_local(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from dtrain_cli.launch.script import failure_tail, script_entry
-    from dtrain_cli.runtime.data import prepare_corpus
-    from dtrain_cli.runtime.worker import worker_main  # imported here so forked workers inherit it
 
     milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
-    if plan.script is None:
+    if plan.script is None:  # your own script needs neither the trainer nor the corpus
+        from dtrain_cli.runtime.data import prepare_corpus
+        from dtrain_cli.runtime.worker import worker_main  # here: forked workers inherit it
+
         # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
         prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
     # The agent's own logs repeat what dtrain reports (the failing rank and its error).
@@ -119,7 +120,7 @@ def launch_local(
         entry, args = worker_main, (str(run_dir), milestones)
     preemption.clear_marker(run_dir)
     try:
-        with forward_signal(cfg.cluster.signal):
+        with forward_signal(cfg.cluster.signal), no_orphans(plan.script is not None):
             elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()

@@ -80,3 +80,58 @@ def forward_signal(name: str | None) -> Iterator[list[int]]:
         yield received
     finally:
         signal.signal(num, previous)
+
+
+KEPT_HELPERS = (b"multiprocessing.forkserver", b"resource_tracker")
+
+
+@contextlib.contextmanager
+def no_orphans(enabled: bool = True) -> Iterator[None]:
+    """While the agent runs your own script: the launcher is a child subreaper (Linux), so
+    processes the script started and left behind when its rank was stopped (Ctrl-C, a
+    failing rank) become the launcher's; when the run ends with an error they are killed,
+    so none outlives it. The fork server and the resource tracker end as they always do."""
+    if not enabled or not _set_child_subreaper():
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        kill_descendants()
+        raise
+
+
+def _set_child_subreaper() -> bool:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(parent: int) -> list[tuple[int, bytes]]:
+    out, todo = [], [parent]
+    while todo:
+        for pid, cmdline in _children(todo.pop()):
+            out.append((pid, cmdline))
+            todo.append(pid)
+    return out
+
+
+def kill_descendants(parent: int | None = None) -> list[int]:
+    """SIGKILL every descendant of ``parent`` (default: this process) but the helpers that
+    end by themselves; reap those that were ours. Returns the pids killed."""
+    me = os.getpid() if parent is None else parent
+    killed = []
+    for pid, cmdline in descendants(me):
+        if any(h in cmdline for h in KEPT_HELPERS):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    for pid in killed:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)  # an orphan reparented to us: no zombie left
+    return killed

@@ -104,6 +104,10 @@ def run_script(run_dir: Path) -> None:
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(write_through=True)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    from dtrain_cli.runtime import script_arrival
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    script_arrival.install(float(config.get("launcher", {}).get("rdzv_timeout_s") or 900))
     with tee_output(run_dir / "logs" / f"rank_{rank}.log"):
         try:
             run_as_main(sc)

@@ -3,7 +3,8 @@
     dtrain run dp=2 -m probepkg.probe MODE OUT [ARGS...]    # from tests/scripts
 
 Modes: dump (what it was given), raise / exit3 (rank 1 fails), kill_once (rank 1 dies on
-the first attempt), hang (waits to be stopped), preempt (saves on USR1, exits 75).
+the first attempt), late (rank 1 never calls init_process_group), hang (waits to be
+stopped, with a child process of its own), preempt (saves on USR1, exits 75).
 """
 
 import json
@@ -71,11 +72,22 @@ elif MODE == "kill_once":
     if RANK == 0:
         write("result.json", {"restart": restart, "sum": t.item()})
     dist.destroy_process_group()
+elif MODE == "late":  # rank 1 never reaches init_process_group
+    import torch.distributed as dist
+
+    if RANK == 1:
+        time.sleep(120)
+    dist.init_process_group("gloo")
 elif MODE in ("hang", "preempt"):
     stop = []
     sig = getattr(signal, "SIG" + script_env.current().preemption_signal)
     if MODE == "preempt":
         signal.signal(sig, lambda signum, frame: stop.append(signum))
+    if MODE == "hang":  # a child of the script's own, which must not outlive the run
+        import subprocess
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        write(f"child_rank_{RANK}", child.pid)
     write(f"pid_rank_{RANK}", os.getpid())
     deadline = time.time() + 120
     while not stop and time.time() < deadline:
