@@ -130,3 +130,16 @@ def test_script_env_reads_the_plan(tmp_path, monkeypatch):
     assert run.coords == {"pp": 0, "dp": 3, "tp": 0}
     assert run.config["script"]["path"] == "train.py" and run.preemption_signal == "USR1"
     assert script_env.EXIT_PREEMPTED == 75
+
+
+def test_one_process_per_gpu_unless_dp_is_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.setattr("dtrain_cli.plan.build.visible_gpu_count", lambda: 4)
+    _, plan = compose_and_plan(["run.device=cpu"], [], ["train.py"])
+    assert plan.world_size == 4  # one per visible GPU, as torchrun --nproc-per-node gpu
+    _, plan = compose_and_plan(["run.device=cpu", "dp=2"], [], ["train.py"])
+    assert plan.world_size == 2
+    monkeypatch.setattr("dtrain_cli.plan.build.visible_gpu_count", lambda: 0)
+    _, plan = compose_and_plan([], [], ["train.py"])
+    assert plan.world_size == 1 and plan.device == "cpu"

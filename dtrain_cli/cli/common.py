@@ -52,6 +52,11 @@ def compose_and_plan(
     except ConfigError as exc:
         fail(exc.problems)
     apply_script(cfg, script)
+    if script:
+        from dtrain_cli.cli.script_args import one_process_per_device
+        from dtrain_cli.plan.build import visible_gpu_count
+
+        one_process_per_device(cfg, rest, visible_gpu_count())
     # paths and targets exist, before any write; a script's data is its own business
     problems = [] if is_script(cfg) else data_problems(cfg, config_dirs)
     try:

@@ -61,3 +61,16 @@ def apply_script(cfg: DtrainConfig, script: list[str] | None) -> None:
         sc.path, sc.module, sc.args = None, script[1], list(script[2:])
     else:
         sc.path, sc.module, sc.args = script[0], None, list(script[1:])
+
+
+DP_KEYS = ("dp", "parallel.dp", "parallel.nproc_per_node", "nproc_per_node")
+
+
+def one_process_per_device(cfg: DtrainConfig, overrides: Sequence[str], num_gpus: int) -> None:
+    """``dtrain run train.py`` with GPUs and no layout asked for: one process per GPU (as
+    ``torchrun --nproc-per-node gpu``); on CPU one process unless ``dp=`` says."""
+    par = cfg.parallel
+    asked = any(ov.lstrip("+~").split("=")[0] in DP_KEYS for ov in overrides)
+    if asked or num_gpus <= 0 or (par.dp, par.tp, par.pp) != (1, 1, 1) or par.nproc_per_node:
+        return
+    par.dp = num_gpus * max(par.nnodes, 1)
