@@ -337,3 +337,31 @@ def test_plan_shows_what_would_run(tmp_path):
 
     plan = Plan.from_dict(__import__("yaml").safe_load(yaml_out.stdout))
     assert plan.script is not None and plan.script.argv() == ["train.py", "--epochs", "3"]
+
+
+@pytest.mark.multiproc
+def test_validate_cluster_first_then_the_script(tmp_path):
+    run = run_dtrain(
+        ["run", "--validate-cluster", "dp=2", "-m", "probepkg.probe", "dump", "out"],
+        tmp_path,
+        timeout=240,
+        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}", "COLUMNS": "200"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "all_reduce" in run.stdout and "validate-cluster: ok" in run.stdout
+    assert run.stdout.index("validate-cluster: ok") < run.stdout.index("dtrain -m probepkg")
+    assert json.loads((tmp_path / "out" / "rank_1.json").read_text())["world"] == "2"
+
+
+def test_failed_cluster_check_starts_nothing(tmp_path):
+    (tmp_path / "root").write_text("a file, not a folder\n")  # the run root cannot be made
+    (tmp_path / "train.py").write_text("open('ran', 'w')\n")
+    run = run_dtrain(
+        ["run", "--validate-cluster", "dp=2", f"run.root={tmp_path / 'root' / 'runs'}", "train.py"],
+        tmp_path,
+        timeout=120,
+        env={"COLUMNS": "200"},
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "validate-cluster failed" in run.stderr and "the script was not started" in run.stderr
+    assert not (tmp_path / "ran").exists() and (tmp_path / "root").is_file()

@@ -16,6 +16,7 @@ trainer (:mod:`dtrain_cli.runtime.script_worker`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -143,7 +144,8 @@ def cluster_check(cfg: DtrainConfig, plan: Plan) -> None:
     worker_server.announce(worker_modules(Path(cfg.run.root), cfg, plan))  # server: ready
     lc = cfg.launcher
     multi = plan.nnodes > 1
-    Path(cfg.run.root).mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # one that cannot be made: the check says so
+        Path(cfg.run.root).mkdir(parents=True, exist_ok=True)
     report = check_cluster(
         nnodes=plan.nnodes,
         nproc_per_node=plan.nproc_per_node,
