@@ -61,6 +61,9 @@ def main() -> None:
         params = [p.detach().flatten().tolist() for p in model.module.parameters()]
         with open(args.out, "w") as f:
             json.dump({"params": params, "world": world, "first_step": first_step}, f)
+    # DDP's reducer must not drop the last reference to the gloo group: its destructor
+    # holds the GIL while joining gloo's thread, which may wait for the GIL (seen to hang)
+    del model, opt
     dist.destroy_process_group()
 
 

@@ -78,6 +78,8 @@ elif MODE == "late":  # rank 1 never reaches init_process_group
     if RANK == 1:
         time.sleep(120)
     dist.init_process_group("gloo")
+elif MODE == "preempt" and os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
+    write(f"resumed_rank_{RANK}", {"restart": os.environ["SLURM_RESTART_COUNT"]})
 elif MODE in ("hang", "preempt"):
     stop = []
     sig = getattr(signal, "SIG" + script_env.current().preemption_signal)
