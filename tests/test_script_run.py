@@ -263,9 +263,11 @@ def test_ctrl_c_leaves_no_process_of_the_script(tmp_path):
 
 
 @pytest.mark.multiproc
-def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path):
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, start):
     out = tmp_path / "out"
-    proc = _start(["run", "-m", "probepkg.probe", "preempt", str(out)], tmp_path)
+    args = ["run", f"launcher.start_method={start}", "-m", "probepkg.probe", "preempt", str(out)]
+    proc = _start(args, tmp_path)
     try:
         _wait_for([out / "pid_rank_0"])
         proc.send_signal(signal.SIGUSR1)  # what SLURM's --signal=B:USR1 does to the agent

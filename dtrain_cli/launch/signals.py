@@ -23,6 +23,9 @@ from types import FrameType
 
 from dtrain_cli.runtime.preemption import signal_number
 
+SCRIPT_WORKER = b"dtrain_cli.runtime.script_worker"
+"""In the command line of a ``dtrain run`` worker started with ``start_method=spawn``."""
+
 
 def _children(parent: int) -> list[tuple[int, bytes]]:
     """(pid, cmdline) of the direct children of ``parent``, from /proc."""
@@ -39,9 +42,9 @@ def _children(parent: int) -> list[tuple[int, bytes]]:
 
 def child_pids(parent: int | None = None) -> list[int]:
     """The workers of the agent ``parent`` (default: this process), from /proc: its children
-    that run its own command line (forked from it), and the children of its fork server
-    (:mod:`.worker_server`), which run the server's. Not helpers such as the resource
-    tracker, a compiler, or the fork server itself."""
+    that run its own command line (forked from it) or a script's worker (``spawn``), and the
+    children of its fork server (:mod:`.worker_server`), which run the server's. Not
+    helpers such as the resource tracker, a compiler, or the fork server itself."""
     parent = os.getpid() if parent is None else parent
     try:
         own = Path(f"/proc/{parent}/cmdline").read_bytes()
@@ -49,7 +52,7 @@ def child_pids(parent: int | None = None) -> list[int]:
         return []
     out = []
     for pid, cmdline in _children(parent):
-        if cmdline == own:
+        if cmdline == own or SCRIPT_WORKER in cmdline:  # forked, or your script's python -u
             out.append(pid)
         elif b"multiprocessing.forkserver" in cmdline:
             out.extend(p for p, c in _children(pid) if c == cmdline)

@@ -161,8 +161,8 @@ def print_script_traceback(exc: BaseException) -> None:
     """The traceback as ``python train.py`` prints it: the frames of runpy and of this
     module left out."""
     tb = exc.__traceback__
-    skip = {runpy.__file__, __file__}
-    while tb is not None and tb.tb_frame.f_code.co_filename in skip:
+    ours = ("runpy", __name__)  # runpy may be frozen: known by its module name
+    while tb is not None and tb.tb_frame.f_globals.get("__name__") in ours:
         tb = tb.tb_next
     traceback.print_exception(type(exc), exc, tb, file=sys.stderr)
     sys.stderr.flush()
