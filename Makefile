@@ -17,7 +17,7 @@ help:  ## Show the targets
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q $(TORCH_PIN)
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,hf,plots]"
 	touch $(STAMP)
 
 install: $(STAMP)  ## Create .venv and install dtrain (editable) with the CPU torch wheel

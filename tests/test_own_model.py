@@ -122,3 +122,21 @@ def test_plan_of_an_own_model_counts_the_module_it_builds(tmp_path, monkeypatch)
     plan = yaml.safe_load(run.stdout)
     assert plan["estimates"]["num_params"] == expected
     assert plan["batch"]["unit"] == "samples" and plan["loss"] == "mse"
+
+
+@pytest.mark.multiproc
+def test_the_readme_example_runs_as_written(tmp_path):
+    """README, "Your own model": `cd examples && dtrain launch recipe=my_experiment
+    --config-dir conf dp=2`, in a copy of the folder (runs/ lands next to the code)."""
+    import shutil
+
+    work = tmp_path / "examples"
+    shutil.copytree(EXAMPLES, work, ignore=shutil.ignore_patterns("runs", "__pycache__"))
+    readme = (REPO / "README.md").read_text()
+    assert "dtrain launch recipe=my_experiment --config-dir conf dp=2" in readme
+    run = run_dtrain(["launch", "recipe=my_experiment", "--config-dir", "conf", "dp=2"], work)
+    assert run.returncode == 0, run.stderr
+    assert run.run_dir is not None and run.run_dir.parent == work / "runs"
+    curve = losses(run)
+    assert len(curve) == 5 and curve[-1] < 0.5 * curve[0]  # it learns the linear map
+    assert run.summary()["val_loss"] < curve[0]

@@ -274,3 +274,16 @@ def test_a_key_of_another_model_kind_is_named_with_the_keys_it_has():
     (line,) = info.value.problems
     assert line.startswith("model.sync_bn: not a key of model=gpt_tiny (kind gpt)")
     assert "n_layer" in line
+
+
+def test_an_image_models_plan_counts_samples_not_tokens():
+    from rich.console import Console
+
+    from dtrain_cli.plan.render import render_plan
+
+    p = build_plan(compose_config("cnn_bn", [], validate=False), CPU)
+    assert p.batch.unit == "samples" and p.batch.seq_len == 1
+    console = Console(record=True, width=120)
+    console.print(render_plan(p))
+    text = console.export_text()
+    assert "32 samples" in text and "tokens" not in text and "FLOPs per sample" in text

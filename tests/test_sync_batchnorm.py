@@ -112,3 +112,7 @@ def test_cnn_bn_recipe_trains_with_sync_bn(tmp_path):
     losses = [r["loss"] for r in run.metrics()]
     assert losses[-1] < losses[0]
     assert run.summary()["replicas_identical"] is True
+    # an image model's throughput is in samples, not tokens (console, metrics, summary)
+    assert all("samples_per_s" in r and "tokens_per_s" not in r for r in run.metrics())
+    assert run.summary()["samples_per_s"] > 0 and "tokens_per_s" not in run.summary()
+    assert "samples/s" in run.stdout and "tok/s" not in run.stdout

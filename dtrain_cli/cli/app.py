@@ -28,6 +28,7 @@ app = typer.Typer(
     name="dtrain",
     help="Declarative distributed PyTorch training: a YAML recipe in, a resumable run out.",
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )

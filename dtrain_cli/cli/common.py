@@ -25,6 +25,28 @@ CKPT_HELP = "A run directory (its newest complete checkpoint) or a checkpoints/s
 CONFIG_DIR_HELP = "Extra config folder (group folders and recipes/); also $DTRAIN_CONFIG_PATH."
 
 
+def complete_override(incomplete: str) -> list[str]:
+    """Shell completion of an override: recipe names, group options, config keys."""
+    from dtrain_cli.config.compose import group_options, list_recipes
+    from dtrain_cli.config.overrides import SHORTHANDS, schema_fields
+
+    key, eq, _ = incomplete.partition("=")
+    if eq:
+        if key == "recipe":
+            values = list(list_recipes())
+        else:
+            values = group_options().get(key, [])
+            if schema_fields().get(SHORTHANDS.get(key, key), None) is not None:
+                values = values or ["true", "false"] * (
+                    schema_fields()[SHORTHANDS.get(key, key)].base == "bool"
+                )
+        return [f"{key}={v}" for v in values if f"{key}={v}".startswith(incomplete)]
+    words = ["recipe", *group_options(), *SHORTHANDS, *schema_fields()]
+    prefix = incomplete[: len(incomplete) - len(incomplete.lstrip("+~"))]
+    body = incomplete[len(prefix) :]
+    return [f"{prefix}{w}" + ("" if prefix == "~" else "=") for w in words if w.startswith(body)]
+
+
 def fail(problems: Sequence[str], code: int = EXIT_CONFIG) -> NoReturn:
     for p in problems:
         err_console.print(
@@ -50,7 +72,14 @@ def compose_and_plan(
     try:
         cfg = compose_config(recipe, rest, config_dirs, validate=False)  # build_plan checks
     except ConfigError as exc:
-        fail(exc.problems)
+        problems = exc.problems
+        if exc.config is not None:  # some overrides were wrong: what else is, without them
+            apply_script(exc.config, script)
+            try:
+                build_plan(exc.config)
+            except ConfigError as more:
+                problems = problems + [p for p in more.problems if p not in problems]
+        fail(problems)
     apply_script(cfg, script)
     if script:
         from dtrain_cli.cli.script_args import one_process_per_device

@@ -14,6 +14,7 @@ from rich.markup import escape
 from dtrain_cli.cli.common import (
     CONFIG_DIR_HELP,
     OVERRIDES_HELP,
+    complete_override,
     compose_and_plan,
     console,
     err_console,
@@ -25,7 +26,9 @@ from dtrain_cli.plan.plan import Plan
 
 
 def launch(
-    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    overrides: list[str] = typer.Argument(
+        None, help=OVERRIDES_HELP, autocompletion=complete_override
+    ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
     nnodes: str | None = typer.Option(None, "--nnodes", help="Nodes (N); run on each node."),
     node_rank: int | None = typer.Option(None, "--node-rank", help="This node: 0 hosts rdzv."),

@@ -6,14 +6,29 @@ from pathlib import Path
 
 import typer
 
-from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, compose_and_plan, console
+from dtrain_cli.cli.common import (
+    CONFIG_DIR_HELP,
+    OVERRIDES_HELP,
+    complete_override,
+    compose_and_plan,
+    console,
+    fail,
+)
+
+FORMATS = ("table", "yaml", "json")
 
 
 def plan(
-    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    overrides: list[str] = typer.Argument(
+        None, help=OVERRIDES_HELP, autocompletion=complete_override
+    ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
     fmt: str = typer.Option(
-        "table", "--format", "-f", help="table | yaml (the plan.yaml a launch writes)"
+        "table",
+        "--format",
+        "-f",
+        help="table | yaml (the plan.yaml a launch writes) | json; with --show-config, yaml "
+        "and json hold one document with keys config and plan.",
     ),
     show_config: bool = typer.Option(
         False, "--show-config", help="Also print the resolved config."
@@ -23,18 +38,38 @@ def plan(
     With a script (``dtrain plan dp=4 -- train.py``): what ``dtrain run`` would start."""
     from dtrain_cli.cli.script_args import split_script
 
+    if fmt not in FORMATS:
+        fail([f"--format={fmt}: not a format; choose one of {', '.join(FORMATS)}"])
     overrides, script = split_script(overrides or [])
     cfg, the_plan = compose_and_plan(overrides, config_dir, script)
+    if fmt in ("yaml", "json"):
+        import sys
+
+        doc = the_plan.to_dict()
+        if show_config:
+            from omegaconf import OmegaConf
+
+            doc = {"config": OmegaConf.to_container(OmegaConf.structured(cfg)), "plan": doc}
+        sys.stdout.write(_dump(doc, fmt))
+        return
     if show_config:
         from dtrain_cli.config.compose import config_to_yaml
 
         console.print(config_to_yaml(cfg), markup=False, highlight=False)
-    if fmt == "yaml":
-        console.print(the_plan.to_yaml(), markup=False, highlight=False)
-        return
     from dtrain_cli.plan.render import render_plan, render_script
 
     if the_plan.script is not None:
         lc = cfg.launcher
         console.print(render_script(the_plan, lc.rdzv_endpoint, lc.rdzv_timeout_s))
     console.print(render_plan(the_plan))
+
+
+def _dump(doc: dict, fmt: str) -> str:
+    """Plain text for a loader: not through rich (no wrapping at the terminal's width)."""
+    if fmt == "json":
+        import json
+
+        return json.dumps(doc, indent=2) + "\n"
+    import yaml
+
+    return yaml.safe_dump(doc, sort_keys=False)

@@ -13,17 +13,42 @@ from pathlib import Path
 
 import typer
 
-from dtrain_cli.cli.common import CKPT_HELP, CONFIG_DIR_HELP, OVERRIDES_HELP, err_console, fail
+from dtrain_cli.cli.common import CKPT_HELP, CONFIG_DIR_HELP, complete_override, err_console, fail
 from dtrain_cli.config.errors import ConfigError
+
+RESUME_OVERRIDES_HELP = (
+    "Overrides for the continued run (key=value, +key=value, ~key, group=option): steps, "
+    "layout (dp=, tp=, pp=, train.micro_batch_size=), checkpoint cadence, logging, LR values. "
+    "Not recipe= (a resume continues its own run), model.*, data.*, train.seed, optim.name, "
+    "run.*."
+)
+
+
+def recipe_problems(overrides: list[str]) -> list[str]:
+    """``recipe=``/``run.recipe=``: the run's recipe is the checkpoint's, never another."""
+    out = []
+    for ov in overrides:
+        key = ov.lstrip("+~").split("=", 1)[0].strip()
+        if key in ("recipe", "run.recipe"):
+            out.append(
+                f"{ov}: a resume continues its own run, with the recipe and config saved in "
+                "its checkpoint; drop it (or start a new run: dtrain launch recipe=NAME)"
+            )
+    return out
 
 
 def resume(
     ckpt: Path = typer.Option(..., "--ckpt", help=CKPT_HELP),
-    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    overrides: list[str] = typer.Argument(
+        None, help=RESUME_OVERRIDES_HELP, autocompletion=complete_override
+    ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
 ) -> None:
     """Continue a run from a checkpoint (the newest complete one of a run directory)."""
     import os
+
+    if problems := recipe_problems(list(overrides or [])):
+        fail(problems)
 
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
     from dtrain_cli.launch import worker_server

@@ -21,7 +21,13 @@ from pathlib import Path
 
 import typer
 
-from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, err_console, fail
+from dtrain_cli.cli.common import (
+    CONFIG_DIR_HELP,
+    OVERRIDES_HELP,
+    complete_override,
+    err_console,
+    fail,
+)
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.launch.slurm import SbatchJob
@@ -107,7 +113,9 @@ def build_job(
 
 
 def sbatch(
-    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    overrides: list[str] = typer.Argument(
+        None, help=OVERRIDES_HELP, autocompletion=complete_override
+    ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script (the default)."),
     submit: bool = typer.Option(False, "--submit", help="sbatch it; print the job id."),

@@ -57,6 +57,9 @@ def validate_cluster(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
     """Check env, devices, ports, SLURM and the run dir; then rendezvous + collectives live."""
+    problems = range_problems(nnodes, nproc_per_node, node_rank, timeout)
+    if problems:
+        fail(problems)
     try:
         size_list = [parse_size(s) for s in sizes.split(",") if s.strip()]
     except ValueError as exc:
@@ -127,6 +130,22 @@ def check_cluster(
     live_checks = (report["live"] or {}).get("checks", [])
     report["ok"] = all(c["status"] != FAIL for c in checks + live_checks)
     return report
+
+
+def range_problems(
+    nnodes: int, nproc_per_node: int | None, node_rank: int | None, timeout: float
+) -> list[str]:
+    """The flags' ranges, before anything uses them (a negative timeout reached TCPStore)."""
+    problems = []
+    if nnodes < 1:
+        problems.append(f"--nnodes={nnodes}: must be >= 1")
+    if nproc_per_node is not None and nproc_per_node < 1:
+        problems.append(f"--nproc-per-node={nproc_per_node}: must be >= 1 (or leave it out)")
+    if node_rank is not None and nnodes >= 1 and not 0 <= node_rank < nnodes:
+        problems.append(f"--node-rank={node_rank}: must be in [0, {nnodes}) for --nnodes {nnodes}")
+    if not 0 < timeout <= 86400:  # also nan
+        problems.append(f"--timeout={timeout:g}: must be > 0 seconds (at most 86400)")
+    return problems
 
 
 def run_live(req: Any, rdzv_id: str | None, timeout: float, sizes: list[int]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ is laid out like the project: group folders (``model/``, ``data/`` ...) and a
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Sequence
@@ -19,26 +18,21 @@ from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
 from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.config.overrides import (
+    SHORTHANDS,
+    Override,
+    apply_values,
+    check_overrides,
+    did_you_mean,
+    schema_fields,
+    unknown_key,
+)
 from dtrain_cli.config.schema import DataConfig, DtrainConfig, register_schema
 from dtrain_cli.config.targets import import_roots
 
 CONFIG_PATH_ENV = "DTRAIN_CONFIG_PATH"
-
-# Shorthands users type most; each maps to its full key (group selections such as
-# precision=bf16 are already Hydra group overrides and need no mapping).
-SHORTHANDS = {
-    "dp": "parallel.dp",
-    "tp": "parallel.tp",
-    "pp": "parallel.pp",
-    "lr_scaling": "optim.lr_scaling",
-    "lr": "optim.base_lr",
-    "steps": "train.steps",
-    "nnodes": "parallel.nnodes",
-    "nproc_per_node": "parallel.nproc_per_node",
-}
 
 
 def _package_dir(name: str) -> Path:
@@ -119,7 +113,7 @@ def expand_shorthands(overrides: Sequence[str]) -> list[str]:
 def split_recipe(overrides: Sequence[str], default: str = "gpt_tiny") -> tuple[str, list[str]]:
     recipe, rest = default, []
     for ov in overrides:
-        if ov.startswith("recipe="):
+        if ov.lstrip("+").startswith("recipe="):  # +recipe= means the same, as for keys
             recipe = ov.split("=", 1)[1]
         else:
             rest.append(ov)
@@ -133,52 +127,159 @@ def compose_config(
     validate: bool = True,
 ) -> DtrainConfig:
     """Compose and (unless the caller validates with the plan) check values. Raises
-    ConfigError naming every problem found."""
-    from dtrain_cli.config.validate import validate_config
+    ConfigError naming every problem found; when only some overrides were wrong, the error
+    carries the config composed without them (``exc.config``) so that the caller can add
+    the other problems (root causes, all of them)."""
+    from dtrain_cli.config.validate import config_problems
 
-    typed = to_dataclass(compose_dictconfig(recipe, overrides, config_dirs))
-    if validate:
-        validate_config(typed)
+    try:
+        typed = to_dataclass(compose_dictconfig(recipe, overrides, config_dirs))
+    except ConfigError as exc:
+        if validate and exc.config is not None:
+            raise ConfigError(exc.problems + config_problems(exc.config)) from None
+        raise
+    if validate and (problems := config_problems(typed)):
+        raise ConfigError(problems)
     return typed
 
 
 def compose_dictconfig(
     recipe: str, overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = ()
 ) -> DictConfig:
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     recipes = list_recipes(config_dirs)
     if recipe not in recipes:
-        hint = _did_you_mean(recipe, recipes)
+        hint = did_you_mean(recipe, list(recipes))
         raise ConfigError(
             [f"unknown recipe {recipe!r}{hint}; available: {', '.join(recipes) or 'none'}"]
         )
+    search = search_path(config_dirs)
+    kind = kind_keys(recipes[recipe], overrides, search)
+    checked, problems = check_overrides(overrides, group_options(config_dirs), **kind)
+    cfg = _compose(recipes[recipe], config_dirs, checked)
+    bad = interpolation_problems(cfg, checked, kind["extra"])
+    if bad:  # compose again without them, for the other checks
+        problems += list(bad.values())
+        checked = [ov for ov in checked if ov.key not in bad]
+        cfg = _compose(recipes[recipe], config_dirs, checked)
+    OmegaConf.update(cfg, "run.recipe", recipe, merge=False)
+    # where _target_ modules import from, fixed now so every worker and node imports the same
+    OmegaConf.update(cfg, "run.import_roots", import_roots(config_dirs), merge=False)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    problems += [f"{k} is required (set {k}=...)" for k in missing]
+    if problems:
+        raise ConfigError(problems, config=None if missing else to_dataclass(cfg))
+    return cfg
+
+
+_COMPOSED: dict[tuple, DictConfig] = {}
+
+
+def search_path(config_dirs: Sequence[str | Path] = ()) -> list[Path]:
+    """Hydra's search path: the user's folders (and their recipes/), then the built-in."""
     user_dirs = user_config_dirs(config_dirs)
     search = [*user_dirs, *(d / "recipes" for d in user_dirs), builtin_configs_dir()]
-    search = [d for d in search if d.is_dir()]
+    return [d for d in search if d.is_dir()]
+
+
+def kind_keys(recipe_path: Path, overrides: Sequence[str], search: Sequence[Path]) -> dict:
+    """What the override checks need to know of the chosen model and data options: the
+    model kind's own keys (``model.*`` belong to the kind, dtrain_cli/models) and the keys
+    open to anything (a custom model's or dataset's keyword arguments, a transformers
+    config: ``dtrain_cli.models.OPEN_KEYS``)."""
+    from dtrain_cli.config.overrides import Field
+    from dtrain_cli.models import OPEN_KEYS, UnknownModelKind, spec_class
+
+    option = _group_option("model", recipe_path, overrides)
+    kind = _option_kind(option, search) if option else None
+    extra: dict[str, Field] = {}
+    open_prefixes: list[str] = []
+    label = None
+    if kind:
+        try:
+            cls = spec_class(kind).config_class
+        except (UnknownModelKind, ImportError):
+            cls = None
+        if cls is not None and not hasattr(cls, "from_dict"):
+            extra = schema_fields(cls, "model.")
+        if kind in OPEN_KEYS:
+            open_prefixes.append(OPEN_KEYS[kind])
+        label = f"model={option} (kind {kind})"
+    data_option = _group_option("data", recipe_path, overrides)
+    if data_option and _option_value("data", data_option, "source", search) == "custom":
+        open_prefixes.append("data.")
+    return {"extra": extra, "open_prefixes": tuple(open_prefixes), "model_label": label}
+
+
+def _compose(recipe_path: Path, config_dirs: Sequence[str | Path], checked: list[Override]):
+    """Hydra merges the recipe's defaults list with the group options chosen (cached: the
+    same recipe, options and files compose the same); values are then set on a copy."""
+    import copy
+
+    search = search_path(config_dirs)
+    chosen = tuple(f"{ov.key}={ov.value}" for ov in checked if ov.kind == "group")
+    files = tuple(
+        (str(p), p.stat().st_mtime_ns)
+        for d in {recipe_path.parent, *search}
+        for p in sorted(d.glob("**/*.yaml"))
+    )
+    key = (str(recipe_path), tuple(map(str, search)), chosen, files)
+    if key not in _COMPOSED:
+        _COMPOSED.clear()  # one entry: a long-lived process composes one recipe at a time
+        _COMPOSED[key] = _hydra_compose(recipe_path, search, list(chosen))
+    cfg = copy.deepcopy(_COMPOSED[key])
+    problems = apply_values(cfg, checked)
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _hydra_compose(recipe_path: Path, search: list[Path], chosen: list[str]) -> DictConfig:
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
     searchpath = "hydra.searchpath=[" + ",".join(f"file://{p}" for p in search) + "]"
-    user_overrides = open_key_overrides(recipes[recipe], expand_shorthands(overrides), search)
     register_schema()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(recipes[recipe].parent), version_base="1.3"):
-            cfg = compose(config_name=recipe, overrides=[searchpath, *user_overrides])
+        with initialize_config_dir(config_dir=str(recipe_path.parent), version_base="1.3"):
+            cfg = compose(config_name=recipe_path.stem, overrides=[searchpath, *chosen])
     except Exception as exc:  # Hydra/OmegaConf raise many types; translate all of them
-        message = _model_key_error(exc, recipes[recipe], user_overrides, search)
-        raise ConfigError([message or _explain_compose_error(exc, user_overrides)]) from None
+        raise ConfigError([_explain_compose_error(exc, chosen)]) from None
     finally:
         GlobalHydra.instance().clear()
     if "hydra" in cfg:
         with _writable(cfg):
             del cfg["hydra"]
-    OmegaConf.update(cfg, "run.recipe", recipe, merge=False)
-    # where _target_ modules import from, fixed now so every worker and node imports the same
-    OmegaConf.update(cfg, "run.import_roots", import_roots(config_dirs), merge=False)
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    if missing:
-        raise ConfigError([f"{k} is required (set {k}=...)" for k in missing])
     return cfg
+
+
+def interpolation_problems(
+    cfg: DictConfig, checked: Sequence[Override], extra: dict | None = None
+) -> dict[str, str]:
+    """key -> problem, for each interpolated override that does not resolve, or resolves to
+    a value of the wrong type."""
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    containers = {"list": (list, ListConfig), "dict": (dict, DictConfig)}
+    fields_ = {**schema_fields(), **(extra or {})}
+    out = {}
+    for ov in checked:
+        if not (isinstance(ov.value, str) and "${" in ov.value):
+            continue
+        try:
+            value = OmegaConf.select(cfg, ov.key, throw_on_resolution_failure=True)
+            want = containers.get(fields_[ov.key].base) if ov.key in fields_ else None
+            if want and value is not None and not isinstance(value, want):
+                out[ov.key] = (
+                    f"{ov.key}={ov.value}: the interpolation gives {value!r}, "
+                    f"not a {fields_[ov.key].base}"
+                )
+        except OmegaConfBaseException as exc:
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            why = why.removeprefix(f"While dereferencing interpolation '{ov.value}': ")
+            out[ov.key] = f"{ov.key}={ov.value}: the interpolation fails ({why})"
+    return out
 
 
 class _writable:
@@ -193,12 +294,21 @@ class _writable:
 
 
 def to_dataclass(cfg: DictConfig) -> DtrainConfig:
-    from dtrain_cli.models import typed_model_config
+    from omegaconf.errors import OmegaConfBaseException
+
+    from dtrain_cli.models import UnknownModelKind, typed_model_config
 
     _fold_data_kwargs(cfg)
-    obj = OmegaConf.to_object(cfg)
-    assert isinstance(obj, DtrainConfig)
-    obj.model = typed_model_config(obj.model)
+    try:
+        obj = OmegaConf.to_object(cfg)
+        assert isinstance(obj, DtrainConfig)
+        obj.model = typed_model_config(obj.model)
+    except OmegaConfBaseException as exc:  # an interpolation in a YAML file, say
+        key = getattr(exc, "full_key", None) or "config"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError([f"{key}: {first}"]) from None
+    except UnknownModelKind as exc:
+        raise ConfigError([str(exc)]) from None
     return obj
 
 
@@ -258,54 +368,6 @@ def _all_keys(node: type = DtrainConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def open_key_overrides(
-    recipe_path: Path, overrides: list[str], search: Sequence[Path]
-) -> list[str]:
-    """Keys the schema cannot know (a custom model's or dataset's keyword arguments, a
-    transformers config) are added, not overridden: ``model.width=256`` becomes
-    ``++model.width=256`` when the chosen option is of an open kind
-    (``dtrain_cli.models.OPEN_KEYS``; ``data=custom``)."""
-    from dtrain_cli.models import OPEN_KEYS
-
-    prefixes = []
-    option = _group_option("model", recipe_path, overrides)
-    kind = _option_kind(option, search) if option else None
-    if kind in OPEN_KEYS:
-        prefixes.append(OPEN_KEYS[kind])
-    data_option = _group_option("data", recipe_path, overrides)
-    if data_option and _option_value("data", data_option, "source", search) == "custom":
-        prefixes.append("data.")
-    if not prefixes:
-        return overrides
-    out = []
-    for ov in overrides:
-        key = ov.split("=", 1)[0]
-        if "=" in ov and key.startswith(tuple(prefixes)) and not key.startswith(("+", "~")):
-            ov = f"++{ov}"
-        out.append(ov)
-    return out
-
-
-def _model_key_error(
-    exc: Exception, recipe_path: Path, overrides: Sequence[str], search: Sequence[Path]
-) -> str | None:
-    """A ``model.<key>`` the chosen model kind does not have: name the kind and its keys."""
-    from dtrain_cli.models import UnknownModelKind, spec_class
-
-    m = re.search(r"Could not override '(model\.[\w.]+)'", str(exc))
-    option = _group_option("model", recipe_path, overrides)
-    kind = _option_kind(option, search) if m and option else None
-    if not (m and kind):
-        return None
-    try:
-        names = [f.name for f in fields(spec_class(kind).config_class)]
-    except (UnknownModelKind, TypeError):
-        return None
-    key = m.group(1)
-    hint = _did_you_mean(key.split(".", 1)[1], names)
-    return f"{key}: not a key of model={option} (kind {kind}){hint}; its keys: {', '.join(names)}"
-
-
 def _group_option(group: str, recipe_path: Path, overrides: Sequence[str]) -> str | None:
     """The option of ``group`` this composition picks: the last ``group=x`` override, else
     the recipe's ``override /group: x``."""
@@ -351,31 +413,27 @@ def _option_kind(option: str, search: Sequence[Path]) -> str | None:
     return None
 
 
-def _did_you_mean(word: str, candidates: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
 def _explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
+    """Hydra's errors (overrides are checked before, so mostly a recipe or group file's
+    content) as one line naming the key."""
     chain, cause = [], exc
     while cause is not None and len(chain) < 5:
         chain.append(str(cause).strip())
         cause = cause.__cause__ or cause.__context__
     msg = "\n".join(chain)
     first = chain[0].splitlines()[0] if chain and chain[0] else type(exc).__name__
-    m = re.search(r"Could not override '([^']+)'", msg) or re.search(
-        r"Key '([^']+)' not in '?\w*'?", msg
+    m = re.search(r"Key '([^']+)' not in '?\w*'?", msg)
+    full_key = re.search(r"full_key: ([\w.]+)", msg)
+    if m and "not in" in msg:
+        key = full_key.group(1) if full_key else m.group(1)
+        if key not in _all_keys():
+            return unknown_key(key)
+    m = re.search(
+        r"Value '([^']*)' (?:of type '\w+' )?(?:could not be converted to|is not a valid) (\w+)",
+        msg,
     )
-    if m and ("not in" in msg or "Could not override" in msg):
-        key = m.group(1)
-        full = next((k for k in _all_keys() if k.endswith("." + key) or k == key), None)
-        guess = _did_you_mean(key, _all_keys())
-        if full is None:
-            return f"unknown key {key!r}{guess}; see `dtrain plan --show-config` for all keys"
-    m = re.search(r"Value '([^']*)' (?:of type '\w+' )?could not be converted to (\w+)", msg)
     if m:
-        key = re.search(r"full_key: ([\w.]+)", msg)
-        where = key.group(1) if key else "a key"
+        where = full_key.group(1) if full_key else "a key"
         kind = {"Integer": "integer", "Float": "number", "Boolean": "boolean (true/false)"}
         return f"{where}: value {m.group(1)!r} is not a valid {kind.get(m.group(2), m.group(2))}"
     m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
@@ -383,68 +441,68 @@ def _explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
         group, option = m.group(1).strip("/"), m.group(2)
         opts = _group_options(group)
         return (
-            f"{group}={option}: no such option{_did_you_mean(option, opts)}; "
+            f"{group}={option}: no such option{did_you_mean(option, opts)}; "
             f"allowed: {', '.join(opts)}"
         )
-    if "mismatched input" in msg or "no viable alternative" in msg:
-        return f"cannot parse override ({first}); overrides look like key=value, +key=value, ~key"
     return first
 
 
+def group_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, list[str]]:
+    """Every config group (a folder of YAML options) -> its options, built-in and the user's."""
+    found: dict[str, set[str]] = {}
+    for d in [*user_config_dirs(config_dirs), builtin_configs_dir()]:
+        for sub in d.iterdir():
+            if sub.is_dir() and sub.name != "recipes":
+                opts = {p.stem for p in sub.glob("*.yaml")}
+                if opts:
+                    found.setdefault(sub.name, set()).update(opts)
+    return {g: sorted(o) for g, o in sorted(found.items())}
+
+
 def _group_options(group: str) -> list[str]:
-    d = builtin_configs_dir() / group
-    return sorted(p.stem for p in d.glob("*.yaml")) if d.is_dir() else []
+    return group_options().get(group, [])
 
 
 # Keys a resume may not change: the checkpoint's weights, optimizer state and data stream
 # depend on them. Everything else (steps, layout, cadence, logging, LR values) is allowed.
-UNSAFE_ON_RESUME = ("model.", "data.", "train.seed", "optim.name", "run.root", "run.name")
+UNSAFE_ON_RESUME = (
+    "model.",
+    "data.",
+    "train.seed",
+    "optim.name",
+    "run.root",
+    "run.name",
+    "run.recipe",
+)
 
 
 def override_config(
     cfg: DtrainConfig, overrides: Sequence[str], config_dirs: Sequence[str | Path] = ()
 ) -> DtrainConfig:
-    """Apply Hydra-grammar overrides to an already resolved config (``dtrain resume``).
-    ``group=option`` merges that option's YAML from the search path."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+    """Apply overrides to an already resolved config (``dtrain resume``), checked as
+    composition checks them. ``group=option`` merges that option's YAML from the search path."""
     from dtrain_cli.config.validate import validate_config
+    from dtrain_cli.models import model_spec
 
-    node = OmegaConf.structured(cfg)
-    expanded = expand_shorthands(overrides)
-    try:
-        parsed = OverridesParser.create().parse_overrides(expanded)
-    except Exception as exc:
-        raise ConfigError([_explain_compose_error(exc, expanded)]) from None
+    node = OmegaConf.structured(replace(cfg, model=None))
+    node.model = model_spec(cfg).config_dict()  # as config.yaml has it (typed again below)
+    groups = group_options(config_dirs)
+    model_keys = schema_fields(type(cfg.model), "model.") if is_dataclass(cfg.model) else {}
+    checked, problems = check_overrides(overrides, groups, extra=model_keys)
     dirs = [*user_config_dirs(config_dirs), builtin_configs_dir()]
-    problems = []
-    for ov in parsed:
-        key = ov.key_or_group
+    for ov in checked:
         try:
-            if "." not in key and key in node and ov.value() is not None and not ov.is_delete():
-                option = str(ov.value())
+            if ov.key in groups:
                 found = next(
-                    (
-                        d / key / f"{option}.yaml"
-                        for d in dirs
-                        if (d / key / f"{option}.yaml").is_file()
-                    ),
-                    None,
+                    d / ov.key / f"{ov.value}.yaml"
+                    for d in dirs
+                    if (d / ov.key / f"{ov.value}.yaml").is_file()
                 )
-                if found is None:
-                    opts = _group_options(key)
-                    problems.append(
-                        f"{key}={option}: no such option"
-                        f"{_did_you_mean(option, opts)}; allowed: {', '.join(opts)}"
-                    )
-                    continue
-                node[key] = OmegaConf.merge(node[key], OmegaConf.load(found))
-            else:
-                OmegaConf.update(node, key, None if ov.is_delete() else ov.value(), merge=True)
-        except (ConfigKeyError, ConfigAttributeError):
-            problems.append(f"unknown key {key!r}{_did_you_mean(key, _all_keys())}")
-        except Exception as exc:
-            problems.append(_explain_compose_error(exc, [key]))
+                node[ov.key] = OmegaConf.merge(node[ov.key], OmegaConf.load(found))
+        except Exception as exc:  # a group file that does not fit the schema, say
+            problems.append(_explain_compose_error(exc, [ov.text]))
+    problems += apply_values(node, checked)
+    problems += list(interpolation_problems(node, checked).values())
     if problems:
         raise ConfigError(problems)
     new = to_dataclass(node)

@@ -11,6 +11,8 @@ class ConfigError(ValueError):
     The CLI prints them together and exits with code 2, never a traceback.
     """
 
-    def __init__(self, problems: Iterable[str]) -> None:
+    def __init__(self, problems: Iterable[str], config: object | None = None) -> None:
         self.problems = list(problems)
+        self.config = config
+        """The config composed without the overrides that were wrong (None if none was)."""
         super().__init__("\n".join(self.problems))

@@ -6,6 +6,8 @@ Checks that need the whole layout (world size, divisibility by dp/tp/pp, device)
 
 from __future__ import annotations
 
+import math
+
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 
@@ -66,7 +68,32 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "launcher.max_restarts": (0, True),
     "data.synthetic_tokens": (2, True),
     "data.num_workers": (0, True),
+    "data.num_samples": (2, True),
+    "optim.eps": (0, False),
+    "precision.growth_interval": (1, True),
+    "train.seed": (0, True),
+    "launcher.rdzv_timeout_s": (1, True),
+    "launcher.monitor_interval_s": (0, False),
 }
+# optional keys: unset (null) or at least 1
+OPTIONAL_POSITIVE = (
+    "parallel.nproc_per_node",
+    "train.global_batch_size",
+    "train.grad_accum",
+    "train.micro_batch_size",
+    "pipeline.microbatches",
+    "launcher.threads_per_proc",
+    "data.prefetch_factor",
+)
+# key -> (low, high): values in [low, high). A model's own fields: its kind checks them
+# (``ModelSpec.problems``, dtrain_cli/models).
+INTERVALS = {
+    "optim.beta1": (0.0, 1.0),
+    "optim.beta2": (0.0, 1.0),
+}
+MAX_INT = 2**53  # beyond this, sizes and products stop being exact in the plan's arithmetic
+MAX_SEED = 2**32 - 1  # numpy's seed range
+MAX_WORLD = 65536
 
 
 def name_problems(key: str, value: str | None) -> list[str]:
@@ -105,7 +132,9 @@ def validate_config(cfg: DtrainConfig) -> None:
         raise ConfigError(problems)
 
 
-def config_problems(cfg: DtrainConfig) -> list[str]:
+def range_problems(cfg: DtrainConfig) -> list[str]:
+    """Choices and the range of every numeric field: checked before any arithmetic uses
+    them, so that no later message is built on an impossible value."""
     problems: list[str] = []
     for key, allowed in CHOICES.items():
         value = get_key(cfg, key)
@@ -113,28 +142,56 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             problems.append(f"{key}={value}: not allowed; choose one of {', '.join(allowed)}")
     for key, (low, inclusive) in POSITIVE.items():
         value = get_key(cfg, key)
-        bad = value < low if inclusive else value <= low  # type: ignore[operator]
+        bad = not value >= low if inclusive else not value > low  # type: ignore[operator]
         if bad:
             rule = f">= {low:g}" if inclusive else f"> {low:g}"
             problems.append(f"{key}={value}: must be {rule}")
-    for key in (
-        "parallel.nproc_per_node",
-        "train.global_batch_size",
-        "train.grad_accum",
-        "train.micro_batch_size",
-        "pipeline.microbatches",
-        "data.prefetch_factor",
-    ):
+    for key in OPTIONAL_POSITIVE:
         value = get_key(cfg, key)
         if value is not None and value < 1:  # type: ignore[operator]
             problems.append(f"{key}={value}: must be >= 1 (or unset)")
-    if cfg.train.global_batch_size is not None and cfg.train.grad_accum is not None:
-        problems.append(
-            "train.global_batch_size and train.grad_accum are both set: set one, "
-            "the other follows (global = micro_batch_size * dp * grad_accum)"
-        )
+    for key, (low, high) in INTERVALS.items():
+        value = get_key(cfg, key)
+        if not low <= value < high:  # type: ignore[operator]
+            problems.append(f"{key}={value}: must be in [{low:g}, {high:g})")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be in (0, 1)")
+    problems += _size_problems(cfg)
+    return problems
+
+
+def _size_problems(cfg: DtrainConfig) -> list[str]:
+    out = []
+    for key in (*POSITIVE, *OPTIONAL_POSITIVE):
+        value = get_key(cfg, key)
+        if isinstance(value, float) and math.isinf(value) and value > 0:  # nan, -inf: above
+            out.append(f"{key}={value}: must be a finite number")
+        elif isinstance(value, int) and value > MAX_INT:
+            out.append(f"{key}={value}: too large (at most 2**53)")
+    if cfg.train.seed > MAX_SEED:
+        out.append(f"train.seed={cfg.train.seed}: must be at most {MAX_SEED} (2**32 - 1)")
+    par = cfg.parallel
+    if not out and min(par.dp, par.tp, par.pp) >= 1 and par.dp * par.tp * par.pp > MAX_WORLD:
+        out.append(
+            f"dp*tp*pp = {par.dp}*{par.tp}*{par.pp} = {par.dp * par.tp * par.pp} processes: "
+            f"dtrain plans at most {MAX_WORLD}"
+        )
+    return out
+
+
+def config_problems(cfg: DtrainConfig) -> list[str]:
+    problems = range_problems(cfg)
+    problems += name_problems("run.name", cfg.run.name)
+    problems += name_problems("launcher.rdzv_id", cfg.launcher.rdzv_id)
+    if problems:  # the checks below combine values: only once each value is possible
+        return problems
+    if cfg.train.global_batch_size is not None and cfg.train.grad_accum is not None:
+        problems.append(
+            f"train.grad_accum={cfg.train.grad_accum} and train.global_batch_size="
+            f"{cfg.train.global_batch_size} are both set (every built-in recipe sets the global "
+            "batch): set one, the other follows; e.g. add ~train.global_batch_size to use "
+            "train.grad_accum"
+        )
     if cfg.optim.min_lr > cfg.optim.base_lr:
         problems.append(f"optim.min_lr={cfg.optim.min_lr}: above optim.base_lr={cfg.optim.base_lr}")
     byte_level = cfg.data.source in ("builtin", "text") or (
@@ -152,8 +209,6 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             f"train.loss={loss}: not allowed; choose one of auto, {', '.join(BUILTIN_LOSSES)} "
             f"or a dotted path to a callable (outputs, targets) -> loss"
         )
-    problems += name_problems("run.name", cfg.run.name)
-    problems += name_problems("launcher.rdzv_id", cfg.launcher.rdzv_id)
     if cfg.data.source in ("text", "tokens", "hf") and not cfg.data.path:
         problems.append(f"data.path is required for data.source={cfg.data.source}")
     if cfg.data.prefetch_factor is not None and cfg.data.num_workers == 0:

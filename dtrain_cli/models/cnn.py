@@ -61,15 +61,20 @@ class CNNSpec(ModelSpec):
         pixels = self.cfg.image_size * self.cfg.image_size
         return 0.0, float(micro_batch * pixels * sum(self.cfg.channels) * 4 * 3)
 
-    def problems(self, cfg: DtrainConfig) -> list[str]:
-        m, par = self.cfg, cfg.parallel
+    def value_problems(self) -> list[str]:
+        m = self.cfg
         out = []
-        if not m.channels or min(m.channels) < 1:
-            out.append(f"model.channels={m.channels}: one or more positive channel counts")
+        if not m.channels or min(m.channels) < 1 or max(m.channels) > 2**16:
+            out.append(f"model.channels={m.channels}: needs one or more entries >= 1, e.g. [16,32]")
         if m.num_classes < 2:
             out.append(f"model.num_classes={m.num_classes}: must be >= 2")
         if m.image_size < 8:
             out.append(f"model.image_size={m.image_size}: must be >= 8")
+        return out
+
+    def problems(self, cfg: DtrainConfig) -> list[str]:
+        par = cfg.parallel
+        out = []
         if par.tp > 1 or par.pp > 1:
             out.append(f"model.kind=cnn_bn: data parallel only (got tp={par.tp}, pp={par.pp})")
         if cfg.data.source != "shapes":

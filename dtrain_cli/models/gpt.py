@@ -34,6 +34,14 @@ class GPTConfig:
 
 
 POSITIVE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
+LIMITS = {
+    "n_layer": 4096,
+    "n_head": 4096,
+    "n_embd": 2**20,
+    "block_size": 2**24,
+    "vocab_size": 2**24,
+}
+"""Beyond any model trained today; the plan's counts stay cheap below them."""
 
 
 class GPTSpec(ModelSpec):
@@ -80,13 +88,21 @@ class GPTSpec(ModelSpec):
         logits = micro_batch * s * m.vocab_size * 4 * 2
         return per_layer, float(logits)
 
-    def problems(self, cfg: DtrainConfig) -> list[str]:
-        m, par = self.cfg, cfg.parallel
+    def value_problems(self) -> list[str]:
+        m = self.cfg
         out = [f"model.{k}={getattr(m, k)}: must be >= 1" for k in POSITIVE if getattr(m, k) < 1]
+        out += [
+            f"model.{k}={getattr(m, k)}: too large (at most {top:,})"
+            for k, top in LIMITS.items()
+            if getattr(m, k) > top
+        ]
         if not 0.0 <= m.dropout < 1.0:
             out.append(f"model.dropout={m.dropout}: must be in [0, 1)")
-        if out:
-            return out
+        return out
+
+    def problems(self, cfg: DtrainConfig) -> list[str]:
+        m, par = self.cfg, cfg.parallel
+        out = []
         if m.n_embd % m.n_head:
             out.append(f"model.n_embd={m.n_embd}: not divisible by model.n_head={m.n_head}")
         if par.tp > 1:

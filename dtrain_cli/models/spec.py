@@ -81,6 +81,10 @@ class ModelSpec(ABC):
         """(per block, outside the blocks) activation bytes kept for backward, one micro-batch."""
         return 0.0, 0.0
 
+    def value_problems(self) -> list[str]:
+        """The model's own values out of range (checked before anything computes with them)."""
+        return []
+
     def problems(self, cfg: DtrainConfig) -> list[str]:
         """What this model cannot do with this config: one line per problem (key=value: why)."""
         out = []

@@ -19,6 +19,7 @@ from dtrain_cli.plan.layout import (
     batch_layout,
     bubble_warning,
     pipeline_layout,
+    plural,
     strategy_problems,
 )
 from dtrain_cli.plan.memory import estimate
@@ -32,6 +33,7 @@ from dtrain_cli.plan.plan import (
 )
 from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
 
+MAX_SAVES = 100_000
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
 
 
@@ -78,18 +80,33 @@ def loss_problems(cfg: DtrainConfig, spec: ModelSpec) -> list[str]:
     return [] if callable(fn) else [f"train.loss={loss}: not callable"]
 
 
+def _world_fix(dp: int, model_parallel: int, nproc_total: int, nnodes: int) -> str:
+    """What to set so that dp*tp*pp equals the processes asked for: only valid values."""
+    fixes = []
+    if nproc_total % model_parallel == 0:
+        fixes.append(f"dp={nproc_total // model_parallel}")
+    world = dp * model_parallel
+    if world % nnodes == 0:
+        fixes.append(f"nproc_per_node={world // nnodes}")
+    return "set " + " or ".join(fixes) if fixes else "make them equal"
+
+
 def build_plan(
     cfg: DtrainConfig, resources: Resources | None = None, workdir: Path | None = None
 ) -> Plan:
     """``workdir``: where a script's relative path resolves (default: the current dir)."""
     res = resources or Resources.detect()
     problems = config_problems(cfg)
+    if problems:  # every value is in range before the layout's arithmetic uses it
+        raise ConfigError(problems)
     par, tr = cfg.parallel, cfg.train
     script = is_script(cfg)  # your own training script: its model is its own
     try:
         spec = ScriptSpec(None, cfg) if script else model_spec(cfg)
     except UnknownModelKind as exc:
         raise ConfigError([*problems, str(exc)]) from None
+    if problems := spec.value_problems():  # the model's own ranges, like the others above
+        raise ConfigError(problems)
 
     device = cfg.run.device
     if device == "auto":
@@ -110,13 +127,14 @@ def build_plan(
     elif nproc * nnodes != world and world > 0:
         problems.append(
             f"dp*tp*pp = {par.dp}*{par.tp}*{par.pp} = {world} but nproc_per_node*nnodes = "
-            f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; set "
-            f"dp={max(1, nproc * nnodes // max(1, par.tp * par.pp))} or "
-            f"nproc_per_node={world // nnodes if world % nnodes == 0 else '?'}"
+            f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; "
+            + _world_fix(par.dp, par.tp * par.pp, nproc * nnodes, nnodes)
         )
     if device == "cuda" and nproc > res.num_gpus:
         problems.append(
-            f"{nproc} processes per node need {nproc} GPUs but {res.num_gpus} are visible; "
+            f"{plural(nproc, 'process', 'processes')} per node {'needs' if nproc == 1 else 'need'} "
+            f"{plural(nproc, 'GPU')} but "
+            f"{res.num_gpus} {'is' if res.num_gpus == 1 else 'are'} visible; "
             f"lower dp/tp/pp or set run.device=cpu"
         )
     if cfg.run.device == "cuda" and res.num_gpus == 0:
@@ -134,8 +152,13 @@ def build_plan(
         facts = spec.facts()
     except ValueError:  # a model that cannot be built: its problems() said why
         raise ConfigError(problems) from None
+    before = len(problems)
     batch = batch_layout(cfg, facts, problems)
-    pipeline = None if script else pipeline_layout(cfg, spec, batch, problems)
+    pipeline = (
+        None
+        if script
+        else pipeline_layout(cfg, spec, batch, problems, batch_ok=len(problems) == before)
+    )
     script_run = script_plan(cfg, problems, workdir)
 
     if problems:
@@ -167,6 +190,14 @@ def build_plan(
         warnings.append(f"optim.min_lr={opt.min_lr} is above the scaled peak lr; capped to it")
 
     ck = cfg.checkpoint
+    if ck.every_steps and tr.steps // ck.every_steps > MAX_SAVES:
+        raise ConfigError(
+            [
+                f"checkpoint.every_steps={ck.every_steps}: {tr.steps // ck.every_steps:,} saves "
+                f"in train.steps={tr.steps}; use at least "
+                f"{math.ceil(tr.steps / MAX_SAVES)} (at most {MAX_SAVES:,} saves)"
+            ]
+        )
     save_steps = list(range(ck.every_steps, tr.steps + 1, ck.every_steps)) if ck.every_steps else []
     if ck.at_end and tr.steps not in save_steps:
         save_steps.append(tr.steps)

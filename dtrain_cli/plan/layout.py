@@ -25,6 +25,21 @@ BUBBLE_WARN = 0.25
 BYTES_PER_ACTIVATION = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 step``, ``2 steps``, ``1 process``, ``3 processes``."""
+    return f"{n:,} {word if n == 1 else many or word + 's'}"
+
+
+def divisors(n: int, limit: int = 64) -> list[int]:
+    """The divisors of ``n`` up to ``limit`` (suggestions stay short and cheap)."""
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def largest_divisor(n: int, at_most: int) -> int:
+    """The largest divisor of ``n`` that is <= ``at_most`` (a default that always fits)."""
+    return max(divisors(n, min(at_most, 1024)))
+
+
 def batch_layout(cfg: DtrainConfig, facts: ModelFacts, problems: list[str]) -> BatchPlan:
     """global = micro * grad_accum * dp. An unset micro batch takes the whole per-rank share
     (no accumulation) or, with pp > 1, splits it into pipeline micro-batches."""
@@ -37,25 +52,26 @@ def batch_layout(cfg: DtrainConfig, facts: ModelFacts, problems: list[str]) -> B
         accum = accum or (cfg.pipeline.microbatches or 1 if par.pp > 1 else 1)
         global_batch = micro * accum * dp
     else:
-        if global_batch % dp:
-            problems.append(
-                f"train.global_batch_size={global_batch}: not divisible by dp={dp}; "
-                f"use a multiple of {dp}"
-            )
         share = max(1, global_batch // dp)
-        if micro is None:
+        if micro is None:  # derived from values the user set: one message, on those
+            if global_batch % dp:
+                problems.append(
+                    f"train.global_batch_size={global_batch}: not divisible by dp={dp}; "
+                    f"use a multiple of {dp}"
+                )
             wanted = 1
             if par.pp > 1:
                 stages = par.pp * cfg.pipeline.virtual_stages
-                wanted = cfg.pipeline.microbatches or min(share, 2 * stages)
-                if share % wanted:
+                wanted = cfg.pipeline.microbatches or largest_divisor(share, 2 * stages)
+                if share % wanted and not global_batch % dp:
                     problems.append(
                         f"pipeline.microbatches={wanted}: must divide the {share} samples each "
-                        f"dp rank runs per step (global_batch_size/dp)"
+                        f"dp rank runs per step (global_batch_size/dp); use one of "
+                        f"{divisors(share, 16)}"
                     )
             micro = max(1, share // wanted)
         per_step = micro * dp
-        if global_batch % per_step:
+        if global_batch % per_step and (tr.micro_batch_size is not None or not global_batch % dp):
             problems.append(
                 f"train.global_batch_size={global_batch}: not divisible by micro_batch_size*dp "
                 f"= {micro}*{dp} = {per_step}; use a multiple of {per_step}"
@@ -85,7 +101,7 @@ def stage_layers(
     else:
         if num_layers % num_stages or num_layers < num_stages:
             where = f"pp={pp}" if num_stages == pp else f"pp*virtual_stages={num_stages}"
-            allowed = [p for p in range(1, num_layers + 1) if num_layers % p == 0]
+            allowed = divisors(num_layers)
             problems.append(
                 f"{label or num_layers}: not divisible by {where}; stages must divide it "
                 f"({allowed}) or set pipeline.layers_per_stage"
@@ -104,8 +120,14 @@ def stage_to_pp_rank(stage: int, pp: int, v_shaped: bool) -> int:
 
 
 def pipeline_layout(
-    cfg: DtrainConfig, spec: ModelSpec, batch: BatchPlan, problems: list[str]
+    cfg: DtrainConfig,
+    spec: ModelSpec,
+    batch: BatchPlan,
+    problems: list[str],
+    batch_ok: bool = True,
 ) -> PipelinePlan | None:
+    """Stages and schedule; the micro-batch checks only when the batch split held (else
+    they would be built on numbers the user never set)."""
     par, pipe = cfg.parallel, cfg.pipeline
     if par.pp <= 1:
         return None
@@ -119,20 +141,18 @@ def pipeline_layout(
         problems.append(f"pipeline.virtual_stages={v}: schedule {name} needs exactly 2")
     num_stages = pp * v
     m_count = pipe.microbatches or batch.grad_accum
-    if batch.grad_accum % m_count and not any(
-        p.startswith(f"pipeline.microbatches={m_count}:") for p in problems
-    ):  # the batch split already said why
+    if batch_ok and batch.grad_accum % m_count:
         problems.append(
             f"pipeline.microbatches={m_count}: must divide the {batch.grad_accum} micro-batches "
             f"each rank runs per step (global_batch / (micro_batch_size*dp))"
         )
     needs = {"1f1b": pp, "dualpipev": num_stages}.get(name)
-    if needs and m_count < needs:
+    if batch_ok and needs and m_count < needs:
         problems.append(
             f"pipeline.microbatches={m_count}: schedule {name} needs >= {needs}; lower "
             f"train.micro_batch_size or raise train.global_batch_size"
         )
-    if name in ("interleaved_1f1b", "interleaved_zb"):
+    if batch_ok and name in ("interleaved_1f1b", "interleaved_zb"):
         rounds = max(1, m_count // pp)
         if m_count % rounds:
             problems.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.table import Table
 
+from dtrain_cli.plan.layout import plural
 from dtrain_cli.plan.plan import Plan
 
 MAX_RANK_ROWS = 16
@@ -36,7 +37,8 @@ def render_plan(plan: Plan) -> Group:
             ("recipe / model", f"{plan.recipe} / {plan.model} ({e.num_params:,} parameters)"),
             (
                 "world size",
-                f"{plan.world_size} = {plan.nnodes} node(s) x {plan.nproc_per_node} processes",
+                f"{plan.world_size} = {plan.nnodes} node(s) x "
+                + plural(plan.nproc_per_node, "process", "processes"),
             ),
             ("mesh", mesh),
             ("strategy", plan.strategy),
@@ -74,10 +76,11 @@ def render_plan(plan: Plan) -> Group:
         [
             ("base lr @ base batch", f"{lr.base_lr:g} @ {lr.base_batch_size}"),
             ("scaling -> peak lr", f"{lr.scaling} -> {lr.peak_lr:.4g}"),
-            ("warmup", f"{lr.warmup_steps} steps"),
+            ("warmup", plural(lr.warmup_steps, "step")),
             (
                 "decay",
-                f"{lr.decay} to {lr.min_lr:g} over {max(0, lr.steps - lr.warmup_steps)} steps",
+                f"{lr.decay} to {lr.min_lr:g} over "
+                + plural(max(0, lr.steps - lr.warmup_steps), "step"),
             ),
             (
                 "precision",
@@ -90,7 +93,11 @@ def render_plan(plan: Plan) -> Group:
     ckpt = _kv(
         "checkpoints",
         [
-            ("every", f"{ck.every_steps or '-'} steps, {ck.every_minutes or '-'} minutes"),
+            (
+                "every",
+                f"{plural(ck.every_steps, 'step') if ck.every_steps else '- steps'}, "
+                f"{f'{ck.every_minutes:g} minute(s)' if ck.every_minutes else '- minutes'}",
+            ),
             ("keep last / async", f"{ck.keep_last} / {ck.async_save}"),
             ("saves at steps", saves or "none"),
         ],
@@ -166,8 +173,10 @@ def _pipeline_table(plan: Plan) -> Table:
     pipe = plan.pipeline
     assert pipe is not None
     title = (
-        f"pipeline: {pipe.schedule}, {pipe.num_stages} stages ({pipe.virtual_stages} per rank), "
-        f"{pipe.microbatches} micro-batches x {pipe.calls_per_step} call(s) per step, "
+        f"pipeline: {pipe.schedule}, {plural(pipe.num_stages, 'stage')} "
+        f"({pipe.virtual_stages} per rank), "
+        f"{plural(pipe.microbatches, 'micro-batch', 'micro-batches')} x "
+        f"{pipe.calls_per_step} call(s) per step, "
         f"bubble {pipe.bubble:.1%} (theory)"
     )
     t = Table(title=title, title_justify="left")

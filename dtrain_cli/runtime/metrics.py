@@ -81,9 +81,7 @@ class MetricsSink:
             self.progress = Progress(
                 TextColumn("step {task.completed}/{task.total}"),
                 BarColumn(),
-                TextColumn(
-                    "loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]} tok/s"
-                ),
+                TextColumn("loss {task.fields[loss]}  lr {task.fields[lr]}  {task.fields[tps]}"),
                 TimeRemainingColumn(),
                 console=console,
                 auto_refresh=False,
@@ -122,22 +120,23 @@ class MetricsSink:
             for key, value in values.items():
                 self.writer.add_scalar(f"{kind}/{key}", value, step)
         if kind == "train":
+            rate = throughput(values)  # tokens/s for language models, samples/s otherwise
             self._fields = {
                 "loss": f"{values['loss']:.4f}",
                 "lr": f"{values['lr']:.2e}",
-                "tps": f"{values['tokens_per_s']:,.0f}",
+                "tps": rate,
             }
             if self.progress is not None:
                 self.progress.update(self._task, completed=step, **self._fields)
                 self.progress.refresh()
             log.info(  # the rank's file always; the console when the mode is lines
-                "step %d/%s  loss %.4f  lr %.3e  grad_norm %.3f  %s tok/s  %.1f ms/step",
+                "step %d/%s  loss %.4f  lr %.3e  grad_norm %.3f  %s  %.1f ms/step",
                 step,
                 self.total_steps,
                 values["loss"],
                 values["lr"],
                 values.get("grad_norm", float("nan")),
-                f"{values['tokens_per_s']:,.0f}",
+                rate,
                 values["step_time_ms"],
                 extra={"console": self.mode == "lines"},
             )
@@ -179,6 +178,13 @@ def truncate_metrics(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def throughput(values: dict[str, Any]) -> str:
+    """``12,345 tok/s`` or ``1,234 samples/s``: the unit follows the model."""
+    if "samples_per_s" in values:
+        return f"{_num(values['samples_per_s'], ',.0f')} samples/s"
+    return f"{_num(values.get('tokens_per_s'), ',.0f')} tok/s"
+
+
 def _num(value: Any, fmt: str = ",.4f") -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "-"
 
@@ -189,7 +195,10 @@ def summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
     table.add_row("steps", f"{summary.get('steps')} (world size {summary.get('world_size')})")
     table.add_row("final loss", _num(summary.get("final_loss")))
     table.add_row("val loss", _num(summary.get("val_loss")))
-    table.add_row("tokens/s", _num(summary.get("tokens_per_s"), ",.0f"))
+    if "samples_per_s" in summary:
+        table.add_row("samples/s", _num(summary.get("samples_per_s"), ",.0f"))
+    else:
+        table.add_row("tokens/s", _num(summary.get("tokens_per_s"), ",.0f"))
     table.add_row("wall time", f"{_num(summary.get('train_wall_s'), ',.1f')} s")
     if summary.get("resumed_from"):
         table.add_row("resumed from", str(summary["resumed_from"]))

@@ -311,7 +311,7 @@ class Trainer:
                             "loss": self.last_loss,
                             "lr": self.plan.lr.lr_at(self.step - 1),
                             "grad_norm": float(norm) if norm is not None else float("nan"),
-                            "tokens_per_s": tps,
+                            f"{plan.batch.unit}_per_s": tps,
                             "step_time_ms": 1000 * elapsed / window_steps,
                             **self.comm_times(),
                         },
@@ -407,7 +407,9 @@ class Trainer:
             "steps": self.step,
             "final_loss": self.last_loss,
             "val_loss": self.last_val_loss,
-            "tokens_per_s": float(np.median(tokens_per_s)) if tokens_per_s else float("nan"),
+            f"{self.plan.batch.unit}_per_s": (
+                float(np.median(tokens_per_s)) if tokens_per_s else float("nan")
+            ),
             "train_wall_s": wall,
             "params": self.plan.estimates.num_params,
             "param_sum": param_sum,

@@ -1,0 +1,340 @@
+"""Check command-line overrides against the schema before Hydra sees them.
+
+    dtrain plan recipe=gpt_tiny dp=2 +cluster.env.NCCL_DEBUG=WARN "cluster.env={X:abc}"
+
+Every key exists in the typed schema, so the grammar is small and ours to explain:
+``key=value`` sets a value (``+key=value`` and ``++key=value`` mean the same), ``~key``
+unsets an optional value (null), ``group=option`` picks a config group option. Each token
+is checked on its own (key known, value of the field's type, one value not a sweep) so
+that every mistake is reported, one line each, naming the key and the form to write.
+Dict fields (``cluster.env``) take a whole dict (``cluster.env={X:abc}``, replacing it)
+or one entry (``cluster.env.X=abc``); both are applied after composition.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields, is_dataclass
+from typing import Any
+
+from dtrain_cli.config.schema import DtrainConfig
+
+# Shorthands users type most; each maps to its full key (group selections such as
+# precision=bf16 are already Hydra group overrides and need no mapping).
+SHORTHANDS = {
+    "dp": "parallel.dp",
+    "tp": "parallel.tp",
+    "pp": "parallel.pp",
+    "lr_scaling": "optim.lr_scaling",
+    "lr": "optim.base_lr",
+    "steps": "train.steps",
+    "nnodes": "parallel.nnodes",
+    "nproc_per_node": "parallel.nproc_per_node",
+}
+TOKEN_RE = re.compile(r"^(~|\+\+?)?([A-Za-z_][\w.]*)(=.*)?$", re.DOTALL)
+FORMS = "overrides look like key=value, +key=value, ~key or group=option"
+KIND = {"int": "an integer", "float": "a number", "bool": "a boolean", "str": "a string"}
+EXAMPLE = {"int": "8", "float": "0.1", "bool": "true", "str": "NAME"}
+
+
+@dataclass(frozen=True)
+class Field:
+    """A leaf of the schema: its type as written (``int | None``) and its default."""
+
+    key: str
+    type: str
+    default: Any
+
+    @property
+    def optional(self) -> bool:
+        return "None" in self.type
+
+    @property
+    def base(self) -> str:
+        return self.type.replace("| None", "").strip().split("[")[0]
+
+    def example(self) -> str:
+        if self.default is not None and self.base in EXAMPLE:
+            value = self.default
+            return str(value).lower() if isinstance(value, bool) else str(value)
+        return {"list": "[8,16]", "dict": "{KEY:value}"}.get(self.base, EXAMPLE.get(self.base, "X"))
+
+
+@dataclass(frozen=True)
+class Override:
+    """One checked override: a group option (``kind="group"``, composed by Hydra), a
+    value (``"value"``) or a dict field or entry (``"dict"``), set on the composed config."""
+
+    text: str
+    key: str
+    value: Any
+    kind: str
+
+
+def schema_fields(node: type = DtrainConfig, prefix: str = "") -> dict[str, Field]:
+    out: dict[str, Field] = {}
+    for f in fields(node):
+        key = f"{prefix}{f.name}"
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if is_dataclass(default):
+            out.update(schema_fields(type(default), key + "."))
+        else:
+            out[key] = Field(key, str(f.type), default)
+    return out
+
+
+def sections() -> list[str]:
+    return [f.name for f in fields(DtrainConfig)]
+
+
+def did_you_mean(word: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_key(key: str) -> str:
+    known = [*schema_fields(), *SHORTHANDS]
+    return (
+        f"unknown key {key!r}{did_you_mean(key, known)}; "
+        "see `dtrain plan --show-config` for all keys"
+    )
+
+
+def check_overrides(
+    tokens: Sequence[str],
+    groups: Mapping[str, Sequence[str]],
+    extra: Mapping[str, Field] | None = None,
+    open_prefixes: Sequence[str] = (),
+    model_label: str | None = None,
+) -> tuple[list[Override], list[str]]:
+    """The overrides that are fine, and one problem line for each that is not. ``extra``:
+    the chosen model kind's keys (``model.*``); keys under ``open_prefixes`` take any value
+    (a custom model's keyword arguments); ``model_label`` names the model in errors."""
+    known = {**schema_fields(), **(extra or {})}
+    scratch_model = _model_scratch(extra) if extra else None
+    good: list[Override] = []
+    problems: list[str] = []
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        i += 1
+        nxt = tokens[i] if i < len(tokens) else None
+        m = TOKEN_RE.match(tok)
+        if tok.startswith("-"):
+            pair = nxt is not None and "=" not in tok and "=" not in nxt
+            pair = pair and not str(nxt).startswith(("-", "~", "+"))
+            problems.append(_dashed(f"{tok}={nxt}" if pair else tok, known, tok))
+            i += int(pair)
+            continue
+        first, _, second = tok.partition(" ")
+        if m is None and SHORTHANDS.get(first, first) in known and "=" not in first:
+            problems.append(f"{tok!r}: write {first}={second.strip()} (no spaces around '=')")
+            continue
+        if m is None:
+            where = "no key before '='" if tok.startswith("=") else "not an override"
+            problems.append(f"{tok!r}: {where}; {FORMS}")
+            continue
+        prefix, name, rest = m.group(1) or "", m.group(2), m.group(3)
+        key = SHORTHANDS.get(name, name)
+        if rest is None and prefix != "~":
+            if nxt is not None and "=" not in nxt and not nxt.startswith(("-", "~", "+")):
+                i += 1
+                problems.append(f"'{tok} {nxt}': write {name}={nxt} (no spaces around '=')")
+            else:
+                problems.append(f"{tok!r}: no value; write {name}=VALUE ({FORMS})")
+            continue
+        value_text = (rest or "=")[1:]
+        if key in groups:
+            problems += _group(key, prefix, value_text, groups[key], good, tok)
+            continue
+        if key not in known and any(
+            key.startswith(p) or key == p.rstrip(".") for p in open_prefixes
+        ):
+            parsed, problem = _parse(key, value_text, prefix == "~")
+            if problem:
+                problems.append(problem)
+            else:
+                good.append(Override(tok, key, parsed, "open"))
+            continue
+        dict_field = next(
+            (
+                f
+                for f in known.values()
+                if f.base == "dict" and (key == f.key or key.startswith(f.key + "."))
+            ),
+            None,
+        )
+        if key not in known and dict_field is None:
+            if key.startswith("model.") and model_label:
+                names = [k.removeprefix("model.") for k in (extra or {})]
+                hint = did_you_mean(key.removeprefix("model."), names)
+                problems.append(
+                    f"{key}: not a key of {model_label}{hint}; its keys: {', '.join(names)}"
+                )
+            else:
+                problems.append(unknown_key(key))
+            continue
+        parsed, problem = _parse(key, value_text, prefix == "~")
+        if problem:
+            problems.append(problem)
+            continue
+        if dict_field is not None:
+            problems += _dict(dict_field, key, parsed, good, tok)
+            continue
+        scratch = scratch_model if key.startswith("model.") and scratch_model else _scratch()
+        problem = _type_problem(known[key], parsed, scratch)
+        if problem:
+            problems.append(problem)
+            continue
+        good.append(Override(tok, key, parsed, "value"))
+    return good, problems
+
+
+def _dashed(text: str, known: Mapping[str, Field], tok: str) -> str:
+    """``--dp=2``, ``--train.steps 5``: an override typed as an option."""
+    body = text.lstrip("-")
+    name = body.split("=", 1)[0].replace("-", "_")
+    key = SHORTHANDS.get(name, name)
+    if key in known or key in sections():
+        value = body.split("=", 1)[1] if "=" in body else "VALUE"
+        shown = text.replace("=", " ", 1) if text != tok else tok
+        return f"{shown!r}: overrides take no dashes; write {name}={value}"
+    return f"{tok!r}: not an option of this command (see --help); {FORMS}"
+
+
+def _parse(key: str, value_text: str, delete: bool) -> tuple[Any, str | None]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if delete:
+        return None, None
+    try:
+        ov = OverridesParser.create().parse_override(f"{key}={value_text}")
+    except Exception as exc:  # Hydra's grammar errors: several types, first line says where
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None, (f"{key}={value_text}: cannot parse the value ({why}); quote it: {key}='...'")
+    if ov.is_sweep_override():
+        return None, (
+            f"{key}={value_text}: one value per key (a sweep is not supported); write one "
+            f"value, or quote one that has commas: {key}='{value_text}'"
+        )
+    return ov.value(), None
+
+
+_SCRATCH: list[Any] = []
+
+
+def _scratch() -> Any:
+    """One typed copy of the schema per process, only written to (type checks): building
+    it costs more than everything else a plan does."""
+    if not _SCRATCH:
+        from omegaconf import OmegaConf
+
+        _SCRATCH.append(OmegaConf.structured(DtrainConfig))
+    return _SCRATCH[0]
+
+
+def _model_scratch(extra: Mapping[str, Field]) -> Any:
+    """A typed scratch copy of the chosen model kind's config, under ``model``."""
+    from omegaconf import OmegaConf
+
+    from dtrain_cli.models import KINDS, spec_class
+
+    kinds = [f.default for k, f in extra.items() if k == "model.kind"]
+    if not kinds or kinds[0] not in KINDS:
+        return None
+    return OmegaConf.create({"model": OmegaConf.structured(spec_class(kinds[0]).config_class)})
+
+
+def _type_problem(f: Field, value: Any, scratch: Any) -> str | None:
+    """None if ``value`` fits the field: OmegaConf's own conversion rules decide, on a
+    scratch copy of the schema."""
+    if value is None:
+        if f.optional:
+            return None
+        return (
+            f"{f.key}: cannot be unset (it has no null value); set it, e.g. {f.key}={f.example()}"
+        )
+    if isinstance(value, str) and "${" in value:
+        return None  # an interpolation: checked once the config it refers to is composed
+    from omegaconf import OmegaConf
+
+    try:
+        OmegaConf.update(scratch, f.key, value, merge=False)
+    except Exception:  # ValidationError & co: the value does not fit the field's type
+        kind = KIND.get(f.base, f"a {f.base}")
+        hint = f"{f.key}=true or {f.key}=false" if f.base == "bool" else f"{f.key}={f.example()}"
+        return f"{f.key}: value {value!r} is not {kind}; write e.g. {hint}"
+    return None
+
+
+def _group(
+    group: str,
+    prefix: str,
+    option: str,
+    options: Sequence[str],
+    good: list[Override],
+    tok: str,
+) -> list[str]:
+    if prefix == "~":
+        return [f"~{group}: a config group cannot be unset; choose one of {', '.join(options)}"]
+    if option not in options:
+        return [
+            f"{group}={option}: no such option{did_you_mean(option, options)}; "
+            f"allowed: {', '.join(options)}"
+        ]
+    good.append(Override(tok, group, option, "group"))
+    return []
+
+
+def _dict(f: Field, key: str, value: Any, good: list[Override], tok: str) -> list[str]:
+    """``cluster.env={X:abc}`` (the whole dict, replacing it) or ``cluster.env.X=abc``."""
+    entry = f"write {f.key}={{NAME:value}} or set one entry: +{f.key}.NAME=value"
+    if key == f.key:
+        value = {} if value is None else value
+        if not isinstance(value, dict):
+            return [f"{key}: value {value!r} is not a dict; {entry}"]
+        if any(isinstance(v, (dict, list)) or v is None for v in value.values()):
+            return [f"{key}={tok.split('=', 1)[1]}: values must be strings; {entry}"]
+        value = {str(k): str(v) for k, v in value.items()}
+    elif isinstance(value, (dict, list)):
+        return [f"{key}: value {value!r} is not a string; write e.g. {key}=value"]
+    elif value is not None:
+        value = str(value).lower() if isinstance(value, bool) else str(value)
+    good.append(Override(tok, key, value, "dict"))
+    return []
+
+
+def apply_values(cfg: Any, overrides: Sequence[Override]) -> list[str]:
+    """Set values and dict fields on the composed config, in the order given (what Hydra
+    does after merging the defaults list): a whole dict replaces, an entry sets or
+    removes. Returns a problem line for each that does not fit."""
+    from omegaconf import OmegaConf, open_dict
+
+    problems = []
+    for ov in overrides:
+        parent_key, _, entry = ov.key.rpartition(".")
+        try:
+            if ov.kind == "value":
+                OmegaConf.update(cfg, ov.key, ov.value, merge=True)
+                continue
+            if ov.kind == "open":  # keys the schema cannot know (keyword arguments)
+                OmegaConf.update(cfg, ov.key, ov.value, merge=True, force_add=True)
+                continue
+            if ov.kind != "dict":
+                continue
+            with open_dict(cfg):
+                if isinstance(ov.value, dict):
+                    OmegaConf.update(cfg, ov.key, {}, merge=False)
+                    OmegaConf.update(cfg, ov.key, ov.value, merge=True)
+                elif ov.value is None and not isinstance(OmegaConf.select(cfg, ov.key), dict):
+                    parent = OmegaConf.select(cfg, parent_key)
+                    if parent is not None and entry in parent:
+                        del parent[entry]
+                else:
+                    OmegaConf.update(cfg, ov.key, ov.value, merge=True)
+        except Exception as exc:  # OmegaConf's validation errors: the value does not fit
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            problems.append(f"{ov.text}: {first}")
+    return problems
