@@ -292,6 +292,7 @@ def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, 
         (["run", "-m", "no_such_pkg.train"], "module no_such_pkg.train: not found"),
         (["run", "broken.py"], "script broken.py: line 1"),
         (["run", "a_dir"], "script a_dir: not a file"),
+        (["run", "-m", "brokenpkg.train"], "module brokenpkg.train ("),
         (["run", "dp=2", "--bogus", "train.py"], "--bogus: not an option of dtrain run"),
         (["plan", "dp=2", "--", "nothere.py"], "script nothere.py: not found"),
         (["sbatch", "dp=2", "--", "nothere.py"], "script nothere.py: not found"),
@@ -300,6 +301,9 @@ def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, 
 def test_bad_script_is_one_line_exit_2_and_nothing_started(tmp_path, args, says):
     (tmp_path / "broken.py").write_text("def f(:\n")
     (tmp_path / "a_dir").mkdir()
+    (tmp_path / "brokenpkg").mkdir()
+    (tmp_path / "brokenpkg" / "__init__.py").write_text("")
+    (tmp_path / "brokenpkg" / "train.py").write_text("print('never'\n")
     (tmp_path / "train.py").write_text("print('never')\n")
     proc = subprocess.run(
         [*DTRAIN, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env()

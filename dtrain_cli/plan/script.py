@@ -129,4 +129,11 @@ def module_file(name: str, cwd: Path, problems: list[str]) -> str | None:
             "fail); run from the folder above the package or set PYTHONPATH"
         )
         return None
+    try:
+        compile(Path(spec.origin).read_bytes(), spec.origin, "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError) as exc:
+        where = f" line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        msg = getattr(exc, "msg", None) or getattr(exc, "strerror", None) or str(exc)
+        problems.append(f"module {name} ({spec.origin}):{where}: {msg}")
+        return None
     return spec.origin
