@@ -178,7 +178,7 @@ def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
     )
     assert run.returncode == code, run.stdout + run.stderr
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
-    assert f"rank 1 failed (exit code {code})" in first
+    assert first.endswith(f"rank 1 failed (exit code {code}): {shown[-1]}"), first
     for text in shown:
         assert text in run.stderr
     assert "runpy" not in run.stderr and "script_worker" not in run.stderr  # python's view

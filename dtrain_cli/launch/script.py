@@ -59,12 +59,15 @@ def script_entry(
 
 
 def failure_tail(run_dir: Path, rank: int) -> str | None:
-    """The failing rank's last traceback (or last lines) from ``logs/rank_<k>.log``."""
+    """The failing rank's last line (the exception, or what it printed last), then its
+    last traceback (or last lines) from ``logs/rank_<k>.log``."""
     try:
         lines = (run_dir / "logs" / f"rank_{rank}.log").read_text(errors="replace").splitlines()
     except OSError:
         return None
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
     tail = lines[starts[-1] :] if starts else lines
-    tail = tail[-TAIL_LINES:]
-    return "\n".join(tail).strip() or None
+    tail = [line for line in tail[-TAIL_LINES:] if line.strip()]
+    if not tail:
+        return None
+    return "\n".join([tail[-1].strip(), *tail]) if len(tail) > 1 else tail[0].strip()
