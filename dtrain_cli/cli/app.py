@@ -33,7 +33,10 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 app.command(context_settings=OVERRIDE_SETTINGS)(launch)
-app.command(context_settings=RUN_SETTINGS)(run)
+app.command(
+    context_settings=RUN_SETTINGS,
+    options_metavar="[OPTIONS] [OVERRIDES] [--] SCRIPT.py|-m MODULE [ARGS]",
+)(run)
 app.command(context_settings=OVERRIDE_SETTINGS)(plan)
 app.command(context_settings=OVERRIDE_SETTINGS)(resume)
 app.command()(recipes)
