@@ -57,11 +57,29 @@ def run(
 ) -> None:
     """Run your own training script on every rank: [OVERRIDES] [--] SCRIPT.py|-m MODULE [ARGS]."""
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    from dtrain_cli.launch.signals import watch_interrupt
+
+    watch_interrupt()
+    try:
+        _run(ctx.args, config_dir, nnodes, node_rank, rdzv_endpoint, rdzv_id, validate_cluster)
+    except KeyboardInterrupt:
+        fail(["stopped by SIGINT before the workers started"], 130)
+
+
+def _run(
+    args: list[str],
+    config_dir: list[Path],
+    nnodes: str | None,
+    node_rank: int | None,
+    rdzv_endpoint: str | None,
+    rdzv_id: str | None,
+    validate_cluster: bool,
+) -> None:
     from dtrain_cli.cli.script_args import split_script
     from dtrain_cli.launch import worker_server
 
     takes_value = [name for name, has_value in LATE_OPTIONS.items() if has_value]
-    tokens, script = split_script(ctx.args, bare_is_script=True, value_options=takes_value)
+    tokens, script = split_script(args, bare_is_script=True, value_options=takes_value)
     from dtrain_cli.runtime.preload import SCRIPT_FIRST
 
     worker_server.start(tokens, SCRIPT_FIRST)  # imports torch on another core meanwhile

@@ -58,6 +58,19 @@ def script_entry(
     return script_main, (str(run_dir), worker_server.env_changes())
 
 
+def script_failure(failed: list[Any], run_dir: Path) -> tuple[int, str]:
+    """(exit code, report) of a failed script run: which rank failed first
+    (:func:`dtrain_cli.launch.failures.describe`), with each rank's error as its log shows
+    it: python's own traceback of the script, or its last lines (``sys.exit(3)``)."""
+    from dtrain_cli.launch import failures
+
+    for f in failed:
+        if not f.silent and f.signal is None and (tail := failure_tail(run_dir, f.rank)):
+            f.headline, _, f.detail = tail.partition("\n")
+            f.detail = f.detail or f.headline
+    return failures.describe(failed, steps_known=False)
+
+
 def failure_tail(run_dir: Path, rank: int) -> str | None:
     """The failing rank's last line (the exception, or what it printed last), then its
     last traceback (or last lines) from ``logs/rank_<k>.log``."""
