@@ -27,6 +27,7 @@ from hf_bench import hf_overhead
 from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
 from programs import Pair, Workload
+from script_bench import script_vs_torchrun
 from startup import time_to_first_step
 from throughput import fixed_cost, framework_overhead
 
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "data": data_loading,
     "hf": hf_overhead,
     "diagnose": diagnose_bench,
+    "script": script_vs_torchrun,
 }
 
 

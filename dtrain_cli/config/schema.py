@@ -316,6 +316,20 @@ class ClusterConfig:
 
 
 @dataclass
+class ScriptConfig:
+    """Your own training script, started on every rank as ``python PATH ARGS`` (or
+    ``python -m MODULE ARGS``) would be under torchrun: ``dtrain run train.py --epochs 3``.
+    Set one of ``path`` and ``module``; the model, data and train loop are the script's."""
+
+    path: str | None = None
+    """The script file (relative to the directory dtrain runs in)."""
+    module: str | None = None
+    """A module run as ``python -m``, e.g. mypkg.train (imported from the current directory)."""
+    args: list[str] = field(default_factory=list)
+    """The script's own arguments (``sys.argv[1:]``), passed as they are."""
+
+
+@dataclass
 class HardwareConfig:
     """One kind of device and its links, for ``dtrain advise`` and the plan's step-time
     estimate (``configs/hardware/<name>.yaml``; each value's source is a comment there)."""
@@ -364,6 +378,7 @@ class DtrainConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    script: ScriptConfig = field(default_factory=ScriptConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
 

@@ -31,6 +31,7 @@ from dtrain_cli.plan.plan import (
     Plan,
     PrecisionPlan,
 )
+from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
 
 MAX_SAVES = 100_000
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -90,14 +91,18 @@ def _world_fix(dp: int, model_parallel: int, nproc_total: int, nnodes: int) -> s
     return "set " + " or ".join(fixes) if fixes else "make them equal"
 
 
-def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
+def build_plan(
+    cfg: DtrainConfig, resources: Resources | None = None, workdir: Path | None = None
+) -> Plan:
+    """``workdir``: where a script's relative path resolves (default: the current dir)."""
     res = resources or Resources.detect()
     problems = config_problems(cfg)
     if problems:  # every value is in range before the layout's arithmetic uses it
         raise ConfigError(problems)
     par, tr = cfg.parallel, cfg.train
+    script = is_script(cfg)  # your own training script: its model is its own
     try:
-        spec = model_spec(cfg)
+        spec = ScriptSpec(None, cfg) if script else model_spec(cfg)
     except UnknownModelKind as exc:
         raise ConfigError([*problems, str(exc)]) from None
     if problems := spec.value_problems():  # the model's own ranges, like the others above
@@ -154,7 +159,12 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         )
     before = len(problems)
     batch = batch_layout(cfg, facts, problems)
-    pipeline = pipeline_layout(cfg, spec, batch, problems, batch_ok=len(problems) == before)
+    pipeline = (
+        None
+        if script
+        else pipeline_layout(cfg, spec, batch, problems, batch_ok=len(problems) == before)
+    )
+    script_run = script_plan(cfg, problems, workdir)
 
     if problems:
         raise ConfigError(problems)
@@ -233,4 +243,5 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         pipeline=pipeline,
         warnings=warnings,
         loss=spec.default_loss() if tr.loss == "auto" else tr.loss,
+        script=script_run,
     )

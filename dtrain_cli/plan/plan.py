@@ -147,6 +147,25 @@ class Estimates:
 
 
 @dataclass
+class ScriptPlan:
+    """What every rank runs for ``dtrain run train.py`` (:mod:`dtrain_cli.plan.script`)."""
+
+    path: str | None
+    """The script as given (``sys.argv[0]``), or None for a module."""
+    module: str | None
+    args: list[str]
+    file: str
+    """The absolute file run as ``__main__`` (a module's too)."""
+    workdir: str
+    """The directory the command ran in: relative paths and ``-m`` resolve from it."""
+
+    def argv(self) -> list[str]:
+        """The command as ``python`` would be given it (what torchrun starts)."""
+        target = ["-m", self.module] if self.module else [str(self.path)]
+        return [*target, *self.args]
+
+
+@dataclass
 class Plan:
     recipe: str
     model: str
@@ -170,6 +189,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     loss: str = "cross_entropy"
     """train.loss resolved (auto -> the model kind's default)."""
+    script: ScriptPlan | None = None
+    """Your own training script instead of dtrain's trainer (``dtrain run train.py``)."""
 
     def rank_table(self) -> list[dict[str, int]]:
         return [{"rank": r, **self.mesh.coords(r)} for r in range(self.world_size)]
@@ -203,6 +224,8 @@ class Plan:
             pipe = dict(d["pipeline"])
             pipe["stages"] = [StagePlan(**s) for s in pipe.get("stages", [])]
             d["pipeline"] = PipelinePlan(**pipe)
+        if d.get("script"):
+            d["script"] = ScriptPlan(**d["script"])
         return cls(**d)
 
     @classmethod
