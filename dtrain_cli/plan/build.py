@@ -22,7 +22,7 @@ from dtrain_cli.plan.layout import (
     plural,
     strategy_problems,
 )
-from dtrain_cli.plan.memory import estimate
+from dtrain_cli.plan.memory import comm_bytes_per_step, estimate
 from dtrain_cli.plan.plan import (
     MESH_DIM_NAMES,
     CheckpointPlan,
@@ -31,6 +31,7 @@ from dtrain_cli.plan.plan import (
     Plan,
     PrecisionPlan,
 )
+from dtrain_cli.plan.sync import num_servers, sync_plan, sync_problems
 
 MAX_SAVES = 100_000
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -109,7 +110,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     backend = "nccl" if device == "cuda" else "gloo"
 
     mesh_sizes = {"dp": par.dp, "tp": par.tp, "pp": par.pp}
-    world = par.dp * par.tp * par.pp
+    world = par.dp * par.tp * par.pp + num_servers(cfg)  # servers: ranks after the mesh
     nnodes = max(par.nnodes, 1)
     nproc = par.nproc_per_node
     if nproc is None:
@@ -119,7 +120,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
                 f"parallel.nnodes={nnodes}: dp*tp*pp = {world} processes do not split evenly "
                 f"over {nnodes} nodes; make dp*tp*pp a multiple of nnodes"
             )
-    elif nproc * nnodes != world and world > 0:
+    elif nproc * nnodes != world and world > 0 and not num_servers(cfg):  # sync.py says it
         problems.append(
             f"dp*tp*pp = {par.dp}*{par.tp}*{par.pp} = {world} but nproc_per_node*nnodes = "
             f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; "
@@ -143,6 +144,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     problems += loss_problems(cfg, spec)
     warnings: list[str] = spec.warnings(cfg)
     strategy_problems(cfg, problems, warnings)
+    sync_problems(cfg, device, problems)
     try:
         facts = spec.facts()
     except ValueError:  # a model that cannot be built: its problems() said why
@@ -228,4 +230,5 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         pipeline=pipeline,
         warnings=warnings,
         loss=spec.default_loss() if tr.loss == "auto" else tr.loss,
+        sync=sync_plan(cfg, facts, comm_bytes_per_step(cfg, facts, ddp=True)),
     )
