@@ -62,7 +62,9 @@ class DiLoCo:
         if self.inner_steps % self.every:
             return None
         with torch.no_grad():
-            flat = torch.cat([(a - p).reshape(-1) for a, p in zip(self.anchors, self.params)])
+            flat = torch.cat(
+                [(a - p).reshape(-1) for a, p in zip(self.anchors, self.params, strict=True)]
+            )
             dist.all_reduce(flat, group=self.group)  # the one all-reduce
             flat /= self.dp
             self.bytes_sent += int(2 * (self.dp - 1) / self.dp * 4 * flat.numel())
