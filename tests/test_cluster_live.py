@@ -203,6 +203,7 @@ def test_sigusr1_checkpoints_at_a_step_boundary_and_resume_finishes(tmp_path):
     step = marker["step"]
     assert step % 5 == 0 and 10 <= step < 300  # a logging step, before the end
     assert f"preempted: checkpoint saved at step {step}" in err
+    assert f"dtrain resume --ckpt {run_dir}`" in err  # the path, not a placeholder
     assert (run_dir / "checkpoints" / f"step_{step:06d}").is_dir()
     assert not (run_dir / "summary.json").exists()
     resumed = run_dtrain(["resume", "--ckpt", str(run_dir)], tmp_path)

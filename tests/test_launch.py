@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import time
 
 import pytest
 import yaml
 
 from dtrain_cli.plan.plan import Plan
-from tests.conftest import run_dtrain
+from tests.conftest import DTRAIN, cache_dir, run_dtrain
 
 pytestmark = pytest.mark.multiproc
 
@@ -90,7 +94,7 @@ def test_console_summary_fits_a_screen_and_summary_json_keeps_every_field(run_dp
     ):
         row = next(line for line in block if label in line)
         assert value in row, row
-    assert str(run_dp2.run_dir) in out[out.index("run summary") :]
+    assert f"run dir: {run_dp2.run_dir}" in block  # whole, on one line, never cut
     assert "summary.json" in text and "metrics.jsonl" in text
     assert "param_digest" not in text and "startup_" not in text
     for key in (
@@ -159,3 +163,205 @@ def test_startup_breakdown_adds_up_to_the_first_step(run_dp2):
         if "first step done" in x
     )
     assert "compose" in line and "step_1" in line
+
+
+SMALL = [
+    "recipe=gpt_tiny",
+    "model.n_layer=1",
+    "dp=2",
+    "train.steps=5",
+    "optim.warmup_steps=1",
+    "logging.tensorboard=false",
+]
+
+
+def test_the_killed_rank_is_blamed_and_a_run_that_trained_keeps_its_logs(tmp_path):
+    # a 2 s monitor interval: the agent finds both ranks dead in one poll (rank 0 right after
+    # its peer), as it often does at the default; torch then reported rank 0's lost peer
+    run = run_dtrain(
+        ["launch", *SMALL, "launcher.monitor_interval_s=2"],
+        tmp_path,
+        env={"DTRAIN_FAULTS": "kill:step=2:rank=1"},
+    )
+    assert run.returncode == 1
+    first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert first.startswith(
+        "error: rank 1 was killed by SIGKILL after step 2; rank 0 then lost its peer ("
+    ), run.stderr
+    assert "Traceback" not in run.stderr  # the cause is a signal: no peer's traceback
+    assert (run.run_dir / "logs" / "rank_0.log").is_file()  # it trained: kept for debugging
+    assert f"logs: {run.run_dir / 'logs'}" in run.stderr
+
+
+def test_a_frozen_rank_is_named_not_the_rank_that_timed_out(tmp_path):
+    run = run_dtrain(
+        ["launch", *SMALL, "launcher.collective_timeout_s=5"],
+        tmp_path,
+        env={"DTRAIN_FAULTS": "hang:step=2:rank=1"},
+    )
+    assert run.returncode == 1
+    first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert first.startswith(
+        "error: rank 1 stopped answering (frozen?) after step 2; rank 0 then lost its peer ("
+    ), run.stderr
+    assert "Timed out" in first
+
+
+def test_a_start_that_fails_before_step_1_leaves_nothing(tmp_path):
+    """Launcher side (the data path) and worker side (a corpus too small for one window)."""
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    for split in ("train", "val"):
+        (tokens / f"{split}.bin").write_bytes(bytes(10))  # 5 uint16 tokens
+    for i, (data, message) in enumerate(
+        [
+            (["data=text", f"data.path={tmp_path}/nope.txt"], "nope.txt"),
+            (["data=tokens", f"data.path={tokens}"], "fewer than one window"),
+        ]
+    ):
+        cwd = tmp_path / f"cwd{i}"
+        cwd.mkdir()
+        run = run_dtrain(["launch", *SMALL, *data], cwd)
+        assert run.returncode != 0 and message in run.stderr, run.stderr
+        assert "Traceback" not in run.stderr
+        assert list(cwd.iterdir()) == []  # no runs/<run>, no runs/
+
+
+def test_multi_node_launch_with_a_host_that_does_not_resolve_exits_2_at_once(tmp_path):
+    started = time.monotonic()
+    run = run_dtrain(
+        [
+            "launch",
+            "recipe=gpt_tiny",
+            "dp=4",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            "0",
+            "--rdzv-endpoint",
+            "node0.invalid:29500",
+            "--rdzv-id",
+            "exp1",
+        ],
+        tmp_path,
+        timeout=60,
+    )
+    assert run.returncode == 2, run.stderr
+    assert time.monotonic() - started < 15  # the CLI's start-up; no rendezvous wait
+    assert "error: --rdzv-endpoint=node0.invalid:29500: node0.invalid does not resolve" in (
+        run.stderr
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_reusing_a_run_name_is_blamed_on_the_name(tmp_path):
+    old = tmp_path / "runs" / "exp"
+    old.mkdir(parents=True)
+    (old / "plan.yaml").write_text("kept: true\n")
+    run = run_dtrain(["launch", "recipe=gpt_tiny", "run.name=exp"], tmp_path, timeout=60)
+    assert run.returncode == 2
+    assert run.stderr.startswith(f"error: run.name=exp: {old} already holds a run"), run.stderr
+    assert "run.root" not in run.stderr
+    assert sorted(p.name for p in old.iterdir()) == ["plan.yaml"]  # an existing run untouched
+
+
+def test_ctrl_c_stops_every_worker_with_one_clean_message(tmp_path):
+    proc = subprocess.Popen(
+        [*DTRAIN, "launch", *SMALL, "train.steps=100000", "logging.every=1", "run.name=stop"],
+        cwd=tmp_path,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a terminal's Ctrl-C reaches the whole process group
+    )
+    try:
+        metrics = tmp_path / "runs" / "stop" / "metrics.jsonl"
+        deadline = time.time() + 120
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out + err
+    assert "death signal" not in err and "Traceback" not in err, err
+    assert "error: stopped by SIGINT; workers terminated" in err.splitlines()
+
+
+def test_ctrl_c_during_start_up_stops_the_launch_and_leaves_nothing(tmp_path):
+    """Ctrl-C while the launcher imports torch and starts the agent (a library's import
+    swallowed the KeyboardInterrupt and the run went on to train)."""
+    proc = subprocess.Popen(
+        [*DTRAIN, "launch", *SMALL, "train.steps=100000"],
+        cwd=tmp_path,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 60
+        while not list(tmp_path.glob("runs/*/plan.yaml")):  # composed, run dir written
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out + err
+    assert "error: stopped by SIGINT" in err and "Traceback" not in err, err
+    assert "step 1/" not in out
+    assert list(tmp_path.iterdir()) == []  # the run dir it created is gone
+
+
+def test_ctrl_c_on_a_terminal_does_not_glue_the_error_to_the_progress_bar(tmp_path):
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [*DTRAIN, "launch", *SMALL, "train.steps=100000", "logging.every=1", "run.name=tty"],
+        cwd=tmp_path,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir()), "COLUMNS": "120"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+    )
+    os.close(slave)
+    output = b""
+    try:
+        deadline = time.time() + 120
+        metrics = tmp_path / "runs" / "tty" / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+            assert time.time() < deadline and proc.poll() is None, output
+            output += _read_pty(master)
+        os.killpg(proc.pid, signal.SIGINT)
+        while proc.poll() is None and time.time() < deadline:
+            output += _read_pty(master)
+        output += _read_pty(master)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        os.close(master)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", output.decode(errors="replace"))  # no colours
+    assert "step 3/100000" in text  # the bar was drawn
+    before, _, _ = text.partition("error: stopped by SIGINT")
+    assert _ and before.endswith("\n"), repr(text[-600:])  # the error starts its own line
+    assert "death signal" not in text and "Traceback" not in text
+
+
+def _read_pty(fd: int) -> bytes:
+    import select
+
+    ready, _, _ = select.select([fd], [], [], 0.1)
+    if not ready:
+        return b""
+    try:
+        return os.read(fd, 65536)
+    except OSError:
+        return b""

@@ -12,6 +12,7 @@ from dtrain_cli.plan.build import Resources, build_plan
 from dtrain_cli.plan.plan import LRPlan, Plan
 
 CPU = Resources(num_gpus=0, num_cpus=2)
+ZBV = ["pp=2", "pipeline.schedule=zbv", "pipeline.virtual_stages=2"]
 
 
 def plan_for(*overrides: str, resources: Resources = CPU) -> Plan:
@@ -252,6 +253,16 @@ def test_cnn_param_count_matches_the_model():
         ("gpt_tiny", ["comm.powersgd_rank=0"], "comm.powersgd_rank=0: must be >= 1"),
         ("gpt_tiny", ["pp=2", "sync.mode=local_sgd"], "sync.mode=local_sgd: needs strategy=ddp"),
         ("gpt_tiny", ["tp=2", "parallel.strategy=zero1"], "use parallel.strategy=fsdp with tp"),
+        (
+            "gpt_tiny",
+            [*ZBV, "dp=2", "parallel.strategy=zero1"],
+            "parallel.strategy=zero1: pipeline.schedule=zbv computes weight gradients outside",
+        ),
+        (
+            "gpt_tiny",
+            [*ZBV, "dp=2", "comm.compression=fp16"],
+            "tp=1, pipeline.schedule=zbv",
+        ),
         ("gpt_tiny", ["data=shapes"], "images need an image model"),
         ("cnn_bn", ["tp=2"], "model.kind=cnn_bn: data parallel only"),
     ],
@@ -287,3 +298,15 @@ def test_an_image_models_plan_counts_samples_not_tokens():
     console.print(render_plan(p))
     text = console.export_text()
     assert "32 samples" in text and "tokens" not in text and "FLOPs per sample" in text
+
+
+def test_fsdp_under_a_zero_bubble_schedule_keeps_parameters_gathered():
+    """The weight pass of zbv reads the stage's gathered parameters: no reshard after
+    forward (said once as a warning), one all-gather per step in the estimate."""
+    zbv = plan_for(*ZBV, "dp=2", "parallel.strategy=fsdp")
+    assert any("parallel.reshard_after_forward=true: not under" in w for w in zbv.warnings)
+    zero2 = plan_for(*ZBV, "dp=2", "parallel.strategy=fsdp", "parallel.reshard_after_forward=false")
+    assert not any("reshard_after_forward" in w for w in zero2.warnings)
+    assert zbv.estimates.comm_bytes_per_step == zero2.estimates.comm_bytes_per_step
+    gpipe = plan_for("pp=2", "dp=2", "parallel.strategy=fsdp", "pipeline.schedule=gpipe")
+    assert gpipe.estimates.comm_bytes_per_step > zero2.estimates.comm_bytes_per_step

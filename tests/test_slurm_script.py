@@ -245,3 +245,49 @@ def test_requeue_rests_on_the_preemption_marker_not_on_srun_exit_code(
     assert ("requeue 42" in calls.read_text().splitlines()) is requeued, out.stdout
     assert ("requeueing job 42" in out.stdout) is requeued
     assert not (run_dir / "slurm" / "FINISHED").exists()
+
+
+def test_a_failed_submit_leaves_no_run_dir(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub(bin_dir, "sbatch", 'echo "sbatch: error: invalid partition specified: gpu" >&2; exit 1')
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dtrain_cli",
+            "sbatch",
+            "recipe=gpt_tiny",
+            "partition=gpu",
+            "--submit",
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 1, out.stderr
+    assert "sbatch failed (exit 1): sbatch: error: invalid partition specified: gpu" in out.stderr
+    assert list(cwd.iterdir()) == []  # neither runs/<run> nor runs/
+    # an existing run dir (a resubmit) is never removed
+    old = cwd / "runs" / "kept"
+    (old / "slurm").mkdir(parents=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dtrain_cli",
+            "sbatch",
+            "recipe=gpt_tiny",
+            "run.name=kept",
+            "--submit",
+        ],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 1 and old.is_dir()

@@ -164,3 +164,12 @@ def test_local_sgd_every_8_averages_and_logs_divergence(tmp_path):
     assert all(r["identical_after"] == 1.0 for r in sync)
     assert sync[1]["divergence"] > 0  # 8 local steps apart from each other
     assert run.summary()["replicas_identical"] is True  # averaged before the final save
+
+
+def test_fsdp_does_not_report_a_false_replica_alarm(tmp_path):
+    """FSDP ranks hold different shards by design: the replica check does not apply (it
+    hashed each rank's shard and always said False), and the console raises no alarm."""
+    run = launch(tmp_path, "dp=2", "parallel.strategy=fsdp", "train.steps=3", "model.n_layer=1")
+    s = run.summary()
+    assert s["replicas_identical"] is None and "fsdp shards the parameters" in s["replicas_check"]
+    assert "replicas" not in run.stdout[run.stdout.index("run summary") :]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from dtrain_cli.cli.common import (
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime.preemption import EXIT_PREEMPTED
 
 
 def launch(
@@ -35,6 +38,23 @@ def launch(
 ) -> None:
     """Train: compose the recipe, save config.yaml + plan.yaml in a new run dir, start workers."""
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    from dtrain_cli.launch.signals import watch_interrupt
+
+    watch_interrupt()
+    try:
+        _launch(overrides, config_dir, nnodes, node_rank, rdzv_endpoint, rdzv_id)
+    except KeyboardInterrupt:
+        fail(["stopped by SIGINT before the workers started"], 130)
+
+
+def _launch(
+    overrides: list[str] | None,
+    config_dir: list[Path],
+    nnodes: str | None,
+    node_rank: int | None,
+    rdzv_endpoint: str | None,
+    rdzv_id: str | None,
+) -> None:
     from dtrain_cli.launch import worker_server
 
     worker_server.start(overrides)  # imports torch on another core while we compose
@@ -49,15 +69,49 @@ def launch(
     problems = apply_node_args(cfg, NodeArgs(count, node_rank, rdzv_endpoint, rdzv_id))
     if problems:
         fail(problems)
+    # before anything is written: a host that does not resolve makes c10d hang
+    if plan.nnodes > 1 and (problems := rendezvous_problems(cfg, plan, node_rank)):
+        fail(problems)
     prepare_data(cfg)
-    from dtrain_cli.launch.rundir import materialize
+    from dtrain_cli.launch.rundir import materialize, new_run_dir
 
+    path = (Path(cfg.run.root) / str(cfg.run.name)) if plan.nnodes > 1 else new_run_dir(cfg)
+    fresh = plan.nnodes == 1 and not path.exists()  # only what this start creates is removed
+    fresh_root = fresh and not path.parent.exists()
     try:
-        run_dir = join_run_dir(cfg, plan) if plan.nnodes > 1 else materialize(cfg, plan)
+        run_dir = join_run_dir(cfg, plan) if plan.nnodes > 1 else materialize(cfg, plan, path)
+    except FileExistsError as exc:
+        fail([f"run.name={cfg.run.name}: {exc}"])
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or exc
         fail([f"run.root={cfg.run.root}: cannot create the run directory ({why})"])
-    start_workers(run_dir, cfg, plan, node_rank, {"composed": composed})
+    start_workers(run_dir, cfg, plan, node_rank, {"composed": composed}, fresh, fresh_root)
+
+
+def rendezvous_problems(cfg: DtrainConfig, plan: Plan, node_rank: int | None) -> list[str]:
+    """validate-cluster's static rendezvous checks (host resolves, port free on node 0),
+    one line each; loopback only warns (several nodes on one machine)."""
+    from dtrain_cli.launch.cluster_env import FAIL, WARN, Request, gather_facts, static_checks
+
+    req = Request(
+        nnodes=plan.nnodes,
+        nproc_per_node=plan.nproc_per_node,
+        node_rank=node_rank,
+        rdzv_endpoint=cfg.launcher.rdzv_endpoint,
+        backend=plan.backend,
+        single_host=True,
+    )
+    facts = gather_facts(with_torch=False)
+    facts.writable = lambda path: None  # the run dir's check would create it: not here
+    checks = [c for c in static_checks(req, facts) if "rendezvous" in c.name]
+    for c in checks:
+        if c.status == WARN:
+            err_console.print(f"warning: {c.detail}", highlight=False, soft_wrap=True)
+    return [
+        f"--rdzv-endpoint={cfg.launcher.rdzv_endpoint}: {c.detail}; {c.fix}"
+        for c in checks
+        if c.status == FAIL
+    ]
 
 
 def prepare_data(cfg: DtrainConfig) -> None:
@@ -77,34 +131,75 @@ def start_workers(
     plan: Plan,
     node_rank: int | None = None,
     milestones: dict[str, float] | None = None,
+    fresh: bool = False,
+    fresh_root: bool = False,
 ) -> None:
-    """Hand the materialized run to the local launcher; map its outcome to an exit code."""
+    """Hand the materialized run to the local launcher; map its outcome to an exit code.
+    ``fresh``: this start created ``run_dir`` (``fresh_root``: and its parent); a failure
+    before the first step finished removes them (nothing was trained)."""
     for w in plan.warnings:  # once, here: the workers read the plan and do not repeat them
         err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
-    console.print(
-        f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) ({plan.mesh.label()}) "
-        f"on {plan.device}/{plan.backend} -> {run_dir}",
-        highlight=False,
-    )
     from dtrain_cli.launch import worker_server
-    from dtrain_cli.launch.local import launch_local, prepare_workers
 
-    prepare_workers(run_dir, cfg, plan)
     try:
+        console.print(
+            f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) "
+            f"({plan.mesh.label()}) on {plan.device}/{plan.backend} -> {run_dir}",
+            highlight=False,
+            soft_wrap=True,
+        )
+        from dtrain_cli.launch.local import launch_local, prepare_workers  # imports torch
+
+        prepare_workers(run_dir, cfg, plan)
         result = launch_local(run_dir, cfg, plan, node_rank, milestones)
     except FileNotFoundError as exc:
+        remove_if_untrained(run_dir, fresh, fresh_root)
         fail([str(exc)])
     except ConfigError as exc:
+        remove_if_untrained(run_dir, fresh, fresh_root)
         fail(exc.problems)
+    except BaseException:
+        remove_if_untrained(run_dir, fresh, fresh_root)
+        raise
     finally:
         worker_server.stop()
     if not result.ok:
+        if console.is_terminal:  # the progress bar's line may be unfinished
+            console.line()
+        removed = result.exit_code != EXIT_PREEMPTED and remove_if_untrained(
+            run_dir, fresh, fresh_root
+        )
         err_console.print(
             f"[bold red]error:[/] {escape(result.message)}",
             highlight=False,
             markup=True,
             soft_wrap=True,
         )
-        err_console.print(f"logs: {run_dir / 'logs'}", highlight=False)
+        if removed:
+            err_console.print(
+                f"removed {run_dir}: the run failed before its first step",
+                highlight=False,
+                soft_wrap=True,
+            )
+        else:
+            err_console.print(f"logs: {run_dir / 'logs'}", highlight=False, soft_wrap=True)
         raise typer.Exit(result.exit_code)
-    console.print(f"[green]done[/]: {run_dir}", highlight=False)
+    console.print(f"[green]done[/]: {run_dir}", highlight=False, soft_wrap=True)
+
+
+def remove_if_untrained(run_dir: Path, fresh: bool, fresh_root: bool = False) -> bool:
+    """Remove a run dir this start created when no rank finished a training step; a run
+    that trained keeps its logs. Returns whether it was removed."""
+    from dtrain_cli.runtime.metrics import FIRST_STEP_DONE
+
+    if not fresh or not run_dir.is_dir():
+        return False
+    for log_file in (run_dir / "logs").glob("rank_*.log"):
+        with contextlib.suppress(OSError):
+            if FIRST_STEP_DONE in log_file.read_text(errors="replace"):
+                return False
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if fresh_root:
+        with contextlib.suppress(OSError):
+            run_dir.parent.rmdir()  # only when empty
+    return True

@@ -11,6 +11,7 @@ Compose -> plan (for the job's nodes, not this login node) -> script text
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -134,20 +136,33 @@ def sbatch(
     if shutil.which("sbatch") is None:
         fail(["sbatch: not found on PATH; is this a SLURM login node? (--dry-run prints)"], 1)
     run_dir = built.job.run_dir
+    fresh, fresh_root = not run_dir.exists(), not run_dir.parent.exists()
+
+    def undo(problem: str, code: int) -> NoReturn:
+        """A failed submit leaves no run dir behind (only what this submit created)."""
+        if fresh:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if fresh_root:
+                with contextlib.suppress(OSError):
+                    run_dir.parent.rmdir()
+        fail([problem], code)
+
     try:
         if built.plan is not None:
             materialize(built.cfg, built.plan, run_dir)
         (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
+        path = run_dir / "slurm" / SCRIPT_NAME
+        path.write_text(script)
+    except FileExistsError as exc:
+        fail([f"run.name={built.cfg.run.name}: {exc}"])
     except OSError as exc:
-        fail([f"run dir {run_dir}: cannot create it ({exc})"])
-    path = run_dir / "slurm" / SCRIPT_NAME
-    path.write_text(script)
+        undo(f"run dir {run_dir}: cannot create it ({exc})", 2)
     env = {**os.environ, "DTRAIN_LAUNCH_T0": repr(time.time())}  # first step is timed from here
     out = subprocess.run(
         ["sbatch", "--parsable", str(path)], capture_output=True, text=True, env=env
     )
     if out.returncode != 0:
-        fail([f"sbatch failed (exit {out.returncode}): {out.stderr.strip() or out.stdout}"], 1)
+        undo(f"sbatch failed (exit {out.returncode}): {out.stderr.strip() or out.stdout}", 1)
     job_id = out.stdout.strip().split(";")[0]
     (run_dir / "slurm" / "job_id").write_text(job_id + "\n")
     err_console.print(f"submitted job {job_id}: {run_dir}", highlight=False, soft_wrap=True)

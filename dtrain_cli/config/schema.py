@@ -221,6 +221,9 @@ class LauncherConfig:
     threads_per_proc: int | None = None
     """torch threads per worker; default: CPU cores / processes per node."""
     monitor_interval_s: float = 0.1
+    collective_timeout_s: int = 300
+    """Seconds a collective waits for a peer before the rank fails (a frozen rank is then
+    named: 'stopped answering')."""
 
 
 @dataclass

@@ -15,19 +15,18 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import shlex
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.schema import DtrainConfig
-from dtrain_cli.launch.signals import forward_signal
+from dtrain_cli.launch import failures
+from dtrain_cli.launch.signals import forward_signal, interrupted
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime import preemption
-
-# Errors the runtime raises on purpose, with a message that names the cause: shown as one
-# line (their traceback stays in logs/rank_<k>.log).
-EXPECTED_ERRORS = ("CheckpointError:", "FileNotFoundError:", "ValueError: ")
+from dtrain_cli.runtime.failure_notes import read_notes
 
 
 def worker_modules(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> list[str]:
@@ -79,13 +78,18 @@ def launch_local(
 
     # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
     prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
-    # The agent's own logs repeat what dtrain reports (the failing rank and its error).
+    # The agent's own logs repeat what dtrain reports (the failing rank and its error, "Received
+    # 2 death signal" on Ctrl-C). Its modules set their own levels, so the parent's level does
+    # not reach them: the parent swallows what they propagate.
     for name in (
         "torch.distributed.elastic",
         "torch.distributed.launcher",
         "torch.multiprocessing",
     ):
-        logging.getLogger(name).setLevel(logging.CRITICAL)
+        quiet = logging.getLogger(name)
+        quiet.setLevel(logging.CRITICAL)
+        quiet.handlers = [logging.NullHandler()]
+        quiet.propagate = False
     os.environ.setdefault("OMP_NUM_THREADS", str(plan.threads_per_proc))
     lc = cfg.launcher
     config = LaunchConfig(
@@ -107,38 +111,31 @@ def launch_local(
     )
     preemption.clear_marker(run_dir)
     milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
+    if interrupted():  # a Ctrl-C during start-up that an import swallowed
+        return LaunchResult(False, 130, "stopped by SIGINT before the workers started")
     try:
         with forward_signal(cfg.cluster.signal):
             elastic_launch(config, worker_main)(str(run_dir), milestones)
-    except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        detail = failure.message if isinstance(failure.message, str) else str(failure.message)
-        if failure.error_file_data:
-            trace = failure.error_file_data.get("message", {})
-            if isinstance(trace, dict):
-                stack = trace.get("extraInfo", {}).get("py_callstack", "")
-                detail = f"{trace.get('message', '')}\n{stack}"
-        if detail.startswith(EXPECTED_ERRORS):  # dtrain's own errors: the message says it all
-            detail = detail.splitlines()[0]
-        code = failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        return LaunchResult(
-            False, code, f"rank {rank} failed (exit code {failure.exitcode}): {detail.strip()}"
-        )
+    except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick
+        local_ranks = list(range(plan.world_size)) if plan.nnodes == 1 else None
+        notes = read_notes(run_dir, since=milestones["agent_ready"])
+        code, text = failures.describe(failures.from_agent(exc.failures, notes, local_ranks))
+        return LaunchResult(False, code, text)
     except SignalException as exc:
         if (marker := preemption.read_marker(run_dir)) is not None:
-            return preempted_result(marker)
+            return preempted_result(marker, run_dir)
         return LaunchResult(
             False, 128 + int(exc.sigval), f"stopped by {exc.sigval.name}; workers terminated"
         )
     if (marker := preemption.read_marker(run_dir)) is not None:
-        return preempted_result(marker)
+        return preempted_result(marker, run_dir)
     return LaunchResult(True, 0)
 
 
-def preempted_result(marker: dict) -> LaunchResult:
+def preempted_result(marker: dict, run_dir: Path) -> LaunchResult:
     return LaunchResult(
         False,
         preemption.EXIT_PREEMPTED,
         f"preempted: checkpoint saved at step {marker.get('step')}; the run continues from it "
-        "(requeued SLURM job, or `dtrain resume --ckpt RUN_DIR`)",
+        f"(requeued SLURM job, or `dtrain resume --ckpt {shlex.quote(str(run_dir))}`)",
     )

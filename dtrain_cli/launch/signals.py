@@ -80,3 +80,23 @@ def forward_signal(name: str | None) -> Iterator[list[int]]:
         yield received
     finally:
         signal.signal(num, previous)
+
+
+_interrupted = False
+
+
+def watch_interrupt() -> None:
+    """Launcher start: remember a Ctrl-C (and raise KeyboardInterrupt as usual). Some
+    libraries' imports swallow the KeyboardInterrupt; :func:`interrupted` still knows,
+    so the launcher stops before it starts the workers."""
+
+    def on_interrupt(signum: int, frame: FrameType | None) -> None:
+        global _interrupted
+        _interrupted = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+
+
+def interrupted() -> bool:
+    return _interrupted

@@ -21,6 +21,9 @@ SCHEDULES = {
 }
 SINGLE_STAGE = {"gpipe", "1f1b"}  # one stage per rank
 V_SHAPED = {"zbv", "dualpipev"}  # exactly two stages per rank, placed in a V
+# Zero-bubble schedules split backward into input and weight passes and set weight
+# gradients themselves: DDP's autograd hooks never see them, so dp runs torch's replicate.
+SPLIT_BACKWARD = {"interleaved_zb", "zbv", "dualpipev"}
 BUBBLE_WARN = 0.25
 BYTES_PER_ACTIVATION = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -28,6 +31,12 @@ BYTES_PER_ACTIVATION = {"fp32": 4, "bf16": 2, "fp16": 2}
 def plural(n: int, word: str, many: str | None = None) -> str:
     """``1 step``, ``2 steps``, ``1 process``, ``3 processes``."""
     return f"{n:,} {word if n == 1 else many or word + 's'}"
+
+
+def fsdp_reshards_after_forward(cfg: DtrainConfig, schedule: str | None) -> bool:
+    """``parallel.reshard_after_forward``, except under a zero-bubble schedule: its weight
+    pass takes the stage's registered parameters, which must still be the gathered ones."""
+    return cfg.parallel.reshard_after_forward and schedule not in SPLIT_BACKWARD
 
 
 def divisors(n: int, limit: int = 64) -> list[int]:
@@ -216,16 +225,31 @@ def strategy_problems(cfg: DtrainConfig, problems: list[str], warnings: list[str
             f"{key}: an fsdp option, but parallel.strategy={strategy}; "
             f"set parallel.strategy=fsdp or drop it"
         )
-    if comp != "none" and (strategy == "fsdp" or par.tp > 1):
+    split = (
+        cfg.pipeline.schedule if par.pp > 1 and cfg.pipeline.schedule in SPLIT_BACKWARD else None
+    )
+    if strategy == "fsdp" and split and par.reshard_after_forward:
+        warnings.append(
+            f"parallel.reshard_after_forward=true: not under pipeline.schedule={split}, "
+            f"whose weight pass needs each stage's gathered parameters: they stay gathered "
+            f"from forward to backward (ZeRO-2)"
+        )
+    if comp != "none" and (strategy == "fsdp" or par.tp > 1 or split):
         problems.append(
-            f"comm.compression={comp}: DDP communication hooks apply to "
-            f"strategy ddp/zero1 without tp; this run uses strategy={strategy}, "
-            f"tp={par.tp}"
+            f"comm.compression={comp}: DDP communication hooks apply to strategy ddp/zero1 "
+            f"without tp or a zero-bubble schedule; this run uses strategy={strategy}, "
+            f"tp={par.tp}" + (f", pipeline.schedule={split}" if split else "")
         )
     if strategy == "zero1" and par.tp > 1:
         problems.append(
             "parallel.strategy=zero1: ZeroRedundancyOptimizer does not take "
             "tensor-parallel (DTensor) parameters; use parallel.strategy=fsdp with tp"
+        )
+    elif strategy == "zero1" and split and par.dp > 1:
+        problems.append(
+            f"parallel.strategy=zero1: pipeline.schedule={split} computes weight gradients "
+            f"outside DDP's hooks; use parallel.strategy=fsdp or one of the schedules "
+            + ", ".join(s for s in SCHEDULES if s not in SPLIT_BACKWARD)
         )
     if sync == "local_sgd":
         if par.pp > 1 or par.tp > 1 or strategy != "ddp":

@@ -14,7 +14,7 @@ import math
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
-from dtrain_cli.plan.layout import BYTES_PER_ACTIVATION
+from dtrain_cli.plan.layout import BYTES_PER_ACTIVATION, fsdp_reshards_after_forward
 from dtrain_cli.plan.plan import BatchPlan, Estimates, PipelinePlan
 
 
@@ -49,7 +49,8 @@ def comm_bytes_per_step(cfg: DtrainConfig, facts: ModelFacts, ddp: bool = False)
     ring = (dp - 1) / dp
     n_bytes = 4 * n / max(cfg.parallel.tp * cfg.parallel.pp, 1)
     if cfg.parallel.strategy == "fsdp":
-        gathers = 2 if cfg.parallel.reshard_after_forward else 1  # fwd (+ bwd) all-gather
+        schedule = cfg.pipeline.schedule if cfg.parallel.pp > 1 else None
+        gathers = 2 if fsdp_reshards_after_forward(cfg, schedule) else 1  # fwd (+ bwd)
         return int(ring * n_bytes * (gathers + 1))  # + reduce-scatter of gradients
     payload = grad_payload_bytes(cfg, facts) / max(cfg.parallel.tp * cfg.parallel.pp, 1)
     total = 2 * ring * payload

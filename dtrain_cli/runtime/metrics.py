@@ -21,6 +21,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 log = logging.getLogger("dtrain")
+FIRST_STEP_DONE = "first step done"
+"""Every rank's log says this once its first step finished: the launcher keeps a failed
+run's dir from then on (before it, a failed start removes the dir it created)."""
 
 
 class _ConsoleHandler(logging.Handler):
@@ -154,7 +157,9 @@ class MetricsSink:
             self.progress.update(self._task, completed=summary.get("steps"), **self._fields)
             self.progress.stop()
             self.progress = None
-        self.console.print(summary_table(summary, run_dir))
+        self.console.print(summary_table(summary))
+        for line in summary_lines(run_dir):
+            self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
     def close(self) -> None:
         if self.progress is not None:
@@ -189,7 +194,7 @@ def _num(value: Any, fmt: str = ",.4f") -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "-"
 
 
-def summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
+def summary_table(summary: dict[str, Any]) -> Table:
     """What a person reads at the end of a run (summary.json keeps every field)."""
     table = Table(title="run summary", show_header=False, title_justify="left")
     table.add_row("steps", f"{summary.get('steps')} (world size {summary.get('world_size')})")
@@ -204,10 +209,14 @@ def summary_table(summary: dict[str, Any], run_dir: Path) -> Table:
         table.add_row("resumed from", str(summary["resumed_from"]))
     if summary.get("replicas_identical") is False:
         table.add_row("[red]replicas[/]", "[red]dp replicas hold different parameters[/]")
-    table.add_row("run dir", str(run_dir))
-    files = [n for n in ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/")]
-    table.add_row("files", " ".join(n for n in files if (run_dir / n.rstrip("/")).exists()))
     return table
+
+
+def summary_lines(run_dir: Path) -> list[str]:
+    """Below the table, unwrapped (a path to copy): the run dir and what it holds."""
+    names = ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/")
+    files = " ".join(n for n in names if (run_dir / n.rstrip("/")).exists())
+    return [f"run dir: {run_dir}", f"  files: {files}"]
 
 
 def make_console(is_logging_rank: bool) -> Console | None:

@@ -110,7 +110,10 @@ def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -
         from dtrain_cli.runtime.sync_batchnorm import apply_sync_batchnorm
 
         parts = [apply_sync_batchnorm(p, ctx.dp_group, ctx.device) for p in parts]
-    parts = [apply_data_parallel(apply_compile(p, spec, cfg), spec, cfg, ctx) for p in parts]
+    schedule = pipe.schedule if pipe is not None else None
+    parts = [
+        apply_data_parallel(apply_compile(p, spec, cfg), spec, cfg, ctx, schedule) for p in parts
+    ]
     pm = ParallelModel(parts, stage_ids, pipe.num_stages if pipe else 1, spec)
     if pipe is not None:
         pm.schedule = build_schedule(

@@ -42,6 +42,8 @@ def build_schedule(
         for part, stage_id in zip(parts, stage_ids, strict=True)
     ]
     cls = get_schedule_class(SCHEDULES[pipe.schedule])
-    if pipe.schedule in SINGLE_STAGE:
-        return cls(stages[0], n_microbatches=pipe.microbatches, loss_fn=loss_fn)
-    return cls(stages, n_microbatches=pipe.microbatches, loss_fn=loss_fn)
+    # The loss function scales each micro-batch's loss by 1/(micro-batches per step):
+    # torch's own scaling divides every gradient by n_microbatches at the end of each
+    # call, which would divide the earlier calls' accumulated gradients again.
+    kwargs = {"n_microbatches": pipe.microbatches, "loss_fn": loss_fn, "scale_grads": False}
+    return cls(stages[0] if pipe.schedule in SINGLE_STAGE else stages, **kwargs)

@@ -36,6 +36,9 @@ def shield_server_from_step_signals() -> None:
     global shielded
     for sig in STEP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    # a terminal's Ctrl-C reaches the server too, perhaps while it imports torch: the
+    # launcher stops (and it stops the server); no KeyboardInterrupt traceback from here
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     shielded = True
 
 
@@ -46,6 +49,7 @@ def restore_worker_signals() -> None:
         return
     for sig in STEP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     shielded = False
 
 

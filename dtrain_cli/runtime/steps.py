@@ -4,7 +4,8 @@
   gradient accumulation over micro-batches, the dp all-reduce skipped on all but the last.
 - :class:`PipelineStep`: this rank's pipeline stage(s), driven by a
   ``torch.distributed.pipelining`` schedule; the schedule splits a call's batch into
-  micro-batches and scales gradients by 1/micro-batches, calls accumulate on top.
+  micro-batches, the loss function scales each by 1/(micro-batches per step), and calls
+  accumulate on top.
 
 Both return the loss this rank *reports* (a device tensor, no host sync): the mean over
 the step's micro-batches on ranks that see the loss (the last stage), zero elsewhere.
@@ -80,16 +81,16 @@ class PipelineStep:
         self.calls = plan.pipeline.calls_per_step
         self.v_shaped = plan.pipeline.schedule in V_SHAPED
         self.precision = precision
-        self._scale = 1.0 / self.calls
+        self._scale = 1.0 / (self.calls * self.m)
         self.output_loss = output_loss_fn(pm.spec, plan, roots)
 
     def loss_fn(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """Called by the schedule on the last stage for each micro-batch; the outer
-        accumulation (calls per step) is folded in here, the schedule averages over m."""
+        """Called by the schedule on the last stage for each micro-batch, scaled so that
+        the step's gradients (all calls accumulated) are those of the mean loss."""
         return self.precision.scale(self.output_loss(output, target) * self._scale)
 
     def _run(self, x: torch.Tensor, y: torch.Tensor, train: bool) -> torch.Tensor | None:
-        """One schedule call; the sum of its micro-batch losses on the last stage."""
+        """One schedule call; the sum of its (scaled) micro-batch losses on the last stage."""
         args: tuple[Any, ...] = (x,) if self.pm.has_first_stage else ()
         last = self.pm.has_last_stage
         losses: list[torch.Tensor] | None = [] if last else None
@@ -102,20 +103,20 @@ class PipelineStep:
         return self.precision.unscale_loss(total)
 
     def __call__(self, batches: Batches, step: int) -> torch.Tensor:
-        self._scale = 1.0 / self.calls
+        self._scale = 1.0 / (self.calls * self.m)
         total = torch.zeros((), device=batches.device)
         for c in range(self.calls):
             x, y = batches.micro_batches(step, c * self.m, self.m)
             loss = self._run(x, y, train=True)
             if loss is not None:
-                total += loss / self.m
+                total += loss
         return total
 
     def eval_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Mean loss of a batch of ``m`` micro-batches (zero on ranks without the loss).
         torch's forward-only ``eval`` does not run V-shaped schedules (zbv, dualpipev):
         those validate through a training pass whose gradients are then dropped."""
-        self._scale = 1.0
+        self._scale = 1.0 / self.m
         if self.v_shaped:
             with torch.enable_grad():
                 loss = self._run(x, y, train=True)
@@ -123,4 +124,4 @@ class PipelineStep:
                 p.grad = None
         else:
             loss = self._run(x, y, train=False)
-        return torch.zeros((), device=x.device) if loss is None else loss / self.m
+        return torch.zeros((), device=x.device) if loss is None else loss

@@ -33,6 +33,7 @@ from dtrain_cli.runtime.distributed import DistContext
 from dtrain_cli.runtime.dtensors import full_tensor, local_tensor
 from dtrain_cli.runtime.loader import Batches
 from dtrain_cli.runtime.metrics import (
+    FIRST_STEP_DONE,
     MetricsSink,
     startup_phases,
     truncate_metrics,
@@ -345,15 +346,26 @@ class Trainer:
         return self._summary(wall, tokens_per_s)
 
     def replica_digests(self) -> list[str]:
-        """sha256 of this rank's parameter bytes (local shards), gathered over the dp group:
-        data-parallel replicas must hold bit-identical parameters."""
+        """sha256 of this rank's parameter bytes (local shards: the same tp shard / pp stage
+        across the dp group), gathered over the dp group: data-parallel replicas must hold
+        bit-identical parameters. FSDP (dp > 1) has no replicas: each dp rank holds another
+        shard, so the digest is of the full parameters and there is nothing to compare."""
         h = hashlib.sha256()
+        sharded = self.replicas_check() is not None
         for p in self.pm.parameters():
-            local = local_tensor(p)
-            h.update(local.detach().cpu().contiguous().numpy().tobytes())
+            t = full_tensor(p) if sharded else local_tensor(p)  # collective under FSDP
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        if sharded:
+            return [h.hexdigest()]
         out: list[str | None] = [None] * self.plan.batch.dp
         dist.all_gather_object(out, h.hexdigest(), group=self.ctx.dp_group)
         return [str(d) for d in out]
+
+    def replicas_check(self) -> str | None:
+        """Why the replica check does not apply to this layout (None: it does)."""
+        if self.plan.strategy == "fsdp" and self.plan.batch.dp > 1:
+            return "not applicable: fsdp shards the parameters over dp (no replicas to compare)"
+        return None
 
     def param_moments(self) -> tuple[float, float]:
         """Sum and sum of squares of the full model's parameters, whatever the layout."""
@@ -391,9 +403,8 @@ class Trainer:
         self.times["first_step_done"] = time.time()
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
         phases = " · ".join(f"{k} {v:.2f}" for k, v in startup_phases(self.times, t0).items())
-        log.info(
-            "first step done %.2f s after launch (%s)", self.times["first_step_done"] - t0, phases
-        )
+        took = self.times["first_step_done"] - t0
+        log.info("%s %.2f s after launch (%s)", FIRST_STEP_DONE, took, phases)
 
     def _summary(self, wall: float, tokens_per_s: list[float]) -> dict[str, Any]:
         t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
@@ -415,7 +426,8 @@ class Trainer:
             "param_sum": param_sum,
             "param_sq_sum": param_sq_sum,
             "param_digest": digests[0],
-            "replicas_identical": len(set(digests)) == 1,
+            "replicas_identical": None if self.replicas_check() else len(set(digests)) == 1,
+            "replicas_check": self.replicas_check(),
             "resumed_from": self.resumed_from,
             "checkpoint_stall_s": self.checkpoints.save_stall_s,
             "data_wait_ms_per_step": 1000 * self.train_batches.wait_s / max(1, self.steps_run),

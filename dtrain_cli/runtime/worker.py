@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -27,10 +28,15 @@ from dtrain_cli.runtime.distributed import (
     mesh_coordinates,
     shutdown_distributed,
 )
+from dtrain_cli.runtime.failure_notes import write_note
 from dtrain_cli.runtime.metrics import make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
 
 log = logging.getLogger("dtrain")
+
+
+def _stop_quietly(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # @record and multiprocessing print no traceback for it
 
 
 @record
@@ -43,7 +49,11 @@ def worker_main(
     server = sys.modules.get("dtrain_cli.runtime.server_preload")
     if server is not None:  # forked from the fork server, which ignores some signals
         server.restore_worker_signals()
+    # Ctrl-C reaches every process of the terminal's group; the launcher reports it once,
+    # so a worker ends quietly (its finally blocks close the progress bar), no traceback
+    signal.signal(signal.SIGINT, _stop_quietly)
     path = Path(run_dir)
+    os.environ["DTRAIN_RUN_DIR"] = str(path)  # where a fault drill notes what it did
     plan = Plan.load(path / "plan.yaml")
     cfg = config_from_yaml(path / "config.yaml")
     for root in reversed(cfg.run.import_roots):  # the user's _target_ modules, as planned
@@ -54,7 +64,7 @@ def worker_main(
     console = make_console(rank == 0)
     setup_logging(path, rank, console)
     preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
-    ctx = init_distributed(plan)
+    ctx = init_distributed(plan, timeout_s=cfg.launcher.collective_timeout_s)
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
     trainer = None
@@ -67,8 +77,9 @@ def worker_main(
             model_ready=time.time(),
         )
         return trainer.train()
-    except Exception:
+    except Exception as exc:
         log.exception("rank %d failed", rank)  # the traceback in logs/rank_<k>.log
+        write_note(path, rank, trainer.step if trainer is not None else None, exc)
         raise
     finally:
         if trainer is not None and trainer.sink:

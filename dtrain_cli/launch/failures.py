@@ -1,0 +1,178 @@
+"""Which rank failed first, and why: the launcher's report of a failed run.
+
+    DTRAIN_FAULTS="kill:step=2:rank=1" dtrain launch recipe=gpt_tiny dp=2
+    error: rank 1 was killed by SIGKILL after step 2; rank 0 then lost its peer (...)
+
+The agent's ``ChildFailedError`` lists every worker that had ended with an error when it
+looked. torch's ``get_first_failure`` takes the smallest error-file timestamp, in whole
+seconds, and a rank killed by a signal gets the time the agent noticed it; so the rank that
+*lost* its peer (``Connection reset by peer``, a collective timeout) is often blamed for the
+peer's death. Here a rank killed by a signal, or failing with an error of its own, is the
+cause; a rank whose error is a lost connection or a timeout followed it. The step and the
+precise time come from the workers' notes (:mod:`dtrain_cli.runtime.failure_notes`).
+Torch-free: the inputs are the agent's ``ProcessFailure`` objects (duck-typed).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Errors the runtime raises on purpose, with a message that names the cause: shown as one
+# line (their traceback stays in logs/rank_<k>.log).
+EXPECTED_ERRORS = ("CheckpointError:", "FileNotFoundError:", "ValueError: ")
+# What a rank reports when another rank died or stopped answering (gloo, NCCL, the store).
+PEER_LOSS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "timed out",
+    "timeout",
+    "socket timeout",
+    "distnetworkerror",
+    "remote process exited",
+    "communicator was aborted",
+)
+
+
+@dataclass
+class Failed:
+    rank: int
+    exitcode: int | None
+    """The process's exit code (negative: a signal); None when the agent did not report it."""
+    headline: str = ""
+    """The error's first line ("RuntimeError: ..."); "" for a signal or a silent rank."""
+    detail: str = ""
+    """What to show under the report: one line for dtrain's own errors, else the traceback."""
+    time: float = float("inf")
+    step: int | None = None
+    signal: str | None = None
+
+    @property
+    def lost_peer(self) -> bool:
+        text = self.headline.lower()
+        return self.signal is None and any(p in text for p in PEER_LOSS)
+
+    @property
+    def silent(self) -> bool:
+        """Ended without an error of its own and without a reported exit code."""
+        return self.exitcode is None and not self.headline and self.signal is None
+
+
+def _signal_name(exitcode: int) -> str:
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+def from_agent(
+    failures: Mapping[int, Any],
+    notes: Mapping[int, Mapping[str, Any]],
+    local_ranks: list[int] | None = None,
+) -> list[Failed]:
+    """The agent's {global rank: ProcessFailure} (torch reports the first process it found
+    dead, not every one), the workers' notes of this attempt (by pid), and this node's
+    other ranks (``local_ranks``) that left neither: silent."""
+    out: dict[int, Failed] = {}
+    by_pid = {f.pid: int(r) for r, f in failures.items()}
+    for rank, f in failures.items():
+        message = f.message if isinstance(f.message, str) else str(f.message)
+        headline, detail = message, message
+        data = f.error_file_data or {}
+        trace = data.get("message", {}) if isinstance(data, dict) else {}
+        if isinstance(trace, dict) and trace:
+            headline = str(trace.get("message", ""))
+            stack = trace.get("extraInfo", {}).get("py_callstack", "")
+            detail = f"{headline}\n{stack}"
+        sig = _signal_name(f.exitcode) if f.exitcode < 0 else None
+        if sig:  # torch's "Signal 9 (SIGKILL) received by PID ..." says no more
+            headline = detail = ""
+        if detail.startswith(EXPECTED_ERRORS):
+            detail = detail.splitlines()[0]
+        note = notes.get(f.pid, {})
+        out[int(rank)] = Failed(
+            rank=int(rank),
+            exitcode=int(f.exitcode),
+            headline=headline.splitlines()[0] if headline else "",
+            detail=detail.strip(),
+            time=float(note.get("time", f.timestamp)),
+            step=note.get("step"),
+            signal=sig or note.get("signal"),
+        )
+    for pid, note in notes.items():
+        rank = int(note.get("rank", -1))
+        if pid in by_pid or rank < 0 or rank in out:
+            continue
+        out[rank] = Failed(
+            rank=rank,
+            exitcode=None,
+            headline=str(note.get("error", "")).splitlines()[0] if note.get("error") else "",
+            detail=str(note.get("error", "")),
+            time=float(note["time"]),
+            step=note.get("step"),
+            signal=note.get("signal"),
+        )
+    for rank in local_ranks or []:
+        out.setdefault(rank, Failed(rank=rank, exitcode=None))
+    return sorted(out.values(), key=lambda f: f.rank)
+
+
+def _when(step: int | None) -> str:
+    if step is None:
+        return "during start-up"
+    return "in step 1" if step == 0 else f"after step {step}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def describe(failed: list[Failed]) -> tuple[int, str]:
+    """(exit code, report): the first failure in time with its signal or exit code, then
+    the ranks that followed it (lost their peer). When every error seen is a lost peer, the
+    ranks that left no error of their own are the cause (killed, or frozen)."""
+    errors = [f for f in failed if not f.silent]
+    causes = [f for f in errors if not f.lost_peer]
+    lost = [f for f in errors if f.lost_peer]
+    silent = [f for f in failed if f.silent]
+    steps = [f.step for f in lost if f.step is not None]
+    when = f" {_when(min(steps))}" if steps else ""
+    if causes:
+        root = min(causes, key=lambda f: (f.time, f.signal is None))
+        if root.signal is not None:
+            text = f"rank {root.rank} was killed by {root.signal}{when}"
+        else:
+            code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""
+            text = f"rank {root.rank} failed {_when(root.step)}{code}: {root.headline}"
+    elif silent and lost:
+        root = None
+        timeouts = all(
+            "timed out" in f.headline.lower() or "timeout" in f.headline.lower() for f in lost
+        )
+        how = "stopped answering (frozen?)" if timeouts else "ended without an error of its own"
+        if not timeouts:
+            how += " (killed by a signal?)"
+        text = f"{_ranks([f.rank for f in silent])} {how}{when}"
+    else:
+        root = min(errors or failed, key=lambda f: f.time)
+        text = f"rank {root.rank} failed {_when(root.step)} (exit code {root.exitcode})"
+    followers = [f for f in lost if f is not root]
+    if followers:
+        verb = "lost its peer" if len(followers) == 1 else "lost their peer"
+        text += f"; {_ranks([f.rank for f in followers])} then {verb} ({followers[0].headline})"
+    same = [f.rank for f in causes if f is not root and root and f.headline == root.headline]
+    if same:
+        text += f"; {_ranks(same)} too"
+    for f in causes:
+        if f is not root and f.rank not in same:
+            how = f"was killed by {f.signal}" if f.signal else f"failed ({f.headline})"
+            text += f"; rank {f.rank} also {how}"
+    detail = root.detail if root is not None else ""
+    if detail and detail != root.headline:  # a traceback: dtrain's own errors are one line
+        text += f"\n{detail}"
+    exitcode = root.exitcode if root is not None and root.exitcode else 0
+    return (exitcode if exitcode > 0 else 1), text

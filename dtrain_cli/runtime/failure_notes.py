@@ -1,0 +1,55 @@
+"""A failing worker's note for the launcher: which step it was at, and when, precisely.
+
+    <run>/logs/failures/<pid>.json   {"rank": 1, "step": 12, "time": 1764578713.52, ...}
+
+torch elastic's error file (``@record``) keeps the traceback but a timestamp in whole
+seconds and no step; the launcher (:mod:`dtrain_cli.launch.failures`) matches a note to
+the agent's failure by pid. A rank killed by a signal writes none (a fault drill writes
+the signal it is about to send). Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+NOTES_DIR = Path("logs") / "failures"
+
+
+def write_note(
+    run_dir: Path,
+    rank: int,
+    step: int | None,
+    exc: BaseException | None,
+    signal: str | None = None,
+) -> None:
+    """Worker, in its ``except`` (``exc``), or a fault drill about to send itself ``signal``.
+    Best effort: a note that cannot be written is no error."""
+    text = f"{type(exc).__name__}: {exc}".strip() if exc is not None else ""
+    note = {"rank": rank, "pid": os.getpid(), "step": step, "time": time.time(), "error": text}
+    note["attempt"] = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if signal:
+        note["signal"] = signal
+    try:
+        folder = Path(run_dir) / NOTES_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{os.getpid()}.json").write_text(json.dumps(note))
+    except OSError:
+        pass
+
+
+def read_notes(run_dir: Path, since: float = 0.0) -> dict[int, dict[str, Any]]:
+    """pid -> note, for the notes written after ``since`` by the latest restart attempt."""
+    out: dict[int, dict[str, Any]] = {}
+    for path in (Path(run_dir) / NOTES_DIR).glob("*.json"):
+        try:
+            note = json.loads(path.read_text())
+            if float(note["time"]) >= since:
+                out[int(note["pid"])] = note
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    last = max((n.get("attempt", 0) for n in out.values()), default=0)
+    return {pid: n for pid, n in out.items() if n.get("attempt", 0) == last}
