@@ -253,3 +253,23 @@ class ServerLoop:
                 self.stats["bound_wait_s"][w] += waited
             body = _flat(self.shard.params)
             self.send(_message(REPLY, self.rounds, self.shard.steps_applied, waited, body), w)
+
+
+def serve(cfg: DtrainConfig, plan: Plan, ctx: Any, run_dir: Path) -> dict[str, Any]:
+    """A server rank: the model built as the workers build it (the same seeded weights),
+    its shard taken, then messages until every worker is done."""
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.runtime.parallelize import build_model
+
+    model = build_model(model_spec(cfg), cfg.train.seed, torch.device("cpu"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    loop = ServerLoop(cfg, plan, ctx.ps, ctx.rank, params)
+    del model, params
+    log.info(
+        "server %d: %d parameters of %d tensors",
+        loop.index,
+        loop.shard.numel,
+        len(loop.shard.params),
+    )
+    loop.run(run_dir)
+    return {"role": "server", "updates": loop.stats["updates"]}
