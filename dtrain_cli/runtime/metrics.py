@@ -121,7 +121,8 @@ class MetricsSink:
         self.jsonl.write(json.dumps(record) + "\n")
         if self.writer is not None:
             for key, value in values.items():
-                self.writer.add_scalar(f"{kind}/{key}", value, step)
+                if isinstance(value, int | float):  # histograms per worker: jsonl only
+                    self.writer.add_scalar(f"{kind}/{key}", value, step)
         if kind == "train":
             rate = throughput(values)  # tokens/s for language models, samples/s otherwise
             self._fields = {
@@ -147,7 +148,10 @@ class MetricsSink:
             log.info(
                 "step %d  %s",
                 step,
-                "  ".join(f"{k} {v:.4f}" for k, v in values.items()),
+                "  ".join(
+                    f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                    for k, v in values.items()
+                ),
                 extra={"console": self.mode != "off"},
             )
 

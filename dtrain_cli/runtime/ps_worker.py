@@ -127,7 +127,8 @@ class ParamServerClient:
                 msg = _message(kind, step, 0, 0, torch.zeros(0))
             msg = self._padded(i, msg)
             sends.append((self.ps.send([msg], dst, 0), msg))
-            self.bytes["sent"] += 4 * msg.numel()
+            if kind == PUSH:  # per step: the push and its reply (not start-up / saves)
+                self.bytes["sent"] += 4 * msg.numel()
             buf = torch.zeros(HEADER_WORDS + self._numel(i))
             recvs.append(self.ps.recv([buf], dst, 0))
             bufs.append(buf)
@@ -147,7 +148,8 @@ class ParamServerClient:
                     strict=True,
                 ):
                     p.copy_(v)
-                self.bytes["received"] += 4 * buf.numel()
+                if kind == PUSH:
+                    self.bytes["received"] += 4 * buf.numel()
         self.read = min(rounds)
         if kind == PUSH:
             waited = max(float(b[3]) for b in bufs)

@@ -42,6 +42,7 @@ from dtrain_cli.runtime.optim import Optimizers
 from dtrain_cli.runtime.parallelize import parallelize
 from dtrain_cli.runtime.precision import Precision
 from dtrain_cli.runtime.steps import LocalStep, PipelineStep
+from dtrain_cli.runtime.sync_modes import ModeSync
 
 log = logging.getLogger("dtrain")
 
@@ -101,7 +102,9 @@ class Trainer:
         self.resumed_from: str | None = None
         self.busy_s = self.step_wall_s = 0.0
         self.steps_run = 0
+        self.mode_sync = ModeSync(cfg, plan, ctx, self.pm)  # param_server / diloco
         self.resume()
+        self.mode_sync.start(self.step)
         self.sink = None
         if ctx.is_logging_rank and console is not None:
             self.sink = MetricsSink(
@@ -138,6 +141,8 @@ class Trainer:
         }
         if self.precision.scaler is not None:
             state["scaler"] = self.precision.scaler.state_dict()
+        if sync_state := self.mode_sync.state():
+            state["sync"] = sync_state
         return state
 
     def resume(self) -> None:
@@ -161,6 +166,7 @@ class Trainer:
         self.optimizers.lr_step = int(train["lr_step"])
         if self.local_sgd is not None:
             self.local_sgd.set_step(self.step)
+        self.mode_sync.after_load(state.get("sync", {}), self.step)
         for part in self.pm.parts:
             if hasattr(getattr(part, "comm_state", None), "iter"):
                 part.comm_state.iter = self.step  # post-local-SGD warm-up counts steps
@@ -174,6 +180,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         if self.local_sgd is not None:  # replicas may differ between averagings: save one
             self.local_sgd.average_now()
+        self.mode_sync.before_save(self.step)
         meta = {
             "step": self.step,
             "samples_seen": self.layout.step_start(self.step),
@@ -190,13 +197,19 @@ class Trainer:
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, want_norm: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         loss = self.step_fn(self.train_batches, self.step)
-        norm = self.precision.step(
-            self.optimizers,
-            self.cfg.optim.grad_clip,
-            want_norm,
-            self.pp_group,
-            self.overflow_group,
-        )
+        if self.mode_sync.replaces_optimizer_step:  # param_server: the step is on the servers
+            norm = self.mode_sync.optimizer_step(self.step)
+        else:
+            norm = self.precision.step(
+                self.optimizers,
+                self.cfg.optim.grad_clip,
+                want_norm,
+                self.pp_group,
+                self.overflow_group,
+            )
+        outer = self.mode_sync.after_optimizer_step()  # diloco's outer step
+        if outer and self.sink:
+            self.sink.log(self.step + 1, outer, kind="sync")
         if not self.memory_measured:
             self.memory_measured = self.measure_memory()
         if self.local_sgd is not None:  # before zero_grad: torch averages params with grads
@@ -276,6 +289,7 @@ class Trainer:
             log_now = (self.step + 1) % every == 0 or self.step + 1 == plan.steps
             wall0, cpu0 = time.perf_counter(), time.process_time()
             loss, norm = self.train_step(want_norm=log_now)
+            faults.straggle(self.ctx.rank, time.perf_counter() - wall0)
             if self.step >= first_step:  # busy vs wall per step, after the warm-up step
                 self.busy_s += time.process_time() - cpu0
                 self.step_wall_s += time.perf_counter() - wall0
@@ -317,6 +331,8 @@ class Trainer:
                             **self.comm_times(),
                         },
                     )
+                if (record := self.mode_sync.log_window()) is not None and self.sink:
+                    self.sink.log(self.step, record, kind="staleness")
                 window.zero_()
                 window_losses.clear()
                 window_steps, window_start = 0, now
@@ -341,6 +357,7 @@ class Trainer:
         self.train_batches.close()
         if self.local_sgd is not None:
             self.local_sgd.average_now()
+        self.mode_extra = self.mode_sync.finish(self.step, self.run_dir)
         self.steps_run = self.step - first_step + 1
         wall = time.perf_counter() - train_start
         return self._summary(wall, tokens_per_s)
@@ -444,6 +461,7 @@ class Trainer:
             **self.bubble_report(),
             **{f"startup_{k}_s": v for k, v in startup.items()},
             "startup_phases_s": {k: round(v, 3) for k, v in startup_phases(self.times, t0).items()},
+            **getattr(self, "mode_extra", {}),
         }
         if self.ctx.is_logging_rank:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
