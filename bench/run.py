@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from async_bench import async_bench
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "checkpoint": checkpoint_bench,
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
+    "async": async_bench,
 }
 
 

@@ -88,6 +88,7 @@ def test_plan_roles_and_bytes_per_role() -> None:
     "overrides, expected",
     [
         (["sync.servers=0"], "sync.servers=0: must be >= 1"),
+        (["sync.servers=500"], "sync.servers=500: the model has"),
         (["sync.max_staleness=-1"], "sync.max_staleness=-1: must be >= 0"),
         (["parallel.strategy=fsdp"], "does not combine with strategy=fsdp"),
         (["parallel.strategy=zero1"], "does not combine with strategy=zero1"),

@@ -31,7 +31,7 @@ from dtrain_cli.plan.plan import (
     Plan,
     PrecisionPlan,
 )
-from dtrain_cli.plan.sync import num_servers, sync_plan, sync_problems
+from dtrain_cli.plan.sync import num_servers, server_count_problems, sync_plan, sync_problems
 
 MAX_SAVES = 100_000
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -152,6 +152,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     before = len(problems)
     batch = batch_layout(cfg, facts, problems)
     pipeline = pipeline_layout(cfg, spec, batch, problems, batch_ok=len(problems) == before)
+    problems += server_count_problems(cfg, facts)
 
     if problems:
         raise ConfigError(problems)

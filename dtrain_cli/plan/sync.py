@@ -69,6 +69,17 @@ def sync_problems(cfg: DtrainConfig, device: str, problems: list[str]) -> None:
             )
 
 
+def server_count_problems(cfg: DtrainConfig, facts: ModelFacts) -> list[str]:
+    """Each server needs at least one parameter tensor to hold (whole tensors are sharded)."""
+    matrices = len(facts.matrix_shapes)
+    if cfg.sync.mode != "param_server" or not matrices or cfg.sync.servers <= matrices:
+        return []
+    return [
+        f"sync.servers={cfg.sync.servers}: the model has {matrices} weight matrices to shard "
+        f"between servers (whole tensors each); use at most {matrices}"
+    ]
+
+
 def shard_sizes(num_params: int, servers: int) -> list[int]:
     """The plan's estimate of each server's share (the runtime balances whole tensors)."""
     base, extra = divmod(num_params, servers)
