@@ -73,11 +73,15 @@ class ParamServerClient:
         flats = self.restored or [torch.zeros(n) for n in self.state_numel]
         return {f"shard_{i}": flat for i, flat in enumerate(flats)}
 
+    def pull_latest(self, step: int) -> None:
+        """Parameters with every worker's steps < ``step`` applied (all workers are there)."""
+        self._exchange(PULL, step, 0.0, None)
+        self.read = step
+
     def before_save(self, step: int) -> dict[str, Any]:
         """Every worker pulls parameters with all steps < ``step`` applied; rank 0 also the
         servers' optimizer state."""
-        self._exchange(PULL, step, 0.0, None)
-        self.read = step
+        self.pull_latest(step)
         if self.rank != 0:
             return {}
         flats = []
@@ -190,7 +194,7 @@ class ParamServerClient:
     def close(self, step: int, run_dir: Path) -> dict[str, Any]:
         """Every worker ends with the final parameters; the servers write their stats
         (servers/server_<i>.json) and rank 0 reads them into the summary."""
-        self._exchange(PULL, step, 0.0, None)
+        self.pull_latest(step)
         for i in range(len(self.server_ranks)):
             self._send(i, _message(DONE, step, 0, 0, torch.zeros(0)))
         wait = torch.zeros(self.dp, dtype=torch.float64)

@@ -41,7 +41,7 @@ class ModeSync:
                 named, s.every, s.outer_lr, s.outer_momentum, ctx.dp_group, ctx.dp_rank
             )
         self.snapshot: dict[str, Any] = {}
-        self.started = False
+        self.started = self.finished = False
 
     @property
     def replaces_optimizer_step(self) -> bool:
@@ -69,6 +69,11 @@ class ModeSync:
             self.ps.start(step, server_state)
             self.started = True
 
+    def before_validate(self, step: int) -> None:
+        """param_server: every worker validates the same, latest parameters."""
+        if self.ps is not None:
+            self.ps.pull_latest(step)
+
     def before_save(self, step: int) -> None:
         if self.ps is not None:
             self.snapshot = self.ps.before_save(step)
@@ -86,8 +91,12 @@ class ModeSync:
         return self.ps.log_window() if self.ps is not None else None
 
     def finish(self, step: int, run_dir: Path) -> dict[str, Any]:
-        """At the end, on every worker: one model everywhere, then the mode's summary."""
+        """At the end (or a preemption stop), on every worker: one model everywhere, the
+        servers told to stop, then the mode's summary."""
         out: dict[str, Any] = {}
+        if self.finished:
+            return out
+        self.finished = True
         if self.diloco is not None:
             self.diloco.finish()
             out.update(self.diloco.summary(step))

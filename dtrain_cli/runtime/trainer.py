@@ -337,6 +337,7 @@ class Trainer:
                 window_losses.clear()
                 window_steps, window_start = 0, now
             if (eval_every and self.step % eval_every == 0) or self.step == plan.steps:
+                self.mode_sync.before_validate(self.step)
                 self.last_val_loss = self.evaluate()
                 if self.sink:
                     self.sink.log(self.step, {"val_loss": self.last_val_loss}, kind="val")
@@ -348,6 +349,7 @@ class Trainer:
             if stop:
                 self.checkpoints.close()
                 self.train_batches.close()
+                self.mode_sync.finish(self.step, self.run_dir)  # param_server: servers stop
                 info = preemption.preempted(self.run_dir, self.step, self.ctx.rank)
                 dist.barrier()  # no rank exits before the marker is on disk: SLURM's side reads it
                 return info
