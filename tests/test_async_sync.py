@@ -214,3 +214,13 @@ def test_diloco_killed_worker_resumes_exactly(diloco8, tmp_path_factory):
     run = launch_env(tmp_path_factory, "dilkill", KILL, *DILOCO8, *RESTART)
     assert run.summary()["resumed_from"] == "step_000002"
     assert_same_curve(run, diloco8)  # anchors, outer momentum and each replica restored
+
+
+def test_shards_are_whole_tensors_balanced_by_size() -> None:
+    from dtrain_cli.runtime.param_server import assign_shards
+
+    sizes = [100, 10, 60, 40, 1, 1]
+    shards = assign_shards(sizes, 2)
+    assert sorted(i for s in shards for i in s) == list(range(6))  # each tensor once
+    loads = [sum(sizes[i] for i in s) for s in shards]
+    assert max(loads) - min(loads) <= 10 and all(s == sorted(s) for s in shards)
