@@ -72,6 +72,7 @@ def parse_args(description: str) -> argparse.Namespace:
     add("--device", default="cpu", choices=("cpu", "cuda"))
     add("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast")
     add("--compile", action="store_true", help="torch.compile each block, as dtrain does")
+    add("--hf-model", default=None, help="JSON {model_type, config}: a transformers model")
     return p.parse_args()
 
 

@@ -26,7 +26,12 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 def train(args: Any, times: Timings) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
-    work = Workload(args, rank, world)
+    if args.hf_model:  # the same loop over a transformers causal LM (bench/hf_workload.py)
+        from hf_workload import HFWorkload
+
+        work: Workload = HFWorkload(args, rank, world)
+    else:
+        work = Workload(args, rank, world)
     times.dtrain_imported = work.imported_at
     model = work.model
     params = [p for p in model.parameters() if p.requires_grad]

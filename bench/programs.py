@@ -128,13 +128,16 @@ PLAIN_SUPPORTS = (
     ("optim.decay", "cosine", "cosine"),
 )
 PLAIN_PRECISIONS = ("fp32", "bf16")
+# model.kind=hf: plain_ddp.py --hf-model (bench/hf_workload.py); the layout rows as above.
+HF_SUPPORTS = (("model.kind", "hf", "gpt"), *PLAIN_SUPPORTS[4:], ("model.pretrained", None, None))
 
 
 def plain_args_from_run(run_dir: Path) -> list[str]:
     """plain_ddp.py flags for the job a dtrain run did, from its config.yaml and plan.yaml."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     plan = yaml.safe_load((run_dir / "plan.yaml").read_text())
-    for key, supported, default in PLAIN_SUPPORTS:
+    hf = _get(cfg, "model.kind") == "hf"
+    for key, supported, default in HF_SUPPORTS if hf else PLAIN_SUPPORTS:
         value = _get(cfg, key, default)
         if value != supported:
             raise ValueError(f"plain_ddp.py only does {key}={supported}, the run has {value}")
@@ -144,12 +147,18 @@ def plain_args_from_run(run_dir: Path) -> list[str]:
     if _get(cfg, "data.source") not in ("builtin", "synthetic"):
         raise ValueError(f"plain_ddp.py reads data.source=builtin|synthetic, not {cfg['data']}")
     bucket = _get(cfg, "comm.bucket_mb", _get(cfg, "parallel.ddp_bucket_mb", 25.0))
-    flags: dict[str, Any] = {
+    model_flags = {
         "n-layer": _get(cfg, "model.n_layer"),
         "n-head": _get(cfg, "model.n_head"),
         "n-embd": _get(cfg, "model.n_embd"),
-        "block-size": _get(cfg, "model.block_size"),
         "vocab-size": _get(cfg, "model.vocab_size"),
+    }
+    if hf:  # the transformers config goes whole; the vocabulary is the model's
+        keys = ("model_type", "config", "attn_implementation")
+        model_flags = {"hf-model": json.dumps({k: _get(cfg, f"model.{k}") for k in keys})}
+    flags: dict[str, Any] = {
+        **model_flags,
+        "block-size": _get(cfg, "model.block_size"),
         "data-source": _get(cfg, "data.source"),
         "val-fraction": _get(cfg, "data.val_fraction"),
         "micro-batch": _get(plan, "batch.micro_batch_size"),

@@ -20,7 +20,9 @@ from pathlib import Path
 from async_bench import async_bench
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
+from data_bench import data_loading
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
+from hf_bench import hf_overhead
 from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
 from programs import Pair, Workload
@@ -36,6 +38,8 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "checkpoint": checkpoint_bench,
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
+    "data": data_loading,
+    "hf": hf_overhead,
     "async": async_bench,
 }
 

@@ -53,6 +53,9 @@ class Rounds:
     plain_cpu_ms: list[float] = field(default_factory=list)
     dtrain_clean: list[bool] = field(default_factory=list)
     plain_clean: list[bool] = field(default_factory=list)
+    dtrain_first_s: list[float] = field(default_factory=list)
+    """Command start to the end of optimizer step 1 (summary ``startup_first_step_done_s``)."""
+    plain_first_s: list[float] = field(default_factory=list)
     tokens_per_step: int = 0
     commands: dict[str, str] = field(default_factory=dict)
 
@@ -65,12 +68,14 @@ class Rounds:
         self.dtrain_param_sums.append(run.summary["param_sum"])
         self.dtrain_cpu_ms.append(_per_step_ms(run.cpu_s, w))
         self.dtrain_clean.append(clean)
+        self.dtrain_first_s.append(run.summary.get("startup_first_step_done_s", float("nan")))
 
     def add_plain(self, result: dict[str, Any], clean: bool) -> None:
         self.plain_ms.append(result["ms_per_step"])
         self.plain_param_sums.append(result["param_sum"])
         self.plain_cpu_ms.append(_per_step_ms(result["cpu_s"], self.work))
         self.plain_clean.append(clean)
+        self.plain_first_s.append(result.get("first_step_done_s", float("nan")))
 
     def pick(self, values: list[float]) -> list[float]:
         return [values[i] for i in used_rounds(self.dtrain_clean, self.plain_clean)]

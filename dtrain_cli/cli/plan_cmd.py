@@ -43,9 +43,9 @@ def plan(
 
         doc = the_plan.to_dict()
         if show_config:
-            from omegaconf import OmegaConf
+            from dtrain_cli.config.compose import config_container
 
-            doc = {"config": OmegaConf.to_container(OmegaConf.structured(cfg)), "plan": doc}
+            doc = {"config": config_container(cfg), "plan": doc}
         sys.stdout.write(_dump(doc, fmt))
         return
     if show_config:

@@ -474,6 +474,8 @@ UNSAFE_ON_RESUME = (
     "run.name",
     "run.recipe",
 )
+# ... except where batches are read: the loader's workers change no sample
+SAFE_ON_RESUME = ("data.num_workers", "data.prefetch_factor")
 
 
 def override_config(
@@ -516,7 +518,8 @@ def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
     b = _flatten(OmegaConf.to_container(OmegaConf.structured(new)))
     out = []
     for key in sorted(a):
-        if a[key] != b.get(key) and key.startswith(UNSAFE_ON_RESUME):
+        unsafe = key.startswith(UNSAFE_ON_RESUME) and key not in SAFE_ON_RESUME
+        if a[key] != b.get(key) and unsafe:
             out.append(
                 f"{key}={b.get(key)}: cannot change on resume (the checkpoint has {key}="
                 f"{a[key]}); fixed on resume: "

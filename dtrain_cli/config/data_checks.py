@@ -159,7 +159,11 @@ def tokenizer_problems(folder: str, vocab_size: int | None) -> list[str]:
         if importlib.util.find_spec("transformers") is None:
             return [f"data.tokenizer={folder}: needs the 'transformers' package: {HF_EXTRA}"]
         return []  # an AutoTokenizer-only folder: its vocabulary is checked at launch
-    size = tokenizer_json_vocab(path / "tokenizer.json")
+    try:
+        size = tokenizer_json_vocab(path / "tokenizer.json")
+    except Exception as exc:  # the tokenizers library raises its own types
+        reason = " ".join(str(exc).split())
+        return [f"data.tokenizer={folder}: tokenizer.json does not load ({reason})"]
     if vocab_size is not None and size > vocab_size:
         return [vocab_problem(vocab_size, size, folder)]
     return []

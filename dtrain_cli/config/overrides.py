@@ -173,6 +173,12 @@ def check_overrides(
                 problems.append(
                     f"{key}: not a key of {model_label}{hint}; its keys: {', '.join(names)}"
                 )
+            elif key.startswith("data."):
+                names = [k for k in known if k.startswith("data.")]
+                problems.append(
+                    f"{key}: not a key of data{did_you_mean(key, names)}; only data=custom "
+                    "takes extra keys (its dataset's keyword arguments)"
+                )
             else:
                 problems.append(unknown_key(key))
             continue

@@ -24,6 +24,7 @@ KINDS: dict[str, str] = {
     "gpt": "dtrain_cli.models.gpt:GPTSpec",
     "cnn_bn": "dtrain_cli.models.cnn:CNNSpec",
     "custom": "dtrain_cli.models.custom:CustomSpec",
+    "hf": "dtrain_cli.models.hf:HFSpec",
 }
 # Kinds whose config takes keys the schema cannot know (keyword arguments of the user's
 # class, a transformers config): the path under ``model`` that is open for new keys.

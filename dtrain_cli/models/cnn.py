@@ -77,10 +77,10 @@ class CNNSpec(ModelSpec):
         out = []
         if par.tp > 1 or par.pp > 1:
             out.append(f"model.kind=cnn_bn: data parallel only (got tp={par.tp}, pp={par.pp})")
-        if cfg.data.source != "shapes":
+        if cfg.data.source not in ("shapes", "custom"):
             out.append(
                 f"data.source={cfg.data.source}: model.kind=cnn_bn trains on images; "
-                f"use data=shapes"
+                f"use data=shapes or your own images (data=custom)"
             )
         return out
 

@@ -134,6 +134,9 @@ class Batches:
             num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor,
             pin_memory=self.pin,
+            # fork: workers are children of this rank and exit when it dies (a forkserver,
+            # the default in a forkserver-started rank, would outlive a killed rank)
+            multiprocessing_context="fork" if self.num_workers else None,
             # the loader draws its workers' seeds from this, not from the global RNG
             generator=torch.Generator().manual_seed(self.seed),
         )

@@ -246,6 +246,7 @@ class Trainer:
                 return times
         return {}
 
+    @torch.no_grad()  # a graph-building eval forward through DDP perturbs the next steps
     def evaluate(self) -> float:
         """Mean loss over the first ``eval_batches`` global batches of the val split (the
         same samples whatever the layout), micro-batches dealt round-robin to dp ranks and

@@ -1,0 +1,347 @@
+"""Hugging Face causal LMs (``model=hf``): config, facts from a meta build, layout checks.
+
+    dtrain launch recipe=llama_tiny_hf dp=2 parallel.strategy=fsdp
+    dtrain launch model=hf model.model_type=gpt2 model.config.n_layer=2 model.config.n_embd=64 \
+        model.config.n_head=4 parallel.strategy=fsdp dp=2
+    dtrain launch model=hf model.pretrained=/models/my-llama ...   # local weights, no download
+
+The model is built with ``AutoModelForCausalLM.from_config`` from ``model.model_type`` and
+``model.config`` (keyword arguments of that transformers config class), or loaded with
+``from_pretrained(model.pretrained, local_files_only=True)``. What distributed code needs
+comes from the model itself, as accelerate and torchtitan read it: ``_no_split_modules``
+(FSDP units), ``base_model_tp_plan`` + ``_tp_plan`` (tensor parallel), ``tie_word_embeddings``.
+The plan's counts come from a meta-device build (a torch and transformers import, about
+5 s, cached per spec). Importing this module imports neither; the torch side is
+:mod:`.hf_net`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.models.spec import ModelFacts, ModelSpec
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+
+MISSING = "model=hf needs transformers: pip install 'dtrain[hf]'"
+PIPELINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+"""Decoder-only families laid out embed -> layers -> norm -> head (:mod:`.hf_net` splits them)."""
+
+
+@dataclass(kw_only=True)
+class HFConfig:
+    """A transformers causal LM, from its config (random init) or from a local folder."""
+
+    kind: str = "hf"
+    name: str = "hf"
+    model_type: str | None = None
+    """A transformers model type (llama, gpt2, qwen2, mistral, ...); unset with ``pretrained``."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of that config class (e.g. num_hidden_layers=2); with ``pretrained``
+    they override the saved config."""
+    pretrained: str | None = None
+    """A local folder with config.json and weights (``save_pretrained``); never downloaded."""
+    block_size: int = 128
+    """Tokens per training window."""
+    attn_implementation: str = "sdpa"
+    """sdpa | eager (transformers' attention kernels)."""
+
+    @property
+    def vocab_size(self) -> int | None:
+        """The transformers config's vocabulary (what token data is checked against); None
+        while the config cannot be made (the plan reports why)."""
+        try:
+            return HFSpec(self).vocab_size
+        except ConfigError:
+            return None
+
+
+def transformers_module() -> Any:
+    """``transformers``, or the one-line error naming the extra when it is not installed."""
+    try:
+        import transformers
+    except ImportError:
+        raise ConfigError([MISSING]) from None
+    return transformers
+
+
+class HFSpec(ModelSpec):
+    kind = "hf"
+    config_class = HFConfig
+    cfg: HFConfig
+
+    # -- the transformers config ---------------------------------------------------------------
+    def config_problems(self) -> list[str]:
+        """What stops the transformers config from being made (checked before anything else)."""
+        m = self.cfg
+        out = []
+        if m.block_size < 1:
+            out.append(f"model.block_size={m.block_size}: must be >= 1")
+        if m.attn_implementation not in ("sdpa", "eager"):
+            out.append(f"model.attn_implementation={m.attn_implementation}: use sdpa or eager")
+        if m.pretrained:
+            folder = Path(os.path.expanduser(m.pretrained))
+            if not folder.is_dir():
+                out.append(
+                    f"model.pretrained={m.pretrained}: no such folder (a local model folder)"
+                )
+            elif not (folder / "config.json").is_file():
+                out.append(
+                    f"model.pretrained={m.pretrained}: no config.json there "
+                    f"(a folder written by save_pretrained)"
+                )
+            return out
+        if not m.model_type:
+            return [
+                *out,
+                "model.model_type: unset; name a transformers model type "
+                "(e.g. llama, gpt2, qwen2) or set model.pretrained=DIR",
+            ]
+        tf = transformers_module()
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        if m.model_type not in CONFIG_MAPPING:
+            return [
+                *out,
+                f"model.model_type={m.model_type}: not a transformers model type "
+                f"(transformers {tf.__version__}); e.g. {', '.join(PIPELINE_FAMILIES)}",
+            ]
+        if m.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+            return [
+                *out,
+                f"model.model_type={m.model_type}: has no causal LM in transformers; "
+                f"e.g. {', '.join(PIPELINE_FAMILIES)}",
+            ]
+        cls = CONFIG_MAPPING[m.model_type]
+        known = _config_keys(cls)
+        unknown = [k for k in m.config if known and k not in known]
+        if unknown:
+            out.append(
+                f"model.config.{unknown[0]}: not an argument of {cls.__name__}"
+                + (f" (nor {', '.join(unknown[1:])})" if unknown[1:] else "")
+            )
+        return out
+
+    @cached_property
+    def hf_config(self) -> Any:
+        """The transformers config the model is built from (``ConfigError`` when it cannot be)."""
+        problems = self.config_problems()
+        if problems:
+            raise ConfigError(problems)
+        tf = transformers_module()
+        m = self.cfg
+        try:
+            if m.pretrained:
+                conf = tf.AutoConfig.from_pretrained(
+                    os.path.expanduser(m.pretrained), local_files_only=True, **m.config
+                )
+            else:
+                conf = tf.AutoConfig.for_model(m.model_type, **m.config)
+        except (ValueError, TypeError, OSError) as e:
+            where = f"model.pretrained={m.pretrained}" if m.pretrained else "model.config"
+            raise ConfigError([f"{where}: {str(e).splitlines()[0]}"]) from None
+        conf._attn_implementation = m.attn_implementation  # read by the attention layers
+        if getattr(conf, "loss_type", None) is None:
+            conf.loss_type = "ForCausalLM"  # what transformers picks anyway, without a warning
+        return conf
+
+    @property
+    def model_type(self) -> str:
+        return str(self.hf_config.model_type)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return int(self.hf_config.vocab_size)
+
+    @property
+    def tied(self) -> bool:
+        return bool(getattr(self.hf_config, "tie_word_embeddings", False))
+
+    def default_loss(self) -> str:
+        return "model"
+
+    # -- plan ----------------------------------------------------------------------------------
+    @cached_property
+    def _meta(self) -> dict[str, Any]:
+        from dtrain_cli.models.hf_net import meta_counts
+
+        return meta_counts(self)
+
+    def facts(self) -> ModelFacts:
+        c = self._meta
+        layers, t = c["num_layers"], self.cfg.block_size
+        return ModelFacts(
+            num_params=c["num_params"],
+            num_layers=layers if self.model_type in PIPELINE_FAMILIES else 0,
+            params_per_layer=c["params_per_layer"],
+            params_first=c["params_first"],
+            params_last=c["params_last"],
+            tokens_per_sample=t,
+            unit="tokens",
+            flops_per_unit=6 * (c["num_params"] - c["params_position"])
+            + 12 * layers * c["hidden"] * t,
+            matrix_shapes=[tuple(s) for s in c["matrix_shapes"]],
+        )
+
+    def activation_bytes(
+        self, micro_batch: int, bytes_per_value: int, tp: int
+    ) -> tuple[float, float]:
+        """Korthikanti et al. 2022 per block (as for the built-in GPT); the fp32 logits and
+        their gradient outside the blocks."""
+        c = self._meta
+        s, d, a = self.cfg.block_size, c["hidden"], c["heads"]
+        per_layer = s * micro_batch * d * (34 + 5 * a * s / d) * (bytes_per_value / 2) / tp
+        return per_layer, float(micro_batch * s * c["vocab"] * 4 * 2)
+
+    def problems(self, cfg: DtrainConfig) -> list[str]:
+        try:
+            out = self.config_problems()
+            if out:
+                return out
+            c = self._meta
+        except ConfigError as e:
+            return e.problems
+        par, m = cfg.parallel, self.cfg
+        if c["max_positions"] and m.block_size > c["max_positions"]:
+            out.append(
+                f"model.block_size={m.block_size}: more than the model's "
+                f"max_position_embeddings={c['max_positions']}"
+            )
+        if par.tp > 1:
+            out += self._tp_problems(par.tp, c)
+        if par.pp > 1 and self.model_type not in PIPELINE_FAMILIES:
+            out.append(
+                f"parallel.pp={par.pp}: model.model_type={self.model_type} has no pipeline split "
+                f"in dtrain (families: {', '.join(PIPELINE_FAMILIES)}); use pp=1"
+            )
+        if self.tied and (par.tp > 1 or par.pp > 1):
+            out.append(
+                "model.config.tie_word_embeddings=true: not supported with tp > 1 or pp > 1 "
+                "(the tied weight would live on two stages or in two layouts); set it false"
+            )
+        if cfg.data.source == "shapes":
+            out.append("data.source=shapes: images need an image model (e.g. recipe=cnn_bn)")
+        return out
+
+    def _tp_problems(self, tp: int, c: dict[str, Any]) -> list[str]:
+        if not c["tp_plan"]:
+            return [
+                f"parallel.tp={tp}: model.model_type={self.model_type} has no base_model_tp_plan "
+                f"in transformers; use tp=1 (or a family with one, e.g. llama, qwen2, mistral)"
+            ]
+        unknown = sorted({s for s in c["tp_plan"].values() if s not in TP_STYLES})
+        if unknown:
+            return [
+                f"parallel.tp={tp}: model.model_type={self.model_type}'s tp plan uses "
+                f"{', '.join(unknown)}; dtrain maps {', '.join(TP_STYLES)}; use tp=1"
+            ]
+        sizes = {
+            "num_attention_heads": c["heads"],
+            "num_key_value_heads": c["kv_heads"],
+            "hidden_size": c["hidden"],
+            "intermediate_size": c["intermediate"],
+            "vocab_size": c["vocab"],
+        }
+        bad = {k: v for k, v in sizes.items() if v and v % tp}
+        if not bad:
+            return []
+        allowed = [
+            t for t in range(1, c["kv_heads"] + 1) if all(v % t == 0 for v in sizes.values() if v)
+        ]
+        return [
+            f"parallel.tp={tp}: must divide "
+            + ", ".join(f"model.config.{k}={v}" for k, v in bad.items())
+            + f"; use tp in {allowed}"
+        ]
+
+    def supports_tensor_parallel(self) -> bool:
+        return bool(self._meta["tp_plan"])
+
+    # -- runtime -------------------------------------------------------------------------------
+    def build(self, device: Any) -> Any:
+        from dtrain_cli.models.hf_net import build
+
+        return build(self, device)
+
+    def loss(self, outputs: Any, targets: Any) -> Any:
+        """Cross entropy of the logits against the next tokens (what pipeline stages use)."""
+        from dtrain_cli.models.losses import cross_entropy
+
+        return cross_entropy(outputs, targets)
+
+    def forward_loss(self, model: Any, inputs: Any, targets: Any) -> Any:
+        """``train.loss=model``: the model's own loss. dtrain's targets are already the next
+        tokens, so they go in as ``shift_labels`` (transformers then skips its own shift) and
+        the loss equals ``cross_entropy(logits, targets)`` over every position."""
+        targets = targets.contiguous()  # transformers views it flat
+        out = model(input_ids=inputs, labels=targets, shift_labels=targets, use_cache=False)
+        return out.loss.float()
+
+    def fsdp_units(self, model: Any) -> list[Any]:
+        from dtrain_cli.models.units import modules_named
+
+        names = list(getattr(model, "_no_split_modules", None) or [])
+        units = modules_named(model, names) if names else []
+        if units:
+            return units
+        from dtrain_cli.models.units import largest_module_list
+
+        return largest_module_list(model)
+
+    def fsdp_root_extras(self, model: Any) -> list[Any]:
+        """Modules to shard as one ``fully_shard`` group of their own after the units and
+        before the root: none. With tied embeddings the token embedding, final norm and LM
+        head must stay in one group (torch 2.13 fails the first forward otherwise); leaving
+        them all to the root group does that."""
+        return []
+
+    def apply_tensor_parallel(self, model: Any, tp_mesh: Any) -> None:
+        from dtrain_cli.models.hf_net import apply_tensor_parallel
+
+        apply_tensor_parallel(model, tp_mesh)
+
+    def pipeline_stage(self, model: Any, stage: Any) -> Any:
+        from dtrain_cli.models.hf_net import split_stage
+
+        return split_stage(self, model, stage)
+
+    def export(self, model: Any, out: Path, fmt: str) -> list[Path]:
+        if fmt == "hf":
+            from dtrain_cli.models.hf_net import save_pretrained
+
+            return save_pretrained(model, out)
+        if fmt == "safetensors":
+            return super().export(model, out, fmt)
+        raise ValueError(f"--format {fmt}: model.kind=hf exports as hf or safetensors")
+
+
+TP_STYLES = (
+    "colwise",
+    "rowwise",
+    "colwise_gather_output",
+    "colwise_rep",
+    "rowwise_split_input",
+    "rowwise_rep",
+    "embedding_rowwise",
+)
+"""transformers' tp style names that :func:`.hf_net.torch_style` maps to torch styles."""
+
+
+def _config_keys(cls: type) -> set[str]:
+    """Keyword arguments a transformers config accepts: its dataclass fields (v5 configs are
+    dataclasses, base fields included) and their aliases (``n_layer`` for GPT-2); empty (no
+    check) for a config class that is not a dataclass."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(cls):
+        return set()
+    keys = {f.name for f in dataclasses.fields(cls)}
+    keys |= set(getattr(cls, "attribute_map", {}) or {})
+    return keys | {"rope_theta", "rope_scaling", "tie_word_embeddings"}

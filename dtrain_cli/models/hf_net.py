@@ -1,0 +1,284 @@
+"""The torch side of ``model=hf``: build, counts from a meta build, pipeline stages, tensor
+parallel from the model's own plan, ``save_pretrained`` export. Config and checks: :mod:`.hf`.
+
+    dtrain launch recipe=llama_tiny_hf tp=2 pp=2
+
+A pipeline stage (:class:`HFStage`) keeps the full model's parameter names
+(``model.layers.5.self_attn.q_proj.weight``, ``lm_head.weight``), so DCP checkpoints
+reshard between layouts. It owns the embeddings on the first stage and the final norm and
+LM head on the last; every stage makes its own position ids, rotary embeddings and causal
+mask with transformers' own functions, as the model's forward does.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from dtrain_cli.models.hf import transformers_module
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from dtrain_cli.models.hf import HFSpec
+    from dtrain_cli.plan.plan import StagePlan
+
+# per family: (embedding modules, layer list, final norm, rotary embedding or None)
+LAYOUTS: dict[str, tuple[tuple[str, ...], str, str, str | None]] = {
+    "gpt2": (("wte", "wpe", "drop"), "h", "ln_f", None),
+    "llama": (("embed_tokens",), "layers", "norm", "rotary_emb"),
+}
+for _family in ("mistral", "qwen2", "qwen3"):
+    LAYOUTS[_family] = LAYOUTS["llama"]
+
+
+def build(spec: HFSpec, device: torch.device | str) -> nn.Module:
+    """The causal LM in fp32: random init from the global RNG, or local pretrained weights."""
+    tf = transformers_module()
+    conf, m = spec.hf_config, spec.cfg
+    kwargs = {"attn_implementation": m.attn_implementation, "dtype": torch.float32}
+    if m.pretrained:
+        model = tf.AutoModelForCausalLM.from_pretrained(
+            os.path.expanduser(m.pretrained), config=conf, local_files_only=True, **kwargs
+        )
+        model = model.to(device)
+    else:
+        with torch.device(device):
+            model = tf.AutoModelForCausalLM.from_config(conf, **kwargs)
+    model.config.use_cache = False  # training: no KV cache object built in every forward
+    return model
+
+
+def meta_counts(spec: HFSpec) -> dict[str, Any]:
+    """What the plan needs, read off a meta-device build (no memory, no init cost)."""
+    conf = spec.hf_config
+    tf = transformers_module()
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(
+            conf, attn_implementation=spec.cfg.attn_implementation
+        )
+    base = model.base_model
+    layers = _layer_list(model)
+
+    def numel(*modules: nn.Module | None) -> int:
+        seen = {id(p): p for mod in modules if mod is not None for p in mod.parameters()}
+        return sum(p.numel() for p in seen.values())
+
+    layout = LAYOUTS.get(conf.model_type)
+    first = [getattr(base, n) for n in layout[0]] if layout else [model.get_input_embeddings()]
+    norm = getattr(base, layout[2]) if layout else None
+    heads = int(conf.num_attention_heads)
+    hidden = int(conf.hidden_size)
+    inter = getattr(conf, "intermediate_size", None) or getattr(conf, "n_inner", None) or 4 * hidden
+    return {
+        "num_params": numel(model),
+        "num_layers": len(layers),
+        "params_per_layer": numel(layers[0]) if layers else 0,
+        "params_first": numel(*first),
+        "params_position": numel(getattr(base, "wpe", None)),
+        "params_last": numel(norm) + (model.get_output_embeddings().weight.numel()),
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": int(getattr(conf, "num_key_value_heads", None) or heads),
+        "intermediate": int(inter),
+        "vocab": int(conf.vocab_size),
+        "max_positions": int(getattr(conf, "max_position_embeddings", 0) or 0),
+        "tp_plan": tp_plan(model),
+        "matrix_shapes": [list(p.shape) for p in model.parameters() if p.dim() == 2],
+    }
+
+
+def _layer_list(model: nn.Module) -> list[nn.Module]:
+    layout = LAYOUTS.get(model.config.model_type)
+    if layout:
+        return list(getattr(model.base_model, layout[1]))
+    from dtrain_cli.models.units import largest_module_list
+
+    return largest_module_list(model)
+
+
+# -- tensor parallel -------------------------------------------------------------------------
+def tp_plan(model: nn.Module) -> dict[str, str]:
+    """Full-name patterns -> transformers style names: the model's own merged plan
+    (``model.tp_plan``: the config's ``base_model_tp_plan`` under the base model's prefix,
+    the embedding, the head's ``_tp_plan``). Empty when the config has no base plan (then
+    the model has no tensor parallel). A stage carries its model's plan."""
+    if isinstance(model, HFStage):
+        return dict(model.hf_tp_plan)
+    if not getattr(model.config, "base_model_tp_plan", None):
+        return {}
+    plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {}
+    return dict(plan)
+
+
+def torch_style(name: str) -> Any:
+    """transformers' style name -> the torch ``ParallelStyle`` with the same layouts
+    (transformers/distributed/tensor_parallel.py registers them the same way)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    styles = {
+        "colwise": lambda: ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)),
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise": lambda: RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate()),
+        "rowwise_split_input": lambda: RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Replicate()
+        ),
+        "rowwise_rep": lambda: RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Replicate()
+        ),
+        "embedding_rowwise": lambda: RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Replicate()
+        ),
+    }
+    if name not in styles:
+        raise ValueError(f"tensor-parallel style {name!r}: dtrain maps {', '.join(styles)}")
+    return styles[name]()
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style TP from the model's own plan: q/k/v and the MLP's gate/up split by
+    columns (each tp rank holds heads/tp query heads and kv_heads/tp kv heads), o_proj and
+    down_proj by rows (one all-reduce each way), the token embedding over the vocabulary
+    (``embedding_rowwise``) and the LM head by columns with the logits gathered. What the
+    plan does not name (norms) stays replicated. Works on a whole model or one
+    :class:`HFStage` (same names, so the same plan)."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    plan = [(re.compile(re.escape(k).replace(r"\*", r"\d+")), v) for k, v in tp_plan(model).items()]
+    if not plan:
+        raise ValueError(f"model_type={model.config.model_type}: no base_model_tp_plan")
+    for name, module in list(model.named_modules()):
+        style = next((s for pattern, s in plan if pattern.fullmatch(name)), None)
+        if style is not None:
+            parallelize_module(module, tp_mesh, torch_style(style))
+
+
+# -- pipeline stages -------------------------------------------------------------------------
+class HFStage(nn.Module):
+    """One pipeline stage of a decoder-only HF model: token ids (first stage) or hidden
+    states (B, T, D) in; hidden states out, logits (B, T, V) from the last stage."""
+
+    def __init__(self, model: nn.Module, stage: StagePlan) -> None:
+        super().__init__()
+        conf = model.config
+        embeds, layer_list, norm, rotary = LAYOUTS[conf.model_type]
+        self.config = conf
+        self.base_model_prefix = model.base_model_prefix
+        self.hf_tp_plan = tp_plan(model)
+        self.first, self.last = stage.embeddings, stage.head
+        self.model_type = conf.model_type
+        base = model.base_model
+        body = nn.Module()
+        if self.first:
+            for name in embeds:
+                body.add_module(name, getattr(base, name))
+        lo, hi = stage.layers
+        kept = nn.ModuleList()
+        for i, layer in enumerate(getattr(base, layer_list)):
+            if lo <= i < hi:
+                kept.add_module(str(i), layer)  # the full model's index: names line up
+        body.add_module(layer_list, kept)
+        if self.last:
+            body.add_module(norm, getattr(base, norm))
+        if rotary:
+            body.add_module(rotary, getattr(base, rotary))
+        self.names = (embeds, layer_list, norm, rotary)
+        self.add_module(self.base_model_prefix, copy.deepcopy(body))
+        if self.last:
+            self.lm_head = copy.deepcopy(model.get_output_embeddings())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import (
+            create_causal_mask,
+            create_sliding_window_causal_mask,
+        )
+
+        embeds, layer_list, norm, rotary = self.names
+        body = getattr(self, self.base_model_prefix)
+        pos = torch.arange(x.shape[1], device=x.device).unsqueeze(0)
+        if self.first:
+            h = body.get_submodule(embeds[0])(x)
+            if self.model_type == "gpt2":
+                h = body.drop(h + body.wpe(pos))
+        else:
+            h = x
+        kinds = self._layer_kinds()
+        makers = {"full_attention": create_causal_mask}
+        makers["sliding_attention"] = create_sliding_window_causal_mask
+        masks = {
+            kind: makers[kind](
+                config=self.config,
+                inputs_embeds=h,
+                attention_mask=None,
+                cache=None,
+                position_ids=pos,
+            )
+            for kind in set(kinds.values())
+        }
+        rope = getattr(body, rotary)(h, position_ids=pos) if rotary else None
+        for name, layer in body.get_submodule(layer_list).named_children():
+            mask = masks[kinds[int(name)]]
+            if self.model_type == "gpt2":
+                h = layer(h, None, mask, position_ids=pos)
+            else:
+                h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos)
+            if isinstance(h, tuple):
+                h = h[0]
+        if self.last:
+            return self.lm_head(getattr(body, norm)(h))
+        return h
+
+    def _layer_kinds(self) -> dict[int, str]:
+        """Each owned layer's mask: its ``layer_types`` entry (Qwen2/3), sliding for a
+        Mistral with a window, full otherwise (what each family's forward picks)."""
+        layer_list = self.names[1]
+        idx = [
+            int(n)
+            for n, _ in getattr(self, self.base_model_prefix)
+            .get_submodule(layer_list)
+            .named_children()
+        ]
+        types = getattr(self.config, "layer_types", None)
+        if types:
+            return {i: types[i] for i in idx}
+        sliding = self.model_type == "mistral" and getattr(self.config, "sliding_window", None)
+        return dict.fromkeys(idx, "sliding_attention" if sliding else "full_attention")
+
+
+def split_stage(spec: HFSpec, model: nn.Module, stage: StagePlan) -> HFStage:
+    if model.config.model_type not in LAYOUTS:
+        raise ValueError(f"model_type={model.config.model_type}: no pipeline split")
+    return HFStage(model, stage)
+
+
+# -- export ----------------------------------------------------------------------------------
+def save_pretrained(model: nn.Module, out: Path) -> list[Path]:
+    """``out/`` as ``save_pretrained`` writes it (config.json, model.safetensors, generation
+    config), so ``AutoModelForCausalLM.from_pretrained(out)`` gives the same logits. Written
+    to a temporary folder first: a failed export leaves nothing half-written."""
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    use_cache = model.config.use_cache
+    model.config.use_cache = True  # for whoever generates with the export
+    try:
+        model.save_pretrained(str(tmp))
+    finally:
+        model.config.use_cache = use_cache
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for f in sorted(tmp.iterdir()):
+        os.chmod(f, 0o644)
+        os.replace(f, out / f.name)
+        written.append(out / f.name)
+    tmp.rmdir()
+    return written
