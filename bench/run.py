@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from advise_bench import advise_bench
 from async_bench import async_bench
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
@@ -38,6 +39,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "checkpoint": checkpoint_bench,
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
+    "advise": advise_bench,
     "data": data_loading,
     "hf": hf_overhead,
     "async": async_bench,

@@ -69,7 +69,8 @@ def test_help_and_plan_do_not_import_torch():
     code = (
         "import sys\n"
         "from dtrain_cli.cli.app import app\n"
-        "for args in (['--help'], ['plan', 'recipe=gpt_small', 'dp=2']):\n"
+        "for args in (['--help'], ['plan', 'recipe=gpt_small', 'dp=2'],\n"
+        "             ['advise', 'recipe=gpt_small', 'hardware=h100_80g', '--json']):\n"
         "    try:\n"
         "        app(args)\n"
         "    except SystemExit as e:\n"

@@ -2,6 +2,7 @@
 
 dtrain recipes
 dtrain plan   recipe=gpt_small dp=2
+dtrain advise recipe=gpt_small hardware=h100_80g parallel.nnodes=8
 dtrain launch recipe=gpt_small dp=2
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import typer
 
 from dtrain_cli import __version__
+from dtrain_cli.cli.advise_cmd import advise
 from dtrain_cli.cli.agent_cmd import agent
 from dtrain_cli.cli.checkpoints_cmd import checkpoints
 from dtrain_cli.cli.export_cmd import export
@@ -32,6 +34,7 @@ app = typer.Typer(
 )
 app.command(context_settings=OVERRIDE_SETTINGS)(launch)
 app.command(context_settings=OVERRIDE_SETTINGS)(plan)
+app.command(context_settings=OVERRIDE_SETTINGS)(advise)
 app.command(context_settings=OVERRIDE_SETTINGS)(resume)
 app.command()(recipes)
 app.command()(checkpoints)

@@ -55,6 +55,23 @@ def plan(
     from dtrain_cli.plan.render import render_plan
 
     console.print(render_plan(the_plan))
+    console.print(step_line(cfg, the_plan), highlight=False)
+
+
+def step_line(cfg, the_plan) -> str:
+    """The advisor's estimate for this one layout on ``hardware`` (``dtrain advise`` ranks
+    all of them with the same code)."""
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.steptime import GIB, estimate_step
+
+    est = estimate_step(cfg, model_spec(cfg), the_plan, cfg.hardware)
+    m, unit = est.memory, the_plan.batch.unit
+    return (
+        f"estimated on hardware={cfg.hardware.name}: step {est.step_s * 1e3:,.1f} ms, "
+        f"{est.tokens_per_s:,.0f} {unit}/s, MFU {est.mfu:.0%}, bubble {est.bubble:.0%}; peak "
+        f"memory {m.total / GIB:.2f} of {m.capacity / GIB:.2f} GiB per device "
+        f"(dtrain advise ranks every layout)"
+    )
 
 
 def _dump(doc: dict, fmt: str) -> str:

@@ -80,6 +80,10 @@ class ParallelConfig:
     tp_plan: dict[str, str] = field(default_factory=dict)
     """tp > 1 for a custom model: ``parallelize_module`` patterns -> colwise | rowwise |
     colwise_rep | rowwise_rep | sequence, e.g. {"trunk.*.up": colwise, "trunk.*.down": rowwise}."""
+    activation_checkpointing: str = "none"
+    """none | selective (every other block: the 2nd, 4th, ... of the model, torchtitan's
+    layer-wise selective AC) | full (every block): blocks keep only their input and
+    recompute the rest in backward (``torch.utils.checkpoint``, non-reentrant)."""
 
 
 @dataclass
@@ -278,6 +282,37 @@ class ClusterConfig:
 
 
 @dataclass
+class HardwareConfig:
+    """One kind of device and its links, for ``dtrain advise`` and the plan's step-time
+    estimate (``configs/hardware/<name>.yaml``; each value's source is a comment there)."""
+
+    name: str = "cpu"
+    device: str = "cpu"
+    """cpu | cuda: the run.device layouts are planned for."""
+    memory_gib: float = 0.0
+    """Memory per device (GiB)."""
+    reserved_gib: float = 0.0
+    """Memory per device not available to tensors (CUDA context, allocator slack)."""
+    peak_tflops_bf16: float = 0.0
+    """Dense bf16/fp16 matmul peak per device (TFLOP/s), no sparsity."""
+    peak_tflops_fp32: float = 0.0
+    """Dense fp32 peak per device (TFLOP/s; plain fp32, not TF32)."""
+    matmul_efficiency: float = 0.5
+    """Fraction of the peak a training step achieves (model FLOPs utilisation ceiling)."""
+    devices_per_node: int = 1
+    intra_node_gbps: float = 0.0
+    """Per-device bandwidth to devices of the same node, one direction (GB/s)."""
+    intra_node_latency_us: float = 0.0
+    inter_node_gbps: float = 0.0
+    """Per-device bandwidth to other nodes, one direction (GB/s)."""
+    inter_node_latency_us: float = 0.0
+    comm_overlap: float = 1.0
+    """Fraction of data-parallel communication that can hide behind compute: 1 where
+    collectives run on their own engines (NCCL on GPUs), 0 where the same cores do both
+    (gloo on a CPU)."""
+
+
+@dataclass
 class DtrainConfig:
     model: Any = MISSING
     """The model kind's typed config (``dtrain_cli.models``): GPTConfig, CNNConfig, ..."""
@@ -294,6 +329,7 @@ class DtrainConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
 
 def register_schema() -> None:

@@ -18,6 +18,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.token_dtype": ("uint8", "uint16", "int32"),
     "data.format": ("auto", "json", "parquet", "text"),
     "parallel.strategy": ("ddp", "zero1", "fsdp"),
+    "parallel.activation_checkpointing": ("none", "selective", "full"),
     "comm.compression": ("none", "fp16", "bf16", "powersgd"),
     "sync.mode": ("sync", "local_sgd", "param_server", "diloco"),
     "optim.name": ("adamw", "sgd"),
@@ -36,6 +37,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     ),
     "launcher.start_method": ("fork", "spawn", "forkserver"),
     "run.device": ("auto", "cpu", "cuda"),
+    "hardware.device": ("cpu", "cuda"),
 }
 
 # key -> (minimum, inclusive?)
@@ -71,6 +73,16 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "launcher.max_restarts": (0, True),
     "data.synthetic_tokens": (2, True),
     "data.num_workers": (0, True),
+    "hardware.memory_gib": (0, False),
+    "hardware.reserved_gib": (0, True),
+    "hardware.peak_tflops_bf16": (0, False),
+    "hardware.peak_tflops_fp32": (0, False),
+    "hardware.matmul_efficiency": (0, False),
+    "hardware.devices_per_node": (1, True),
+    "hardware.intra_node_gbps": (0, False),
+    "hardware.inter_node_gbps": (0, False),
+    "hardware.intra_node_latency_us": (0, True),
+    "hardware.inter_node_latency_us": (0, True),
     "data.num_samples": (2, True),
     "optim.eps": (0, False),
     "precision.growth_interval": (1, True),
@@ -154,6 +166,13 @@ def range_problems(cfg: DtrainConfig) -> list[str]:
         value = get_key(cfg, key)
         if value is not None and value < 1:  # type: ignore[operator]
             problems.append(f"{key}={value}: must be >= 1 (or unset)")
+    if not 0.0 <= cfg.hardware.comm_overlap <= 1.0:
+        problems.append(f"hardware.comm_overlap={cfg.hardware.comm_overlap}: must be in [0, 1]")
+    if cfg.hardware.matmul_efficiency > 1.0:
+        problems.append(
+            f"hardware.matmul_efficiency={cfg.hardware.matmul_efficiency}: a fraction of the "
+            f"peak, must be in (0, 1]"
+        )
     for key, (low, high) in INTERVALS.items():
         value = get_key(cfg, key)
         if not low <= value < high:  # type: ignore[operator]

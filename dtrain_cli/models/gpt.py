@@ -75,18 +75,33 @@ class GPTSpec(ModelSpec):
             unit="tokens",
             flops_per_unit=6 * non_embedding + 12 * m.n_layer * d * m.block_size,
             matrix_shapes=mats,
+            # under tp: the position embedding, every norm and the row-wise layers' biases
+            params_tp_replicated=m.block_size * d
+            + (2 * m.n_layer + 1) * norm
+            + 2 * m.n_layer * d * int(m.bias),
         )
 
     def activation_bytes(
         self, micro_batch: int, bytes_per_value: int, tp: int
     ) -> tuple[float, float]:
-        """Korthikanti et al. 2022: s*b*d*(34 + 5*a*s/d) bytes per layer at 2-byte
-        activations; outside the blocks the fp32 logits and their gradient."""
+        """What autograd saves for this implementation (``gpt_net``; measured exactly by
+        tests/test_activation_estimates.py). Per block, in (b, s, d) tensors: the block
+        input and its norm, the MLP input and its norm (replicated under tp: 4), q, k, v
+        and the attention output (SDPA's flash kernel keeps no s x s matrix: 4/tp), the MLP's
+        4d hidden before and after GELU (8/tp); plus fp32 norm statistics and the attention
+        log-sum-exp. Outside the blocks: the final norm's input and output, the fp32
+        log-softmax of the loss (b, s, vocab), token ids and targets (int64)."""
         m = self.cfg
-        s, d, a = m.block_size, m.n_embd, m.n_head
-        per_layer = s * micro_batch * d * (34 + 5 * a * s / max(d, 1)) * (bytes_per_value / 2) / tp
-        logits = micro_batch * s * m.vocab_size * 4 * 2
-        return per_layer, float(logits)
+        b, s, d, a, v = micro_batch, m.block_size, m.n_embd, m.n_head, m.vocab_size
+        bsd = b * s * d * bytes_per_value
+        stats = 4 * b * s * 4 + (a // max(tp, 1)) * b * s * 4
+        per_layer = bsd * (4 + 12 / tp) + stats
+        outside = 2 * bsd + 2 * b * s * 4 + b * s * v * 4 + 2 * b * s * 8 + s * 8
+        return float(per_layer), float(outside)
+
+    def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
+        """A checkpointed block keeps only its input, the (b, s, d) residual stream."""
+        return float(micro_batch * self.cfg.block_size * self.cfg.n_embd * bytes_per_value)
 
     def value_problems(self) -> list[str]:
         m = self.cfg

@@ -51,6 +51,8 @@ class ModelFacts:
     """What throughput counts: tokens (language models) or samples (everything else)."""
     flops_per_unit: int = 0
     """Forward + backward FLOPs per token (or per sample), for MFU."""
+    params_tp_replicated: int = 0
+    """Parameters every tp rank holds whole (norms, biases after a row-wise split...)."""
     matrix_shapes: list[tuple[int, int]] = field(default_factory=list)
     """2-D weights (what PowerSGD compresses); the rest of num_params is in other tensors."""
 
@@ -78,8 +80,14 @@ class ModelSpec(ABC):
     def activation_bytes(
         self, micro_batch: int, bytes_per_value: int, tp: int
     ) -> tuple[float, float]:
-        """(per block, outside the blocks) activation bytes kept for backward, one micro-batch."""
+        """(per block, outside the blocks) activation bytes kept for backward, one micro-batch
+        (the loss included): what autograd saves, as ``SavedTensorMeter`` measures it."""
         return 0.0, 0.0
+
+    def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
+        """Bytes a checkpointed block keeps for backward: its input (the rest is recomputed).
+        Default: the block's whole activations (a kind that does not say gets no saving)."""
+        return self.activation_bytes(micro_batch, bytes_per_value, tp)[0]
 
     def value_problems(self) -> list[str]:
         """The model's own values out of range (checked before anything computes with them)."""

@@ -149,6 +149,11 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         facts = spec.facts()
     except ValueError:  # a model that cannot be built: its problems() said why
         raise ConfigError(problems) from None
+    if par.activation_checkpointing in ("selective", "full") and not facts.num_layers:
+        problems.append(
+            f"parallel.activation_checkpointing={par.activation_checkpointing}: "
+            f"model.kind={spec.kind} has no repeated blocks to checkpoint; use none"
+        )
     before = len(problems)
     batch = batch_layout(cfg, facts, problems)
     pipeline = pipeline_layout(cfg, spec, batch, problems, batch_ok=len(problems) == before)

@@ -181,15 +181,12 @@ def pipeline_layout(
     )
     bubble = (pp - 1) / (v * m_count + pp - 1)
     stages = []
-    act_layer, _ = spec.activation_bytes(
-        batch.micro_batch_size, BYTES_PER_ACTIVATION[cfg.precision.name], max(par.tp, 1)
-    )
     for i, (lo, hi) in enumerate(ranges):
         first, last = i == 0, i == num_stages - 1
         params = (hi - lo) * facts.params_per_layer
         params += facts.params_first if first else 0
         params += facts.params_last if last else 0
-        act = int(act_layer * (hi - lo))
+        act, _ = part_activations(cfg, spec, batch.micro_batch_size, lo, hi, last)
         stages.append(
             StagePlan(
                 i, stage_to_pp_rank(i, pp, name in V_SHAPED), [lo, hi], first, last, params, act
@@ -198,6 +195,49 @@ def pipeline_layout(
     return PipelinePlan(
         name, num_stages, v, m_count, batch.grad_accum // max(m_count, 1), bubble, stages
     )
+
+
+def checkpointed_layers(lo: int, hi: int, mode: str) -> list[int]:
+    """Global indices of the blocks in [lo, hi) that ``parallel.activation_checkpointing``
+    checkpoints: full = all; selective = every other one, the 2nd, 4th, ... of the model
+    (torchtitan's layer-wise selective AC, frequency 2); none = none. The runtime
+    (:mod:`dtrain_cli.runtime.activation_checkpoint`) applies exactly these."""
+    if mode == "full":
+        return list(range(lo, hi))
+    if mode == "selective":
+        return [i for i in range(lo, hi) if i % 2 == 1]
+    return []
+
+
+def part_activations(
+    cfg: DtrainConfig, spec: ModelSpec, micro_batch: int, lo: int, hi: int, outside: bool
+) -> tuple[int, int]:
+    """(kept for backward, recomputation peak) bytes of one micro-batch on a model part
+    holding blocks [lo, hi) (and the parts outside the blocks if ``outside``): a
+    checkpointed block keeps its input only, and recomputing one in backward brings one
+    block's activations back for a while."""
+    bpv, tp = BYTES_PER_ACTIVATION[cfg.precision.name], max(cfg.parallel.tp, 1)
+    per_block, other = spec.activation_bytes(micro_batch, bpv, tp)
+    chosen = checkpointed_layers(lo, hi, cfg.parallel.activation_checkpointing)
+    kept_block = min(per_block, spec.checkpoint_bytes(micro_batch, bpv, tp))
+    kept = per_block * (hi - lo - len(chosen)) + kept_block * len(chosen)
+    kept += other if outside else 0
+    return int(kept), int(per_block if chosen else 0)
+
+
+def inflight_microbatches(schedule: str, pp: int, v: int, m: int, pp_rank: int) -> float:
+    """Micro-batches whose activations a pp rank holds at its peak, in units of the rank's
+    whole share (all its stages) of one micro-batch. GPipe and looped BFS run every forward
+    first (m); 1F1B holds pp - rank (Narayanan et al. 2021); interleaved 1F1B warms up
+    (v-1)*pp + 2*(pp-rank-1) + 1 stage-chunks of 1/v each (Megatron's schedule); the
+    V-shaped zero-bubble schedules keep 1F1B's peak (Qi et al. 2024)."""
+    if schedule in ("gpipe", "looped_bfs"):
+        return float(m)
+    if schedule in ("interleaved_1f1b", "interleaved_zb"):
+        return min(float(m), ((v - 1) * pp + 2 * (pp - pp_rank - 1) + 1) / v)
+    if schedule in V_SHAPED:
+        return float(min(m, pp))  # V placement: the rank's two chunks together as in 1F1B
+    return float(min(m, pp - pp_rank))
 
 
 def bubble_warning(pipe: PipelinePlan, pp: int) -> str | None:

@@ -14,7 +14,7 @@ import math
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
-from dtrain_cli.plan.layout import BYTES_PER_ACTIVATION, fsdp_reshards_after_forward
+from dtrain_cli.plan.layout import fsdp_reshards_after_forward, part_activations
 from dtrain_cli.plan.plan import BatchPlan, Estimates, PipelinePlan
 
 
@@ -67,13 +67,16 @@ def estimate(
     par = cfg.parallel
     facts = spec.facts()
     n = facts.num_params
+    whole = facts.params_tp_replicated if par.tp > 1 else 0  # not split by tp
     if pipeline is not None and pipeline.stages:
         held: dict[int, int] = {}
         for st in pipeline.stages:
             held[st.pp_rank] = held.get(st.pp_rank, 0) + st.params
-        per_rank = math.ceil(max(held.values()) / par.tp)
+        most = max(held.values())
+        rep = whole * most / max(n, 1)
+        per_rank = math.ceil((most - rep) / par.tp + rep)
     else:
-        per_rank = math.ceil(n / (par.tp * par.pp))
+        per_rank = math.ceil((n / par.pp - whole) / par.tp + whole)
     optim_words = {"adamw": 2, "sgd": 1 if cfg.optim.momentum > 0 else 0}[cfg.optim.name]
     params_b, grads_b = 4 * per_rank, 4 * per_rank
     optim_b = 4 * optim_words * per_rank
@@ -83,10 +86,7 @@ def estimate(
         block = 4 * facts.params_per_layer
         params_b = math.ceil(params_b / par.dp) + block  # shard + one gathered block
         grads_b = math.ceil(grads_b / par.dp)
-    per_layer, other = spec.activation_bytes(
-        batch.micro_batch_size, BYTES_PER_ACTIVATION[cfg.precision.name], max(par.tp, 1)
-    )
-    activations = int(per_layer * facts.num_layers / max(par.pp, 1) + other)
+    activations, recompute = rank_activations(cfg, spec, facts, batch, pipeline)
     return Estimates(
         num_params=n,
         params_per_rank=per_rank,
@@ -94,8 +94,31 @@ def estimate(
         bytes_grads=grads_b,
         bytes_optimizer=optim_b,
         bytes_activations=activations,
-        bytes_total=params_b + grads_b + optim_b + activations,
+        bytes_total=params_b + grads_b + optim_b + activations + recompute,
         flops_per_token=facts.flops_per_unit,
         comm_bytes_per_step=comm_bytes_per_step(cfg, facts),
         grad_payload_bytes=grad_payload_bytes(cfg, facts),
+        bytes_recompute=recompute,
+        activation_checkpointing=par.activation_checkpointing,
     )
+
+
+def rank_activations(
+    cfg: DtrainConfig,
+    spec: ModelSpec,
+    facts: ModelFacts,
+    batch: BatchPlan,
+    pipeline: PipelinePlan | None,
+) -> tuple[int, int]:
+    """(kept for backward, recomputation peak) of one micro-batch on the rank holding the
+    most: the whole model, or the pp rank whose stages keep the most."""
+    micro = batch.micro_batch_size
+    if pipeline is None or not pipeline.stages:
+        return part_activations(cfg, spec, micro, 0, facts.num_layers, True)
+    kept: dict[int, int] = {}
+    recompute = 0
+    for st in pipeline.stages:
+        k, r = part_activations(cfg, spec, micro, st.layers[0], st.layers[1], st.head)
+        kept[st.pp_rank] = kept.get(st.pp_rank, 0) + k
+        recompute = max(recompute, r)
+    return max(kept.values()), recompute

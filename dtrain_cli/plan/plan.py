@@ -166,6 +166,9 @@ class Estimates:
     """Bytes each rank sends over the dp group per step (ring), after compression."""
     grad_payload_bytes: int = 0
     """Gradient bytes each rank contributes per step after compression."""
+    bytes_recompute: int = 0
+    """Activation checkpointing: one block's activations, recomputed in backward (transient)."""
+    activation_checkpointing: str = "none"
 
 
 @dataclass

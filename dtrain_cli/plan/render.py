@@ -116,7 +116,16 @@ def render_plan(plan: Plan) -> Group:
             ),
             ("gradients", _bytes(e.bytes_grads)),
             ("optimizer state", _bytes(e.bytes_optimizer)),
-            ("activations (per micro batch)", _bytes(e.bytes_activations)),
+            (
+                "activations (per micro batch"
+                + (f", checkpointing {e.activation_checkpointing})" if e.bytes_recompute else ")"),
+                _bytes(e.bytes_activations),
+            ),
+            *(
+                [("recompute (one block, backward)", _bytes(e.bytes_recompute))]
+                if e.bytes_recompute
+                else []
+            ),
             ("total", _bytes(e.bytes_total)),
             (
                 f"FLOPs per {'token' if b.unit == 'tokens' else 'sample'} (fwd+bwd)",

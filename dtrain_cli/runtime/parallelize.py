@@ -1,7 +1,8 @@
 """Apply the plan's parallelism to a freshly built model: ``apply_<technique>`` functions.
 
-Fixed order (as in torchtitan): pipeline split -> tensor parallel -> synchronized
-BatchNorm -> compile -> data parallel last (:mod:`.data_parallel`). Each technique takes
+Fixed order (as in torchtitan): pipeline split -> tensor parallel -> activation
+checkpointing (:mod:`.activation_checkpoint`) -> synchronized BatchNorm -> compile -> data
+parallel last (:mod:`.data_parallel`). Each technique takes
 its sub-mesh by name (``ctx.mesh["tp"]``).
 """
 
@@ -106,6 +107,15 @@ def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -
     if ctx.mesh["tp"].size() > 1:
         for part in parts:
             spec.apply_tensor_parallel(part, ctx.mesh["tp"])
+    if cfg.parallel.activation_checkpointing != "none":
+        from dtrain_cli.runtime.activation_checkpoint import apply_activation_checkpointing
+
+        for part, s in zip(parts, stage_ids, strict=True):
+            first = pipe.stages[s].layers[0] if pipe is not None else 0
+            blocks = spec.blocks(part)
+            apply_activation_checkpointing(
+                part, blocks, cfg.parallel.activation_checkpointing, first
+            )
     if spec.wants_sync_batchnorm() and ctx.mesh["dp"].size() > 1:
         from dtrain_cli.runtime.sync_batchnorm import apply_sync_batchnorm
 

@@ -1,0 +1,91 @@
+"""``dtrain advise recipe=gpt_small hardware=h100_80g parallel.nnodes=8``: ranked layouts.
+
+    dtrain advise recipe=gpt_small hardware=cpu dp_max=4 --top 5 --json
+    dtrain advise recipe=gpt_small hardware=cpu --apply > layout.txt
+    xargs dtrain launch < layout.txt
+
+Besides Hydra overrides it takes ``world=N`` (devices in all; default nnodes x the
+hardware's devices per node) and ``dp_max=N`` (the most data-parallel replicas to try).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import typer
+
+from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, console, fail
+
+ADVISE_ONLY = ("world", "dp_max")
+SEARCHED = ("parallel.", "pipeline.", "dp=", "tp=", "pp=", "train.micro_batch_size=")
+
+
+def _split(overrides: list[str]) -> tuple[list[str], dict[str, int]]:
+    rest, opts = [], {}
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        if key in ADVISE_ONLY:
+            if not value.isdigit() or int(value) < 1:
+                fail([f"{ov}: {key} must be a whole number >= 1"])
+            opts[key] = int(value)
+        else:
+            rest.append(ov)
+    return rest, opts
+
+
+def advise(
+    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP + " Also world=N, dp_max=N."),
+    config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
+    top: int = typer.Option(5, "--top", "-n", help="How many ranked layouts to show."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Every layout (ranked and rejected) as JSON."
+    ),
+    apply: bool = typer.Option(
+        False, "--apply", help="Print the winner as overrides (xargs dtrain launch < that file)."
+    ),
+    allow_cross_node_tp: bool = typer.Option(
+        False, "--allow-cross-node-tp", help="Also rank layouts whose tp group spans nodes."
+    ),
+) -> None:
+    """Rank every parallel layout for this model on this hardware by estimated throughput."""
+    from dtrain_cli.config.compose import compose_config, split_recipe
+    from dtrain_cli.config.errors import ConfigError
+    from dtrain_cli.config.validate import config_problems
+    from dtrain_cli.plan.advise import advise as run_advice
+
+    rest, opts = _split(overrides or [])
+    recipe, rest = split_recipe(rest)
+    try:
+        cfg = compose_config(recipe, rest, config_dir, validate=False)
+    except ConfigError as exc:
+        fail(exc.problems)
+    problems = [p for p in config_problems(cfg) if not p.startswith(("parallel.", "pipeline."))]
+    if problems:
+        fail(problems)
+    try:
+        advice = run_advice(cfg, opts.get("world"), opts.get("dp_max"), allow_cross_node_tp)
+    except ConfigError as exc:
+        fail(exc.problems)
+    if apply:
+        kept = [ov for ov in (overrides or []) if not ov.startswith(SEARCHED)]
+        kept = [ov for ov in kept if ov.partition("=")[0] not in ADVISE_ONLY]
+        if not any(ov.startswith("recipe=") for ov in kept):
+            kept.insert(0, f"recipe={recipe}")
+        winner = advice.ranked[0].layout.overrides(advice.nnodes)
+        typer.echo(" ".join(shlex.quote(x) for x in [*kept, *winner]))
+        return
+    if as_json:
+        out = {
+            "hardware": advice.hardware,
+            "world_size": advice.world_size,
+            "nnodes": advice.nnodes,
+            "ranked": [v.to_dict() for v in advice.ranked],
+            "rejected": [v.to_dict() for v in advice.rejected],
+        }
+        typer.echo(json.dumps(out, indent=2))
+        return
+    from dtrain_cli.plan.advise_render import render_advice
+
+    console.print(render_advice(advice, top))
