@@ -22,6 +22,7 @@ from async_bench import async_bench
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
 from data_bench import data_loading
+from diagnose_bench import diagnose_bench
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
 from hf_bench import hf_overhead
 from layout_bench import pipeline_bench, strategy_bench
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "data": data_loading,
     "hf": hf_overhead,
     "async": async_bench,
+    "diagnose": diagnose_bench,
 }
 
 

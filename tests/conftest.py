@@ -71,6 +71,7 @@ MATH = [
     "logging.every=1",
     "train.eval_every=5",
     "logging.tensorboard=true",
+    "debug.replica_check_at_end=true",  # param_digest, replicas_identical
 ]
 
 

@@ -28,6 +28,7 @@ CK = [
     "train.eval_every=0",
     "optim.warmup_steps=2",
     "logging.tensorboard=false",
+    "debug.replica_check_at_end=true",  # param_digest
 ]
 
 

@@ -26,6 +26,7 @@ OWN = [
     "logging.every=1",
     "train.eval_every=0",
     "logging.tensorboard=false",
+    "debug.replica_check_at_end=true",  # param_digest
 ]
 TP_PLAN = "parallel.tp_plan={trunk.*.up:colwise,trunk.*.down:rowwise}"
 PIPELINE = ["pipeline.layers=trunk", "pipeline.first=[stem]", "pipeline.last=[readout]"]

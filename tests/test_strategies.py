@@ -23,6 +23,7 @@ BASE = [
     "logging.every=1",
     "train.eval_every=0",
     "logging.tensorboard=false",
+    "debug.replica_check_at_end=true",  # replicas_identical
 ]
 
 

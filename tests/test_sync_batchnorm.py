@@ -105,6 +105,7 @@ def test_cnn_bn_recipe_trains_with_sync_bn(tmp_path):
             "train.steps=30",
             "logging.every=10",
             "logging.tensorboard=false",
+            "debug.replica_check_at_end=true",
         ],
         tmp_path,
     )

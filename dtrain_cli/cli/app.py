@@ -14,10 +14,13 @@ from dtrain_cli import __version__
 from dtrain_cli.cli.advise_cmd import advise
 from dtrain_cli.cli.agent_cmd import agent
 from dtrain_cli.cli.checkpoints_cmd import checkpoints
+from dtrain_cli.cli.compare_cmd import compare
+from dtrain_cli.cli.env_cmd import env
 from dtrain_cli.cli.export_cmd import export
 from dtrain_cli.cli.launch_cmd import launch
 from dtrain_cli.cli.plan_cmd import plan
 from dtrain_cli.cli.recipes_cmd import recipes
+from dtrain_cli.cli.report_cmd import report
 from dtrain_cli.cli.resume_cmd import resume
 from dtrain_cli.cli.sbatch_cmd import sbatch
 from dtrain_cli.cli.validate_cmd import validate_cluster
@@ -42,6 +45,9 @@ app.command()(export)
 app.command(context_settings=OVERRIDE_SETTINGS)(sbatch)
 app.command(name="validate-cluster")(validate_cluster)
 app.command()(agent)
+app.command()(report)
+app.command()(compare)
+app.command()(env)
 
 
 def _version(value: bool) -> None:

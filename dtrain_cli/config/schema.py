@@ -200,6 +200,20 @@ class TrainConfig:
     """cross_entropy (class indices over the last dim: the LM case) | mse | model (the
     model's forward(inputs, targets) returns the loss) | a dotted path to a callable
     (outputs, targets) -> loss | auto (the model kind's default)."""
+    on_nan: str = "stop"
+    """A non-finite loss or gradient: stop (checked at logging steps; the step, rank and
+    first non-finite parameter or gradient named) | skip (drop that update, count it) |
+    rollback (restore the newest complete checkpoint, move past the data since). skip and
+    rollback decide every step: one small all-reduce per step."""
+    on_spike: str = "off"
+    """A loss above ``spike_threshold`` x the running median: off | stop | skip | rollback
+    (on: one small all-reduce per step)."""
+    spike_threshold: float = 3.0
+    """A step's loss counts as a spike above this multiple of the median of the last
+    ``spike_window`` steps' losses."""
+    spike_window: int = 50
+    max_skips: int = 5
+    """skip: stop after this many skipped steps in a row."""
 
 
 @dataclass
@@ -209,6 +223,36 @@ class LoggingConfig:
     tensorboard: bool = True
     progress: str = "auto"
     """auto (a bar on a terminal, lines otherwise) | bar | lines | off."""
+
+
+@dataclass
+class DebugConfig:
+    """When a run goes wrong: hangs, mismatched collectives, stragglers, diverging
+    replicas, profiles (:mod:`dtrain_cli.runtime.watchdog` and its neighbours)."""
+
+    collective_timeout_s: float = 300.0
+    """A step (or a collective) taking longer: every rank's stack goes to ``logs/hang/``,
+    the launcher names the stuck and missing ranks and the job ends. The process group's
+    timeout is this plus 15 s (the watchdog speaks first). 0: no watchdog (300 s)."""
+    check_collectives: bool = False
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective's op, shape and dtype checked
+    across ranks (mismatches named at the first one; costs a check per collective)."""
+    rank_times: bool = True
+    """Every rank's step, data-wait and compute times ride on the logging all-reduce (3
+    floats per rank): stragglers, per-rank medians in summary.json, ``dtrain report``."""
+    straggler_factor: float = 1.5
+    """At logging steps, a rank whose own time per step (compute + data wait, without
+    waiting for others) is above this multiple of the other ranks' median is named."""
+    replica_check_every: int = 0
+    """Every N steps, compare a digest of every parameter across the dp group; the first
+    differing parameter and rank are named and the run stops. 0: off."""
+    replica_check_grads: bool = False
+    """replica_check_every: also compare the gradients after the reduce."""
+    replica_check_at_end: bool = False
+    """At the end of the run, a sha256 of every parameter over the dp group
+    (``param_digest``, ``replicas_identical`` in summary.json)."""
+    profile_steps: list[int] = field(default_factory=list)
+    """[first, last]: a torch.profiler trace per rank of these steps, in ``profile/``."""
 
 
 @dataclass
@@ -225,9 +269,10 @@ class LauncherConfig:
     threads_per_proc: int | None = None
     """torch threads per worker; default: CPU cores / processes per node."""
     monitor_interval_s: float = 0.1
-    collective_timeout_s: int = 300
-    """Seconds a collective waits for a peer before the rank fails (a frozen rank is then
-    named: 'stopped answering')."""
+    collective_timeout_s: int | None = None
+    """The process group's timeout: seconds a collective waits for a peer before the rank
+    fails (a frozen rank is then named: 'stopped answering'). Default: the hang watchdog's
+    ``debug.collective_timeout_s`` + 15 s (the watchdog speaks first), 300 without it."""
 
 
 @dataclass
@@ -326,6 +371,7 @@ class DtrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)

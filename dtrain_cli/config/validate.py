@@ -37,6 +37,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     ),
     "launcher.start_method": ("fork", "spawn", "forkserver"),
     "run.device": ("auto", "cpu", "cuda"),
+    "train.on_nan": ("stop", "skip", "rollback"),
+    "train.on_spike": ("off", "stop", "skip", "rollback"),
     "hardware.device": ("cpu", "cuda"),
 }
 
@@ -73,6 +75,12 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "launcher.max_restarts": (0, True),
     "data.synthetic_tokens": (2, True),
     "data.num_workers": (0, True),
+    "train.spike_threshold": (1, False),
+    "train.spike_window": (1, True),
+    "train.max_skips": (1, True),
+    "debug.collective_timeout_s": (0, True),
+    "debug.straggler_factor": (1, False),
+    "debug.replica_check_every": (0, True),
     "hardware.memory_gib": (0, False),
     "hardware.reserved_gib": (0, True),
     "hardware.peak_tflops_bf16": (0, False),
@@ -99,6 +107,7 @@ OPTIONAL_POSITIVE = (
     "pipeline.microbatches",
     "launcher.threads_per_proc",
     "data.prefetch_factor",
+    "launcher.collective_timeout_s",
 )
 # key -> (low, high): values in [low, high). A model's own fields: its kind checks them
 # (``ModelSpec.problems``, dtrain_cli/models).
@@ -133,6 +142,18 @@ def name_problems(key: str, value: str | None) -> list[str]:
     if why is None:
         return []
     return [f"{key}={value!r}: {why}; use a single folder name such as my-run_01"]
+
+
+def profile_problems(steps: list[int], num_steps: int) -> list[str]:
+    """``debug.profile_steps``: empty, or [first, last] with 1 <= first <= last <= steps."""
+    if not steps:
+        return []
+    if len(steps) == 2 and 1 <= steps[0] <= steps[1] <= num_steps:
+        return []
+    return [
+        f"debug.profile_steps={list(steps)}: must be [first, last] with "
+        f"1 <= first <= last <= train.steps={num_steps}"
+    ]
 
 
 def get_key(cfg: DtrainConfig, key: str) -> object:
@@ -179,6 +200,7 @@ def range_problems(cfg: DtrainConfig) -> list[str]:
             problems.append(f"{key}={value}: must be in [{low:g}, {high:g})")
     if not 0.0 < cfg.data.val_fraction < 1.0:
         problems.append(f"data.val_fraction={cfg.data.val_fraction}: must be in (0, 1)")
+    problems += profile_problems(cfg.debug.profile_steps, cfg.train.steps)
     problems += _size_problems(cfg)
     return problems
 

@@ -22,7 +22,14 @@ from typing import Any
 
 # Errors the runtime raises on purpose, with a message that names the cause: shown as one
 # line (their traceback stays in logs/rank_<k>.log).
-EXPECTED_ERRORS = ("CheckpointError:", "FileNotFoundError:", "ValueError: ")
+EXPECTED_ERRORS = (
+    "CheckpointError:",
+    "FileNotFoundError:",
+    "ValueError: ",
+    "NumericsError:",
+    "ReplicaError:",
+    "CollectiveMismatch:",
+)
 # What a rank reports when another rank died or stopped answering (gloo, NCCL, the store).
 PEER_LOSS = (
     "connection reset by peer",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.schema import DtrainConfig
-from dtrain_cli.launch import failures
+from dtrain_cli.launch import failures, hang_report
 from dtrain_cli.launch.signals import forward_signal, interrupted
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime import preemption
@@ -50,6 +50,10 @@ def prepare_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
     if plan.start_method == "fork":
         for name in worker_modules(run_dir, cfg, plan):
             importlib.import_module(name)
+
+
+HANG_EXIT_CODE = 124
+"""A worker's watchdog ended the run (dtrain_cli.runtime.watchdog.EXIT_HANG)."""
 
 
 @dataclass
@@ -110,6 +114,7 @@ def launch_local(
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic")),
     )
     preemption.clear_marker(run_dir)
+    hang_report.clear(run_dir)
     milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
     if interrupted():  # a Ctrl-C during start-up that an import swallowed
         return LaunchResult(False, 130, "stopped by SIGINT before the workers started")
@@ -117,6 +122,8 @@ def launch_local(
         with forward_signal(cfg.cluster.signal):
             elastic_launch(config, worker_main)(str(run_dir), milestones)
     except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick
+        if (hang := hang_report.hang_report(run_dir, plan.world_size)) is not None:
+            return LaunchResult(False, HANG_EXIT_CODE, hang)  # a watchdog fired: stuck where
         local_ranks = list(range(plan.world_size)) if plan.nnodes == 1 else None
         notes = read_notes(run_dir, since=milestones["agent_ready"])
         code, text = failures.describe(failures.from_agent(exc.failures, notes, local_ranks))

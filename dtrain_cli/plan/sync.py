@@ -48,6 +48,16 @@ def sync_problems(cfg: DtrainConfig, device: str, problems: list[str]) -> None:
             )
         if cfg.precision.name == "fp16":
             problems.append("sync.mode=param_server: no loss scaling on the servers; use fp32/bf16")
+        per_step = [
+            f"train.{k}={getattr(cfg.train, k, 'off')}"
+            for k in ("on_nan", "on_spike")
+            if getattr(cfg.train, k, "off") in ("skip", "rollback")
+        ]
+        if per_step:
+            problems.append(
+                f"{', '.join(per_step)}: the servers apply every pushed gradient, so an update "
+                "cannot be skipped or rolled back on the workers; use stop with param_server"
+            )
         want = par.dp * par.tp * par.pp + sync.servers
         if par.nproc_per_node is not None and par.nproc_per_node * max(par.nnodes, 1) != want:
             problems.append(

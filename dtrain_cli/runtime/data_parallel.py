@@ -80,15 +80,18 @@ def comm_hook(cfg: DtrainConfig, group: dist.ProcessGroup) -> tuple[Any, Any] | 
 
 
 def apply_ddp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Module:
+    from dtrain_cli.runtime.collective_debug import unwrapped_group
+
+    group = unwrapped_group(ctx.mesh, ctx.dp_group)  # the dp group (debug.check_collectives)
     ddp = DDP(
         model,
-        process_group=ctx.dp_group,
+        process_group=group,
         device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
         bucket_cap_mb=cfg.comm.bucket_mb,
         find_unused_parameters=cfg.parallel.find_unused_parameters,
         gradient_as_bucket_view=True,
     )
-    hook = comm_hook(cfg, ctx.dp_group)
+    hook = comm_hook(cfg, group)
     if hook is not None:
         ddp.register_comm_hook(hook[1], hook[0])
         ddp.comm_state = hook[1]  # type: ignore[attr-defined]
@@ -230,3 +233,50 @@ class LocalSGD:
 
     def set_step(self, step: int) -> None:
         self.averager.step = step
+
+
+class DataParallelSync:
+    """What data parallelism asks of the loop besides the step itself: local SGD's periodic
+    averaging after the optimizer step (and once more before a save and at the end, so
+    one model is saved), the post-local-SGD hook's step count on resume, and DDP's own
+    timings of its latest sampled step."""
+
+    def __init__(self, cfg: DtrainConfig, dp: int, parts: list[nn.Module], group: Any) -> None:
+        self.parts = parts
+        params = [p for part in parts for p in part.parameters() if p.requires_grad]
+        self.local_sgd = (
+            LocalSGD(cfg, params, group) if cfg.sync.mode == "local_sgd" and dp > 1 else None
+        )
+
+    def on_resume(self, step: int) -> None:
+        if self.local_sgd is not None:
+            self.local_sgd.set_step(step)
+        for part in self.parts:
+            if hasattr(getattr(part, "comm_state", None), "iter"):
+                part.comm_state.iter = step  # post-local-SGD warm-up counts steps
+
+    def after_optimizer_step(self) -> dict[str, float] | None:
+        """Before ``zero_grad`` (torch averages parameters with their gradients). Returns
+        the drift an averaging removed, when this step averaged."""
+        if self.local_sgd is None:
+            return None
+        self.local_sgd.after_step()
+        drift = self.local_sgd.last_divergence
+        if drift is None:
+            return None
+        self.local_sgd.last_divergence = None
+        return {"divergence": drift, "identical_after": float(self.local_sgd.identical_after)}
+
+    def average_now(self) -> None:
+        """Replicas may differ between averagings: one model before a save / at the end."""
+        if self.local_sgd is not None:
+            self.local_sgd.average_now()
+
+    def step_times(self) -> dict[str, float]:
+        """Forward / backward / communication times of the latest logging step (DDP's own
+        runtime logging), to show whether communication hides behind backward."""
+        for part in self.parts:
+            times = ddp_step_times(part)
+            if times:
+                return times
+        return {}

@@ -121,7 +121,7 @@ class MetricsSink:
         self.jsonl.write(json.dumps(record) + "\n")
         if self.writer is not None:
             for key, value in values.items():
-                if isinstance(value, int | float):  # histograms per worker: jsonl only
+                if isinstance(value, (int, float)):  # per-rank lists: metrics.jsonl only
                     self.writer.add_scalar(f"{kind}/{key}", value, step)
         if kind == "train":
             rate = throughput(values)  # tokens/s for language models, samples/s otherwise
@@ -148,10 +148,7 @@ class MetricsSink:
             log.info(
                 "step %d  %s",
                 step,
-                "  ".join(
-                    f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                    for k, v in values.items()
-                ),
+                "  ".join(f"{k} {v:.4f}" for k, v in values.items() if isinstance(v, (int, float))),
                 extra={"console": self.mode != "off"},
             )
 
@@ -213,12 +210,18 @@ def summary_table(summary: dict[str, Any]) -> Table:
         table.add_row("resumed from", str(summary["resumed_from"]))
     if summary.get("replicas_identical") is False:
         table.add_row("[red]replicas[/]", "[red]dp replicas hold different parameters[/]")
+    numerics = {k: v for k, v in (summary.get("numerics") or {}).items() if k != "events" and v}
+    if numerics:
+        table.add_row("[yellow]numerics[/]", ", ".join(f"{k} {v}" for k, v in numerics.items()))
+    if summary.get("stragglers"):
+        slow = ", ".join(f"rank {r} ({n}x)" for r, n in summary["stragglers"].items())
+        table.add_row("[yellow]stragglers[/]", f"{slow}; see dtrain report")
     return table
 
 
 def summary_lines(run_dir: Path) -> list[str]:
     """Below the table, unwrapped (a path to copy): the run dir and what it holds."""
-    names = ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/")
+    names = ("summary.json", "metrics.jsonl", "tb/", "checkpoints/", "logs/", "profile/")
     files = " ".join(n for n in names if (run_dir / n.rstrip("/")).exists())
     return [f"run dir: {run_dir}", f"  files: {files}"]
 

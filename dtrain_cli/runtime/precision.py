@@ -6,6 +6,7 @@ every rank: with tensor or pipeline parallel each rank sees other gradients, so 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,9 +52,11 @@ class Precision:
         want_norm: bool,
         pp_group: Any | None = None,
         overflow_group: Any | None = None,
+        guard: Callable[[torch.Tensor | None], bool] | None = None,
     ) -> torch.Tensor | None:
         """Unscale, clip to the global norm, step (or skip on overflow), update the scale.
-        Returns the norm tensor when clipping or asked for (no host sync here)."""
+        Returns the norm tensor when clipping or asked for (no host sync here). ``guard``
+        (the numerics policy) sees the norm before the step and may drop it."""
         if self.scaler:
             for opt in optimizers.optimizers:
                 self.scaler.unscale_(opt)
@@ -71,6 +74,10 @@ class Precision:
                 norm = grad_norm(params, pp_group)
                 if max_norm > 0:
                     clip_to_norm(params, max_norm, norm)
+        if guard is not None and not guard(norm):
+            if self.scaler:
+                self.scaler.update()  # resets the per-step unscale state
+            return norm
         for opt in optimizers.optimizers:
             if self.scaler:
                 self.scaler.step(opt)

@@ -22,7 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from dtrain_cli.config.compose import config_from_yaml
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime import preemption
+from dtrain_cli.runtime import collective_debug, preemption
 from dtrain_cli.runtime.distributed import (
     init_distributed,
     mesh_coordinates,
@@ -31,6 +31,7 @@ from dtrain_cli.runtime.distributed import (
 from dtrain_cli.runtime.failure_notes import write_note
 from dtrain_cli.runtime.metrics import make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
+from dtrain_cli.runtime.watchdog import enable_flight_recorder, process_group_timeout_s
 
 log = logging.getLogger("dtrain")
 
@@ -64,7 +65,12 @@ def worker_main(
     console = make_console(rank == 0)
     setup_logging(path, rank, console)
     preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
-    ctx = init_distributed(plan, timeout_s=cfg.launcher.collective_timeout_s)
+    collective_debug.enable(cfg.debug.check_collectives)
+    enable_flight_recorder(plan.backend, cfg.debug.collective_timeout_s)
+    timeout = process_group_timeout_s(
+        cfg.debug.collective_timeout_s, cfg.launcher.collective_timeout_s
+    )
+    ctx = init_distributed(plan, timeout_s=timeout)
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
     if ctx.role == "server":  # sync.mode=param_server: this rank serves a parameter shard
@@ -87,6 +93,8 @@ def worker_main(
     except Exception as exc:
         log.exception("rank %d failed", rank)  # the traceback in logs/rank_<k>.log
         write_note(path, rank, trainer.step if trainer is not None else None, exc)
+        if (mismatch := collective_debug.explain(str(exc))) is not None:
+            raise collective_debug.CollectiveMismatch(mismatch) from None
         raise
     finally:
         if trainer is not None and trainer.sink:

@@ -1,0 +1,69 @@
+"""``dtrain compare RUN_A RUN_B [...]``: the layout-invariance check as one command.
+
+    dtrain compare runs/<dp2-run> runs/<pp2-run>            # per-step table, max rel diff
+    dtrain compare runs/a runs/b --tol 1e-5 --out cmp.png   # first divergent step, plot
+
+Exit 0 when every common step agrees within ``--tol``, 1 when some step diverges, 2 on
+bad input (not a run dir, no common steps).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from dtrain_cli.cli.common import console, fail
+
+
+def compare(
+    runs: list[Path] = typer.Argument(..., help="Two or more run directories."),
+    tol: float = typer.Option(1e-4, "--tol", help="Relative difference that counts as diverged."),
+    out: Path | None = typer.Option(
+        None, "--out", help="The overlaid loss plot (default RUN_A/report/compare.png)."
+    ),
+    rows: int = typer.Option(20, "--rows", help="Table rows shown around the first divergence."),
+) -> None:
+    """Train losses of runs step by step: max relative difference, first divergent step."""
+    from dtrain_cli.report.runs import RunDirError, compare_runs, load_run, rel_diff
+
+    if len(runs) < 2:
+        fail(["dtrain compare needs two or more run dirs"])
+    if tol < 0:
+        fail([f"--tol={tol}: must be >= 0"])
+    try:
+        data = [load_run(p) for p in runs]
+        result = compare_runs(data, tol)
+    except RunDirError as exc:
+        fail([str(exc)])
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("step", justify="right")
+    for run in data:
+        table.add_column(run.path.name, justify="right")
+    table.add_column("max rel diff", justify="right")
+    start = 0
+    if result.first_divergent is not None:
+        start = max(0, result.steps.index(result.first_divergent) - rows // 2)
+    for step, row in list(zip(result.steps, result.losses, strict=True))[start : start + rows]:
+        diff = max(rel_diff(row[0], v) for v in row[1:])
+        mark = "[red]" if diff > tol else ""
+        table.add_row(str(step), *(f"{v:.6f}" for v in row), f"{mark}{diff:.2e}")
+    console.print(table)
+    from dtrain_cli.report.plots import compare_plot
+
+    path = compare_plot(data, result, out or runs[0] / "report" / "compare.png")
+    console.print(
+        f"{len(result.steps)} common steps; max rel diff {result.max_rel:.3e} at step "
+        f"{result.max_rel_step}; "
+        + (
+            f"first divergent step {result.first_divergent} (> {tol:g})"
+            if result.first_divergent is not None
+            else f"no step diverges (<= {tol:g})"
+        ),
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(f"plot: {path}", highlight=False, soft_wrap=True)
+    if result.first_divergent is not None:
+        raise typer.Exit(1)

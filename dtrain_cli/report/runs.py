@@ -1,0 +1,130 @@
+"""A run dir as data: its metrics.jsonl records and summary.json, checked on the way in.
+
+dtrain report runs/<run>
+dtrain compare runs/<dp2-run> runs/<pp2-run>
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class RunDirError(ValueError):
+    """Not a run dir, or nothing to read (one line for the CLI, exit 2)."""
+
+
+@dataclass
+class RunData:
+    path: Path
+    records: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def kind(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records if r.get("kind") == kind]
+
+    def series(self, key: str, kind: str = "train") -> tuple[list[int], list[float]]:
+        rows = [r for r in self.kind(kind) if isinstance(r.get(key), (int, float))]
+        return [int(r["step"]) for r in rows], [float(r[key]) for r in rows]
+
+    def losses(self) -> dict[int, float]:
+        steps, values = self.series("loss")
+        return dict(zip(steps, values, strict=True))
+
+
+def load_run(path: Path) -> RunData:
+    """A folder ``dtrain launch`` made (plan.yaml + metrics.jsonl); RunDirError otherwise."""
+    if not path.is_dir():
+        raise RunDirError(f"{path}: no such folder; give a run dir such as runs/<run>")
+    if not (path / "plan.yaml").is_file():
+        raise RunDirError(
+            f"{path}: not a run dir (no plan.yaml); give a folder `dtrain launch` made, "
+            "such as runs/<run>"
+        )
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        raise RunDirError(f"{path}: no metrics.jsonl yet (the run logged no step)")
+    records = []
+    for n, line in enumerate(metrics.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            raise RunDirError(f"{metrics}:{n}: not a JSON line") from None
+    if not any(r.get("kind") == "train" for r in records):
+        raise RunDirError(f"{metrics}: no training step logged")
+    summary: dict[str, Any] = {}
+    if (path / "summary.json").is_file():
+        try:
+            summary = json.loads((path / "summary.json").read_text())
+        except ValueError:
+            summary = {}
+    return RunData(path, records, summary)
+
+
+def rel_diff(a: float, b: float) -> float:
+    """|a - b| / max(|a|, |b|); inf when exactly one is not finite, 0 when both equal."""
+    if math.isnan(a) and math.isnan(b):
+        return 0.0
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return 0.0 if a == b else math.inf
+    scale = max(abs(a), abs(b))
+    return abs(a - b) / scale if scale else 0.0
+
+
+@dataclass
+class Comparison:
+    steps: list[int]
+    losses: list[list[float]]  # per step, one per run
+    max_rel: float
+    max_rel_step: int
+    first_divergent: int | None
+
+
+def compare_runs(runs: list[RunData], tol: float) -> Comparison:
+    """Train losses at the steps every run logged; the first step whose largest relative
+    difference from the first run is above ``tol``."""
+    per_run = [r.losses() for r in runs]
+    common = sorted(set.intersection(*(set(p) for p in per_run)))
+    if not common:
+        names = ", ".join(str(r.path) for r in runs)
+        raise RunDirError(f"no common logged steps in {names}; compare runs with logging.every")
+    rows = [[p[s] for p in per_run] for s in common]
+    diffs = [max(rel_diff(row[0], v) for v in row[1:]) for row in rows]
+    worst = max(range(len(diffs)), key=lambda i: diffs[i])
+    first = next((s for s, d in zip(common, diffs, strict=True) if d > tol), None)
+    return Comparison(common, rows, diffs[worst], common[worst], first)
+
+
+def summary_text(run: RunData) -> str:
+    """The few numbers a person reads, plus what went wrong (stragglers, numerics)."""
+    s = run.summary
+    steps, losses = run.series("loss")
+    _, val = run.series("val_loss", "val")
+    lines = [f"run: {run.path}"]
+    lines.append(f"steps logged: {len(steps)} (last step {steps[-1]})")
+    lines.append(f"final loss: {losses[-1]:.4f}" + (f"   val loss: {val[-1]:.4f}" if val else ""))
+    for key, label, fmt in (
+        ("tokens_per_s", "tokens/s (median)", ",.0f"),
+        ("samples_per_s", "samples/s (median)", ",.0f"),
+        ("train_wall_s", "train wall time, s", ",.1f"),
+        ("data_wait_ms_per_step", "data wait, ms/step", ".2f"),
+    ):
+        if isinstance(s.get(key), (int, float)):
+            lines.append(f"{label}: {format(s[key], fmt)}")
+    for key in ("rank_step_ms_median", "rank_compute_ms_median", "rank_data_ms_median"):
+        if key in s:
+            lines.append(f"{key}: {s[key]}")
+    if s.get("stragglers"):
+        lines.append(f"stragglers (rank: logging steps named): {s['stragglers']}")
+    numerics = s.get("numerics") or {}
+    acted = {k: v for k, v in numerics.items() if k != "events" and v}
+    if acted:
+        lines.append(f"numerics: {acted}")
+    if not s:
+        lines.append("no summary.json: the run did not finish")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,213 @@
+"""When a run goes wrong, dtrain says where (issue 14): fault drills on 2 CPU ranks (gloo).
+
+Seven launches in all, shared by the assertions: a plain run with a slowed rank and a
+profile, NaN skip / rollback / stop, a hang, a mismatched collective, a perturbed replica.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Run, run_dtrain
+
+pytestmark = pytest.mark.multiproc
+
+DIAG = [
+    "recipe=gpt_tiny",
+    "dp=2",
+    "train.steps=8",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=2",
+    "logging.every=1",
+    "logging.progress=off",
+    "logging.tensorboard=false",
+    "debug.replica_check_at_end=true",
+]
+
+
+def drill(cwd: Path, faults: str, *extra: str, timeout: float = 240) -> tuple[Run, float]:
+    run = run_dtrain(["launch", *DIAG, *extra], cwd, timeout=timeout, env={"DTRAIN_FAULTS": faults})
+    return run, time.time()
+
+
+def ok(run: Run) -> Run:
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
+def no_process_left(path: Path) -> list[str]:
+    """Processes whose command line mentions ``path`` (forked workers carry the launch
+    cwd in their fork server's sys.path)."""
+    left = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if str(path) in cmd:
+            left.append(f"{proc.name}: {cmd[:200]}")
+    return left
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> Run:
+    """Rank 1 sleeps 800 ms in every step; steps 3-4 profiled."""
+    run, _ = drill(
+        tmp_path_factory.mktemp("plain"), "slow:rank=1:ms=800", "debug.profile_steps=[3,4]"
+    )
+    return ok(run)
+
+
+@pytest.fixture(scope="module")
+def skipped(tmp_path_factory) -> Run:
+    """NaN on rank 1 at step 5, a loss spike on rank 1 at step 7: both updates skipped."""
+    run, _ = drill(
+        tmp_path_factory.mktemp("skip"),
+        "nan:step=5:rank=1,spike:step=7:rank=1",
+        "train.on_nan=skip",
+        "train.on_spike=skip",
+    )
+    return ok(run)
+
+
+@pytest.fixture(scope="module")
+def rolled_back(tmp_path_factory) -> Run:
+    run, _ = drill(
+        tmp_path_factory.mktemp("rollback"),
+        "nan:step=5:rank=1,spike:step=7:rank=1",
+        "train.on_nan=rollback",
+        "train.on_spike=rollback",
+        "checkpoint.every_steps=2",
+    )
+    return ok(run)
+
+
+def test_straggler_is_named_in_the_log_metrics_and_summary(plain):
+    train = plain.metrics()
+    named = [r["stragglers"] for r in train[1:]]  # after the warm-up step
+    assert sum(1 for s in named if s == [1]) >= len(named) // 2, named
+    assert all(0 not in s for s in named), named
+    assert "straggler at step" in (plain.run_dir / "logs" / "rank_0.log").read_text()
+    medians = plain.summary()["rank_compute_ms_median"]
+    assert medians[1] > medians[0] + 400, medians  # the 800 ms sleep is rank 1's own time
+    assert plain.summary()["stragglers"].get("1", 0) >= len(named) // 2
+
+
+def test_profile_writes_a_loadable_trace_per_rank(plain):
+    for rank in (0, 1):
+        path = plain.run_dir / "profile" / f"rank_{rank}.trace.json"
+        events = json.loads(path.read_text())["traceEvents"]
+        names = {e.get("name", "") for e in events}
+        assert any("ProfilerStep" in n or "aten::" in n for n in names)
+        assert any("gloo" in n or "all_reduce" in n or "allreduce" in n for n in names), rank
+    assert "profile of steps 3-4" in (plain.run_dir / "logs" / "rank_0.log").read_text()
+
+
+def test_skip_drops_exactly_the_bad_updates_as_rollback_does(plain, skipped, rolled_back):
+    s, r, p = skipped.summary(), rolled_back.summary(), plain.summary()
+    assert s["numerics"]["nan_skipped"] == 1 and s["numerics"]["spike_skipped"] == 1
+    assert r["numerics"]["nan_rollbacks"] == 1 and r["numerics"]["spike_rollbacks"] == 1
+    assert r["steps"] == s["steps"] == 8
+    # rank 1 alone saw the NaN: the decision was taken on both ranks
+    assert s["replicas_identical"] is True and r["replicas_identical"] is True
+    # restoring the checkpoint before the bad step = dropping that step's update in memory
+    assert s["param_digest"] == r["param_digest"]
+    assert s["param_digest"] != p["param_digest"]
+    got, ref = ([x["loss"] for x in run.metrics()] for run in (skipped, plain))
+    assert got[:4] == ref[:4]  # the same until the bad step
+    assert got[5] != ref[5]
+    log = (rolled_back.run_dir / "logs" / "rank_1.log").read_text()
+    assert "restored checkpoint step 4" in log and "restored checkpoint step 6" in log
+
+
+def test_nan_stop_names_the_step_the_rank_and_the_parameter(tmp_path):
+    run, _ = drill(tmp_path, "nan:step=3:rank=1", "train.steps=4", "logging.every=2")
+    assert run.returncode == 1
+    line = next(x for x in run.stderr.splitlines() if "NumericsError" in x)
+    assert "at step 3 on rank 1" in line and "train.on_nan=stop" in line
+    assert "first non-finite: parameter " in line and "module." not in line
+    assert "Traceback" not in run.stderr
+
+
+def test_hang_ends_soon_and_names_the_rank_that_never_joined(tmp_path):
+    run, ended = drill(tmp_path, "hang:step=3:rank=1", "debug.collective_timeout_s=10")
+    assert run.returncode == 124, run.stderr[-2000:]
+    hang = run.run_dir / "logs" / "hang"
+    records = {r: json.loads((hang / f"rank_{r}.json").read_text()) for r in (0, 1)}
+    started = min(rec["time"] - rec["waited_s"] for rec in records.values())
+    assert ended - started < 10 + 30, ended - started
+    msg = next(x for x in run.stderr.splitlines() if "hang:" in x)
+    assert "rank 1 never joined all_reduce #3 (step 3, logging)" in msg
+    assert "rank 0 waited in it" in msg and "logs/hang" in msg
+    # every rank's Python stack, the main thread's frames included: rank 0 in the
+    # logging all-reduce, rank 1 frozen by the drill at the end of step 3
+    assert "in log_step" in (hang / "rank_0.txt").read_text()
+    assert "in maybe_fail" in (hang / "rank_1.txt").read_text()
+    assert "(rank 1 at faults.py:" in msg and "in maybe_fail)" in msg
+    assert records[0]["collective"]["inside"] is True
+    assert records[1]["collective"]["count"] == 2
+    for rec in records.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(rec["pid"], 0)
+    assert no_process_left(tmp_path) == []
+
+
+def test_check_collectives_names_the_first_mismatch(tmp_path):
+    run, _ = drill(tmp_path, "mismatch:step=2:rank=1", "debug.check_collectives=true")
+    assert run.returncode == 1
+    line = next(x for x in run.stderr.splitlines() if "CollectiveMismatch" in x)
+    # the logging all-reduce: 3 votes + 3 slots per rank, one more on rank 1
+    assert "rank 0 ALLREDUCE shape [9] Float" in line and "rank 1 ALLREDUCE shape [10]" in line
+    assert "all_reduce #2, step 2, logging" in line
+
+
+def test_replica_check_names_the_rank_and_parameter(tmp_path):
+    run, _ = drill(
+        tmp_path,
+        "perturb:step=3:rank=1",
+        "debug.replica_check_every=2",
+        "debug.replica_check_grads=true",
+    )
+    assert run.returncode == 1
+    line = next(x for x in run.stderr.splitlines() if "ReplicaError" in x)
+    assert "step 4: data-parallel replicas differ: rank 1 (dp rank 1)" in line
+    assert "pos_embeddings.weight" in line and "1 of " in line
+
+
+def image_has_a_plot(path: Path) -> None:
+    from PIL import Image, ImageStat
+
+    with Image.open(path) as image:
+        image.verify()
+    with Image.open(path) as image:
+        assert image.size[0] > 300 and image.size[1] > 200
+        stat = ImageStat.Stat(image.convert("L"))
+        assert stat.var[0] > 100, path  # not a blank canvas
+
+
+def test_report_writes_png_plots_and_a_summary(plain, tmp_path):
+    out = tmp_path / "plots"
+    done = run_dtrain(["report", str(plain.run_dir), "--out", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    names = {"loss.png", "lr.png", "tokens_per_s.png", "step_breakdown.png", "ranks.png"}
+    assert names <= {p.name for p in out.iterdir()}
+    for name in names:
+        image_has_a_plot(out / name)
+    text = (out / "summary.txt").read_text()
+    assert "stragglers" in text and f"{plain.metrics()[-1]['loss']:.4f}" in text
+
+
+def test_compare_finds_the_first_divergent_step(plain, skipped, tmp_path):
+    done = run_dtrain(["compare", str(plain.run_dir), str(skipped.run_dir)], tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert "first divergent step 5" in done.stdout
+    image_has_a_plot(plain.run_dir / "report" / "compare.png")
+    same = run_dtrain(["compare", str(plain.run_dir), str(plain.run_dir)], tmp_path)
+    assert same.returncode == 0 and "no step diverges" in same.stdout

@@ -1,0 +1,132 @@
+"""Issue 14 without launching: bad input, the hang report's wording, spike and straggler
+rules, dtrain env."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dtrain_cli.launch.hang_report import hang_report
+from tests.conftest import run_dtrain
+
+BAD = {
+    "debug.profile_steps=[5,200]": "debug.profile_steps=[5, 200]: must be [first, last] with "
+    "1 <= first <= last <= train.steps=100",
+    "debug.collective_timeout_s=-1": "debug.collective_timeout_s=-1.0: must be >= 0",
+    "train.on_nan=ignore": "train.on_nan=ignore: not allowed; choose one of stop, skip, rollback",
+    "train.on_spike=yes": "train.on_spike=yes: not allowed; choose one of off, stop, skip,",
+    "debug.straggler_factor=1": "debug.straggler_factor=1.0: must be > 1",
+}
+
+
+def test_bad_debug_input_is_one_line_each_exit_2(tmp_path):
+    run = run_dtrain(["plan", "recipe=gpt_tiny", *BAD], tmp_path)
+    assert run.returncode == 2
+    lines = [x for x in run.stderr.splitlines() if x.strip()]
+    assert len(lines) == len(BAD), run.stderr
+    for expected in BAD.values():
+        assert any(expected in line for line in lines), expected
+    assert "Traceback" not in run.stderr
+    single = run_dtrain(["plan", "recipe=gpt_tiny", "debug.profile_steps=[3]"], tmp_path)
+    assert single.returncode == 2 and "debug.profile_steps=[3]: must be [first, last]" in (
+        single.stderr
+    )
+
+
+def fake_run(path: Path, steps: list[int]) -> Path:
+    path.mkdir(parents=True)
+    (path / "plan.yaml").write_text("recipe: x\n")
+    records = [{"step": s, "kind": "train", "loss": 5.0 - 0.1 * s} for s in steps]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_report_on_a_folder_that_is_not_a_run_dir(tmp_path):
+    run = run_dtrain(["report", str(tmp_path)], tmp_path)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        f"error: {tmp_path}: not a run dir (no plan.yaml); give a folder `dtrain launch` "
+        "made, such as runs/<run>"
+    ]
+    assert not (tmp_path / "report").exists()
+
+
+def test_compare_runs_without_common_steps(tmp_path):
+    a, b = fake_run(tmp_path / "a", [1, 2, 3]), fake_run(tmp_path / "b", [10, 20])
+    run = run_dtrain(["compare", str(a), str(b)], tmp_path)
+    assert run.returncode == 2
+    assert "no common logged steps" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_compare_names_the_first_step_over_the_tolerance(tmp_path):
+    a, b = fake_run(tmp_path / "a", [1, 2, 3, 4]), fake_run(tmp_path / "b", [1, 2, 3, 4])
+    lines = (b / "metrics.jsonl").read_text().splitlines()
+    rec = json.loads(lines[2])
+    rec["loss"] *= 1.001
+    lines[2] = json.dumps(rec)
+    (b / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    run = run_dtrain(["compare", str(a), str(b), "--tol", "1e-4"], tmp_path)
+    assert run.returncode == 1
+    assert "max rel diff 9.990e-04 at step 3; first divergent step 3 (> 0.0001)" in run.stdout
+
+
+def record(rank: int, count: int, inside: bool, where: str = "x.py:1 in f") -> dict:
+    return {
+        "rank": rank,
+        "step": 7,
+        "waited_s": 60.2,
+        "timeout_s": 60,
+        "where": where,
+        "collective": {
+            "count": count,
+            "op": "all_reduce",
+            "what": "logging",
+            "step": 7,
+            "inside": inside,
+        },
+    }
+
+
+def test_hang_report_names_behind_waiting_and_missing_ranks(tmp_path):
+    hang = tmp_path / "logs" / "hang"
+    hang.mkdir(parents=True)
+    recs = [record(0, 412, True), record(1, 412, True), record(2, 412, True)]
+    recs.append(record(3, 411, False, "faults.py:9 in sleep"))
+    for r in recs:
+        (hang / f"rank_{r['rank']}.json").write_text(json.dumps(r))
+    text = hang_report(tmp_path, 5)
+    assert text == (
+        "hang: rank 3 never joined all_reduce #412 (step 7, logging) (rank 3 at faults.py:9 "
+        "in sleep); rank 4 wrote no record (exited or unresponsive); ranks 0-2 waited in it "
+        f"for 60 s; stacks in {hang}/"
+    )
+    assert hang_report(tmp_path / "other", 2) is None
+
+
+def test_spike_detector_needs_history_and_a_threshold():
+    from dtrain_cli.runtime.numerics import SpikeDetector
+
+    spikes = SpikeDetector(threshold=3.0, window=50)
+    assert not spikes.is_spike(100.0)  # no history yet
+    for loss in (4.0, 4.1, 3.9, 4.0, 4.2):
+        spikes.accept(loss)
+    assert not spikes.is_spike(11.9) and spikes.is_spike(12.1)
+
+
+def test_stragglers_are_ranks_above_the_median_by_the_factor():
+    from dtrain_cli.runtime.train_metrics import find_stragglers
+
+    assert find_stragglers([100, 104, 98, 350], 1.5) == [3]
+    assert find_stragglers([100, 104, 98, 140], 1.5) == []
+    assert find_stragglers([420, 1218], 1.5) == [1]  # two ranks: against the other one
+    assert find_stragglers([0.1, 0.3], 1.5) == []  # tiny steps: noise is not a straggler
+    assert find_stragglers([100], 1.5) == []
+
+
+def test_env_prints_versions_backends_and_json(tmp_path):
+    run = run_dtrain(["env"], tmp_path, env={"NCCL_DEBUG": "INFO"})
+    assert run.returncode == 0
+    assert "torch 2." in run.stdout and "gloo" in run.stdout and "NCCL_DEBUG=INFO" in run.stdout
+    info = json.loads(run_dtrain(["env", "--json"], tmp_path).stdout)
+    assert info["backends"]["gloo"] is True and info["packages"]["torch"].startswith("2.")
+    assert info["env"]["DTRAIN_CACHE"]
