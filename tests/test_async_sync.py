@@ -135,6 +135,7 @@ def test_ps_staleness0_two_servers_equals_sync(sync_run, tmp_path_factory):
     assert len(windows) == 8 and all(w["staleness_max"] == 0 for w in windows)
 
 
+AT_END = ["debug.replica_check_at_end=true"]  # the summary's replicas_identical
 # a logging step's all-reduce lines the workers up again: the drills log once, at the end
 QUIET = [*BASE, "logging.every=8"]
 
@@ -150,7 +151,7 @@ def test_ps_staleness0_slow_worker_makes_the_other_wait(tmp_path_factory):
 
 @pytest.mark.multiproc
 def test_ps_staleness2_bounded_under_a_slow_worker(tmp_path_factory):
-    run = launch_env(tmp_path_factory, "ps2", SLOW, *QUIET, *PS, "sync.max_staleness=2")
+    run = launch_env(tmp_path_factory, "ps2", SLOW, *QUIET, *PS, "sync.max_staleness=2", *AT_END)
     ps = run.summary()["param_server"]
     applied = ps["staleness_hist_applied"]
     seen = {int(s) for hist in applied.values() for s in hist}
@@ -190,6 +191,7 @@ DILOCO8 = [
     "sync.every=8",
     "sync.outer_lr=0.7",
     "sync.outer_momentum=0.9",
+    "debug.replica_check_at_end=true",
 ]
 
 
