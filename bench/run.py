@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from advise_bench import advise_bench
+from async_bench import async_bench
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
 from data_bench import data_loading
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "advise": advise_bench,
     "data": data_loading,
     "hf": hf_overhead,
+    "async": async_bench,
     "diagnose": diagnose_bench,
     "script": script_vs_torchrun,
 }

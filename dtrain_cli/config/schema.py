@@ -104,10 +104,21 @@ class SyncConfig:
     """When replicas synchronize: every step (sync) or by periodic model averaging."""
 
     mode: str = "sync"
-    """sync | local_sgd (replicas step alone, parameters averaged every ``every`` steps)."""
+    """sync | local_sgd (replicas step alone, parameters averaged every ``every`` steps) |
+    param_server (``servers`` extra processes hold parameters and optimizer state) |
+    diloco (``every`` inner steps, then an outer Nesterov step on the averaged delta)."""
     every: int = 8
     warmup_steps: int = 0
     """local_sgd: fully synchronous steps before local steps start."""
+    servers: int = 1
+    """param_server: server processes (ranks after the dp workers), parameters sharded."""
+    max_staleness: int = 0
+    """param_server: a worker computes on parameters at most this many steps behind its
+    own (stale-synchronous parallel); 0 = synchronous SGD through the servers."""
+    outer_lr: float = 0.7
+    """diloco: learning rate of the outer (Nesterov momentum SGD) step."""
+    outer_momentum: float = 0.9
+    """diloco: momentum of the outer step (0: plain SGD on the pseudo-gradient)."""
 
 
 @dataclass

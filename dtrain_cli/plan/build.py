@@ -22,7 +22,7 @@ from dtrain_cli.plan.layout import (
     plural,
     strategy_problems,
 )
-from dtrain_cli.plan.memory import estimate
+from dtrain_cli.plan.memory import comm_bytes_per_step, estimate
 from dtrain_cli.plan.plan import (
     MESH_DIM_NAMES,
     CheckpointPlan,
@@ -32,6 +32,7 @@ from dtrain_cli.plan.plan import (
     PrecisionPlan,
 )
 from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
+from dtrain_cli.plan.sync import num_servers, server_count_problems, sync_plan, sync_problems
 
 MAX_SAVES = 100_000
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -114,7 +115,7 @@ def build_plan(
     backend = "nccl" if device == "cuda" else "gloo"
 
     mesh_sizes = {"dp": par.dp, "tp": par.tp, "pp": par.pp}
-    world = par.dp * par.tp * par.pp
+    world = par.dp * par.tp * par.pp + num_servers(cfg)  # servers: ranks after the mesh
     nnodes = max(par.nnodes, 1)
     nproc = par.nproc_per_node
     if nproc is None:
@@ -124,7 +125,7 @@ def build_plan(
                 f"parallel.nnodes={nnodes}: dp*tp*pp = {world} processes do not split evenly "
                 f"over {nnodes} nodes; make dp*tp*pp a multiple of nnodes"
             )
-    elif nproc * nnodes != world and world > 0:
+    elif nproc * nnodes != world and world > 0 and not num_servers(cfg):  # sync.py says it
         problems.append(
             f"dp*tp*pp = {par.dp}*{par.tp}*{par.pp} = {world} but nproc_per_node*nnodes = "
             f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; "
@@ -148,6 +149,7 @@ def build_plan(
     problems += loss_problems(cfg, spec)
     warnings: list[str] = spec.warnings(cfg)
     strategy_problems(cfg, problems, warnings)
+    sync_problems(cfg, device, problems)
     try:
         facts = spec.facts()
     except ValueError:  # a model that cannot be built: its problems() said why
@@ -165,6 +167,7 @@ def build_plan(
         else pipeline_layout(cfg, spec, batch, problems, batch_ok=len(problems) == before)
     )
     script_run = script_plan(cfg, problems, workdir)
+    problems += server_count_problems(cfg, facts)
 
     if problems:
         raise ConfigError(problems)
@@ -244,4 +247,5 @@ def build_plan(
         warnings=warnings,
         loss=spec.default_loss() if tr.loss == "auto" else tr.loss,
         script=script_run,
+        sync=sync_plan(cfg, facts, comm_bytes_per_step(cfg, facts, ddp=True)),
     )

@@ -127,6 +127,31 @@ class PipelinePlan:
 
 
 @dataclass
+class ServerPlan:
+    rank: int
+    shard: int
+    params: int
+    """Parameters of this server's shard (whole tensors, balanced greedily by size)."""
+
+
+@dataclass
+class SyncPlan:
+    """How replicas synchronize when it is not one all-reduce per step (plan/sync.py)."""
+
+    mode: str
+    workers: list[int]
+    servers: list[ServerPlan] = field(default_factory=list)
+    max_staleness: int = 0
+    every: int = 1
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    bytes_per_step: dict[str, dict[str, int]] = field(default_factory=dict)
+    """role -> {"sent": B, "received": B} per rank per optimizer step (amortized)."""
+    ddp_bytes_per_step: int = 0
+    """What synchronous DDP sends per rank per step on the same model, for comparison."""
+
+
+@dataclass
 class Estimates:
     num_params: int
     params_per_rank: int
@@ -191,9 +216,17 @@ class Plan:
     """train.loss resolved (auto -> the model kind's default)."""
     script: ScriptPlan | None = None
     """Your own training script instead of dtrain's trainer (``dtrain run train.py``)."""
+    sync: SyncPlan | None = None
+    """param_server / diloco only: roles and bytes per role."""
 
-    def rank_table(self) -> list[dict[str, int]]:
-        return [{"rank": r, **self.mesh.coords(r)} for r in range(self.world_size)]
+    def rank_table(self) -> list[dict[str, Any]]:
+        if self.sync is None or not self.sync.servers:
+            return [{"rank": r, **self.mesh.coords(r)} for r in range(self.world_size)]
+        rows: list[dict[str, Any]] = [
+            {"rank": r, "role": "worker", **self.mesh.coords(r)} for r in self.sync.workers
+        ]
+        rows += [{"rank": s.rank, "role": "server", "shard": s.shard} for s in self.sync.servers]
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -226,6 +259,10 @@ class Plan:
             d["pipeline"] = PipelinePlan(**pipe)
         if d.get("script"):
             d["script"] = ScriptPlan(**d["script"])
+        if d.get("sync"):
+            sync = dict(d["sync"])
+            sync["servers"] = [ServerPlan(**s) for s in sync.get("servers", [])]
+            d["sync"] = SyncPlan(**sync)
         return cls(**d)
 
     @classmethod

@@ -138,12 +138,20 @@ def render_plan(plan: Plan) -> Group:
     for name in plan.mesh.dim_names:
         ranks.add_column(name)
     for row in plan.rank_table()[:MAX_RANK_ROWS]:
-        ranks.add_row(*(str(row[k]) for k in ("rank", *plan.mesh.dim_names)))
+        if row.get("role") == "server":  # param_server: outside the mesh
+            cells = [f"server, shard {row['shard']}", *("" for _ in plan.mesh.dim_names[1:])]
+            ranks.add_row(str(row["rank"]), *cells)
+        else:
+            ranks.add_row(*(str(row[k]) for k in ("rank", *plan.mesh.dim_names)))
     if plan.world_size > MAX_RANK_ROWS:
         ranks.add_row("...", *("" for _ in plan.mesh.dim_names))
     parts: list = [layout, batch, sched, ckpt] + ([] if plan.script else [mem])
     if plan.pipeline is not None:
         parts.append(_pipeline_table(plan))
+    if plan.sync is not None:
+        from dtrain_cli.plan.sync import sync_rows
+
+        parts.append(_kv("sync", sync_rows(plan.sync)))
     parts.append(ranks)
     parts += [f"[yellow]warning:[/] {w}" for w in plan.warnings]
     return Group(*parts)
