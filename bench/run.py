@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from advise_bench import advise_bench
+from async_bench import async_bench
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
 from data_bench import data_loading
@@ -28,6 +29,7 @@ from hf_bench import hf_overhead
 from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
 from programs import Pair, Workload
+from script_bench import script_vs_torchrun
 from startup import time_to_first_step
 from throughput import fixed_cost, framework_overhead
 
@@ -43,8 +45,10 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "advise": advise_bench,
     "data": data_loading,
     "hf": hf_overhead,
+    "async": async_bench,
     "diagnose": diagnose_bench,
     "elastic": elastic_bench,
+    "script": script_vs_torchrun,
 }
 
 

@@ -42,7 +42,8 @@ def test_every_recipe_documents_its_command():
     assert {"gpt_tiny", "gpt_small"} <= set(recipes)
     for name, path in recipes.items():
         first = path.read_text().splitlines()[0]
-        assert first.startswith(f"# dtrain launch recipe={name}"), path
+        command = "run" if name == "script" else "launch"  # a script recipe runs a script
+        assert first.startswith(f"# dtrain {command} recipe={name}"), path
         assert recipe_description(path)
 
 

@@ -13,7 +13,10 @@ import pytest
 from conftest import REPO, run_dtrain
 
 # What a reader substitutes: their runs, model folders, corpora, hosts and cluster sites.
-PLACEHOLDERS = ("<run>", "/models/", "corpus.jsonl", "shards/", "my_data.", "node0", "mysite")
+PLACEHOLDERS = (
+    *("<run>", "/models/", "corpus.jsonl", "shards/", "my_data.", "node0", "mysite"),
+    *("train.py", "mypkg."),  # your own training script (dtrain run)
+)
 SMALL = ("recipe=gpt_tiny", "recipe=cnn_bn", "recipe=my_experiment", "recipe=llama_tiny_hf")
 FEW_STEPS = ["train.steps=2", "train.eval_every=0", "logging.every=1", "checkpoint.at_end=false"]
 
@@ -23,7 +26,9 @@ def readme_commands() -> list[tuple[str, list[str]]]:
     ``cd DIR`` line in a block applies to the lines after it."""
     text = (REPO / "README.md").read_text()
     out = []
-    for block in re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, re.S):
+    for lang, block in re.findall(r"^ *```([\w-]*)\n(.*?)^ *```", text, re.S | re.M):
+        if lang not in ("", "bash", "sh", "console"):  # python, yaml: not commands
+            continue
         cwd = "."
         for line in block.replace("\\\n", " ").splitlines():
             line = line.split("  #")[0].strip()

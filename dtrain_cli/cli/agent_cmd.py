@@ -11,6 +11,7 @@ Exit code 75 means preempted with a checkpoint saved.
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -29,8 +30,11 @@ def agent(
     """Start this node's workers for an existing run dir (what `dtrain sbatch` jobs run)."""
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
     from dtrain_cli.launch import worker_server
+    from dtrain_cli.runtime.preload import SCRIPT_FIRST, WORKER_FIRST
 
-    worker_server.start()  # imports torch on another core while we read the run dir
+    # imports torch on another core while we read the run dir (for your own script: torch,
+    # not dtrain's trainer; plan.yaml's "script:" line says which, read without YAML)
+    worker_server.start(first=SCRIPT_FIRST if is_script_run(run_dir) else WORKER_FIRST)
     from dtrain_cli.config.compose import config_from_yaml
     from dtrain_cli.launch.multinode import NodeArgs, apply_node_args
     from dtrain_cli.plan.plan import Plan
@@ -50,3 +54,11 @@ def agent(
     from dtrain_cli.cli.launch_cmd import start_workers
 
     start_workers(run_dir, cfg, plan, node_rank)
+
+
+def is_script_run(run_dir: Path) -> bool:
+    try:
+        text = (run_dir / "plan.yaml").read_text()
+    except OSError:
+        return False
+    return re.search(r"^script:[ \t]*$", text, re.MULTILINE) is not None

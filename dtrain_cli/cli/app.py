@@ -4,6 +4,7 @@ dtrain recipes
 dtrain plan   recipe=gpt_small dp=2
 dtrain advise recipe=gpt_small hardware=h100_80g parallel.nnodes=8
 dtrain launch recipe=gpt_small dp=2
+dtrain run    dp=2 -- train.py --epochs 3
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dtrain_cli.cli.plan_cmd import plan
 from dtrain_cli.cli.recipes_cmd import recipes
 from dtrain_cli.cli.report_cmd import report
 from dtrain_cli.cli.resume_cmd import resume
+from dtrain_cli.cli.run_cmd import RUN_SETTINGS, run
 from dtrain_cli.cli.sbatch_cmd import sbatch
 from dtrain_cli.cli.validate_cmd import validate_cluster
 
@@ -36,6 +38,10 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 app.command(context_settings=OVERRIDE_SETTINGS)(launch)
+app.command(
+    context_settings=RUN_SETTINGS,
+    options_metavar="[OPTIONS] [OVERRIDES] [--] SCRIPT.py|-m MODULE [ARGS]",
+)(run)
 app.command(context_settings=OVERRIDE_SETTINGS)(plan)
 app.command(context_settings=OVERRIDE_SETTINGS)(advise)
 app.command(context_settings=OVERRIDE_SETTINGS)(resume)

@@ -55,24 +55,39 @@ def fail(problems: Sequence[str], code: int = EXIT_CONFIG) -> NoReturn:
     raise typer.Exit(code)
 
 
-def compose_and_plan(overrides: Sequence[str], config_dirs: Sequence[Path]):
-    """recipe=... + overrides -> (typed config, plan). ConfigError -> exit 2."""
+def compose_and_plan(
+    overrides: Sequence[str], config_dirs: Sequence[Path], script: list[str] | None = None
+):
+    """recipe=... + overrides (+ a script and its arguments: ``dtrain run``) -> (typed
+    config, plan). ConfigError -> exit 2."""
+    from dtrain_cli.cli.script_args import apply_script, script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.config.data_checks import data_problems
     from dtrain_cli.plan.build import build_plan
+    from dtrain_cli.plan.script import is_script
 
-    recipe, rest = split_recipe(overrides)
+    if problems := script_problems(script):
+        fail(problems)
+    recipe, rest = split_recipe(overrides, "script" if script else "gpt_tiny")
     try:
         cfg = compose_config(recipe, rest, config_dirs, validate=False)  # build_plan checks
     except ConfigError as exc:
         problems = exc.problems
         if exc.config is not None:  # some overrides were wrong: what else is, without them
+            apply_script(exc.config, script)
             try:
                 build_plan(exc.config)
             except ConfigError as more:
                 problems = problems + [p for p in more.problems if p not in problems]
         fail(problems)
-    problems = data_problems(cfg, config_dirs)  # paths and targets exist: before any write
+    apply_script(cfg, script)
+    if script:
+        from dtrain_cli.cli.script_args import one_process_per_device
+        from dtrain_cli.plan.build import visible_gpu_count
+
+        one_process_per_device(cfg, rest, visible_gpu_count())
+    # paths and targets exist, before any write; a script's data is its own business
+    problems = [] if is_script(cfg) else data_problems(cfg, config_dirs)
     try:
         plan = build_plan(cfg)
     except ConfigError as exc:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -58,6 +60,22 @@ def _launch(
     from dtrain_cli.launch import worker_server
 
     worker_server.start(overrides)  # imports torch on another core while we compose
+    start_run(list(overrides or []), config_dir, nnodes, node_rank, rdzv_endpoint, rdzv_id)
+
+
+def start_run(
+    overrides: list[str],
+    config_dirs: list[Path],
+    nnodes: str | None = None,
+    node_rank: int | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    script: list[str] | None = None,
+    before_start: Callable[[DtrainConfig, Plan], None] | None = None,
+) -> None:
+    """compose -> plan -> run dir -> workers: ``dtrain launch``, and ``dtrain run`` with
+    its ``script`` (``["train.py", *args]`` or ``["-m", "mod", *args]``). ``before_start``
+    runs once the plan is checked, before the run dir is written (the cluster check)."""
     from dtrain_cli.launch.multinode import (
         NodeArgs,
         apply_node_args,
@@ -71,7 +89,7 @@ def _launch(
     count = counts[1] if counts else None
     if problems:
         fail(problems)
-    cfg, plan = compose_and_plan([*(overrides or []), *extra], config_dir)
+    cfg, plan = compose_and_plan([*overrides, *extra], config_dirs, script)
     composed = time.time()
     problems = apply_node_args(cfg, NodeArgs(count, node_rank, rdzv_endpoint, rdzv_id))
     if problems:
@@ -79,11 +97,15 @@ def _launch(
     # before anything is written: a host that does not resolve makes c10d hang
     if plan.nnodes > 1 and (problems := rendezvous_problems(cfg, plan, node_rank)):
         fail(problems)
-    prepare_data(cfg)
+    if before_start is not None:
+        before_start(cfg, plan)
+    if plan.script is None:  # a script's data is its own
+        prepare_data(cfg)
     from dtrain_cli.launch.rundir import materialize, new_run_dir
 
     path = (Path(cfg.run.root) / str(cfg.run.name)) if plan.nnodes > 1 else new_run_dir(cfg)
-    fresh = plan.nnodes == 1 and not path.exists()  # only what this start creates is removed
+    # only what this start creates is removed; never a script's (its checkpoints may be there)
+    fresh = plan.nnodes == 1 and not path.exists() and plan.script is None
     fresh_root = fresh and not path.parent.exists()
     try:
         run_dir = join_run_dir(cfg, plan) if plan.nnodes > 1 else materialize(cfg, plan, path)
@@ -149,8 +171,9 @@ def start_workers(
     from dtrain_cli.launch import worker_server
 
     try:
+        what = shlex.join(plan.script.argv()) if plan.script else plan.recipe
         console.print(
-            f"[bold]dtrain[/] {plan.recipe}: {plan.world_size} process(es) "
+            f"[bold]dtrain[/] {escape(what)}: {plan.world_size} process(es) "
             f"({plan.mesh.label()}) on {plan.device}/{plan.backend} -> {run_dir}",
             highlight=False,
             soft_wrap=True,

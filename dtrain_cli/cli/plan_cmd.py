@@ -34,10 +34,14 @@ def plan(
         False, "--show-config", help="Also print the resolved config."
     ),
 ) -> None:
-    """Compose the config and print the plan: layout, batch, LR, checkpoints, estimates."""
+    """Compose the config and print the plan: layout, batch, LR, checkpoints, estimates.
+    With a script (``dtrain plan dp=4 -- train.py``): what ``dtrain run`` would start."""
+    from dtrain_cli.cli.script_args import split_script
+
     if fmt not in FORMATS:
         fail([f"--format={fmt}: not a format; choose one of {', '.join(FORMATS)}"])
-    cfg, the_plan = compose_and_plan(overrides or [], config_dir)
+    overrides, script = split_script(overrides or [])
+    cfg, the_plan = compose_and_plan(overrides, config_dir, script)
     if fmt in ("yaml", "json"):
         import sys
 
@@ -52,8 +56,11 @@ def plan(
         from dtrain_cli.config.compose import config_to_yaml
 
         console.print(config_to_yaml(cfg), markup=False, highlight=False)
-    from dtrain_cli.plan.render import render_plan
+    from dtrain_cli.plan.render import render_plan, render_script
 
+    if the_plan.script is not None:
+        lc = cfg.launcher
+        console.print(render_script(the_plan, lc.rdzv_endpoint, lc.rdzv_timeout_s))
     console.print(render_plan(the_plan))
     console.print(step_line(cfg, the_plan), highlight=False)
 

@@ -71,18 +71,24 @@ def build_job(
     run_dir: Path | None = None,
     python: str | None = None,
     workdir: Path | None = None,
+    script: list[str] | None = None,
 ) -> Built:
     """Compose -> plan for the job's nodes -> :class:`SbatchJob`. Pure apart from reading
     configs; ``run_dir``/``python``/``workdir`` default to the new run dir, this Python and
-    the current directory. Raises ConfigError for composition errors."""
+    the current directory; ``script``: your own script and its arguments (``-- train.py``).
+    Raises ConfigError for composition errors."""
+    from dtrain_cli.cli.script_args import apply_script, script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.launch.rundir import new_run_dir
     from dtrain_cli.launch.slurm import cluster_problems, job_from_plan, job_problems, validate_job
     from dtrain_cli.plan.build import Resources, build_plan
 
     args = expand_sbatch_shorthands(overrides)
-    recipe, rest = split_recipe(args)
+    recipe, rest = split_recipe(args, "script" if script else "gpt_tiny")
+    if problems := script_problems(script):
+        raise ConfigError(problems)
     cfg = compose_config(recipe, rest, config_dirs)
+    apply_script(cfg, script)
     problems = cluster_problems(cfg.cluster)
     gpus = cfg.cluster.gpus_per_node
     if gpus and not any(a.split("=")[0] in ("dp", "parallel.dp") for a in args):
@@ -101,7 +107,7 @@ def build_job(
         # the plan of the job's nodes: their GPUs and CPUs, not this login node's
         cpus = cfg.cluster.cpus_per_task or Resources.detect().num_cpus
         try:
-            plan = build_plan(cfg, Resources(num_gpus=gpus, num_cpus=cpus))
+            plan = build_plan(cfg, Resources(num_gpus=gpus, num_cpus=cpus), workdir)
         except ConfigError as exc:
             raise ConfigError(problems + exc.problems) from None
         job = job_from_plan(cfg, plan, run_dir, python, workdir)
@@ -117,14 +123,17 @@ def sbatch(
     submit: bool = typer.Option(False, "--submit", help="sbatch it; print the job id."),
     validate: bool = typer.Option(False, "--validate", help="A validate-cluster job instead."),
 ) -> None:
-    """Write the run's SLURM batch script: print it (--dry-run) or submit it (--submit)."""
+    """Write the run's SLURM batch script: print it (--dry-run) or submit it (--submit).
+    Your own script: ``dtrain sbatch nodes=2 dp=8 -- train.py --epochs 3``."""
+    from dtrain_cli.cli.script_args import split_script
     from dtrain_cli.launch.rundir import materialize
     from dtrain_cli.launch.slurm import SCRIPT_NAME, render_sbatch
 
     if dry_run and submit:
         fail(["--dry-run and --submit: choose one"])
+    args, script = split_script(overrides or [])
     try:
-        built = build_job(list(overrides or []), config_dir, validate)
+        built = build_job(args, config_dir, validate, script=script)
     except ConfigError as exc:
         fail(exc.problems)
     if built.problems:

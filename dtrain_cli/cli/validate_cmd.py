@@ -60,14 +60,49 @@ def validate_cluster(
     problems = range_problems(nnodes, nproc_per_node, node_rank, timeout)
     if problems:
         fail(problems)
-    from dtrain_cli.launch.cluster_env import FAIL, Request, gather_facts, static_checks
-
     try:
         size_list = [parse_size(s) for s in sizes.split(",") if s.strip()]
     except ValueError as exc:
         fail([str(exc)])
     if backend not in ("auto", "gloo", "nccl"):
         fail([f"--backend={backend}: choose one of auto, gloo, nccl"])
+    report = check_cluster(
+        nnodes,
+        nproc_per_node,
+        node_rank,
+        rdzv_endpoint,
+        rdzv_id,
+        backend,
+        run_dir,
+        timeout,
+        size_list,
+        live,
+        single_host,
+    )
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        show(report)
+    raise typer.Exit(0 if report["ok"] else 1)
+
+
+def check_cluster(
+    nnodes: int,
+    nproc_per_node: int | None,
+    node_rank: int | None,
+    rdzv_endpoint: str | None,
+    rdzv_id: str | None,
+    backend: str,
+    run_dir: Path,
+    timeout: float,
+    sizes: list[int],
+    live: bool = True,
+    single_host: bool = False,
+) -> dict[str, Any]:
+    """Static checks, then (none failed) the live check; the report, ``ok`` included.
+    Also what ``dtrain run --validate-cluster`` runs before the script."""
+    from dtrain_cli.launch.cluster_env import FAIL, Request, gather_facts, static_checks
+
     if node_rank is None and os.environ.get("SLURM_NODEID", "").isdigit():
         node_rank = int(os.environ["SLURM_NODEID"])
     facts = gather_facts()
@@ -91,14 +126,10 @@ def validate_cluster(
     elif any(c["status"] == FAIL for c in checks):
         report["live"] = {"skipped": "a static check failed; fix it first", "checks": []}
     else:
-        report["live"] = run_live(req, rdzv_id, timeout, size_list)
+        report["live"] = run_live(req, rdzv_id, timeout, sizes)
     live_checks = (report["live"] or {}).get("checks", [])
     report["ok"] = all(c["status"] != FAIL for c in checks + live_checks)
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        show(report)
-    raise typer.Exit(0 if report["ok"] else 1)
+    return report
 
 
 def range_problems(

@@ -108,10 +108,21 @@ class SyncConfig:
     """When replicas synchronize: every step (sync) or by periodic model averaging."""
 
     mode: str = "sync"
-    """sync | local_sgd (replicas step alone, parameters averaged every ``every`` steps)."""
+    """sync | local_sgd (replicas step alone, parameters averaged every ``every`` steps) |
+    param_server (``servers`` extra processes hold parameters and optimizer state) |
+    diloco (``every`` inner steps, then an outer Nesterov step on the averaged delta)."""
     every: int = 8
     warmup_steps: int = 0
     """local_sgd: fully synchronous steps before local steps start."""
+    servers: int = 1
+    """param_server: server processes (ranks after the dp workers), parameters sharded."""
+    max_staleness: int = 0
+    """param_server: a worker computes on parameters at most this many steps behind its
+    own (stale-synchronous parallel); 0 = synchronous SGD through the servers."""
+    outer_lr: float = 0.7
+    """diloco: learning rate of the outer (Nesterov momentum SGD) step."""
+    outer_momentum: float = 0.9
+    """diloco: momentum of the outer step (0: plain SGD on the pseudo-gradient)."""
 
 
 @dataclass
@@ -324,6 +335,20 @@ class ClusterConfig:
 
 
 @dataclass
+class ScriptConfig:
+    """Your own training script, started on every rank as ``python PATH ARGS`` (or
+    ``python -m MODULE ARGS``) would be under torchrun: ``dtrain run train.py --epochs 3``.
+    Set one of ``path`` and ``module``; the model, data and train loop are the script's."""
+
+    path: str | None = None
+    """The script file (relative to the directory dtrain runs in)."""
+    module: str | None = None
+    """A module run as ``python -m``, e.g. mypkg.train (imported from the current directory)."""
+    args: list[str] = field(default_factory=list)
+    """The script's own arguments (``sys.argv[1:]``), passed as they are."""
+
+
+@dataclass
 class HardwareConfig:
     """One kind of device and its links, for ``dtrain advise`` and the plan's step-time
     estimate (``configs/hardware/<name>.yaml``; each value's source is a comment there)."""
@@ -372,6 +397,7 @@ class DtrainConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     run: RunConfig = field(default_factory=RunConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    script: ScriptConfig = field(default_factory=ScriptConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
 
 

@@ -20,7 +20,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "parallel.strategy": ("ddp", "zero1", "fsdp"),
     "parallel.activation_checkpointing": ("none", "selective", "full"),
     "comm.compression": ("none", "fp16", "bf16", "powersgd"),
-    "sync.mode": ("sync", "local_sgd"),
+    "sync.mode": ("sync", "local_sgd", "param_server", "diloco"),
     "optim.name": ("adamw", "sgd"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "optim.decay": ("cosine", "linear", "constant"),
@@ -56,6 +56,9 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "comm.powersgd_start_iter": (0, True),
     "sync.every": (1, True),
     "sync.warmup_steps": (0, True),
+    "sync.servers": (1, True),
+    "sync.max_staleness": (0, True),
+    "sync.outer_lr": (0, False),
     "optim.base_lr": (0, False),
     "optim.base_batch_size": (0, True),
     "optim.warmup_steps": (0, True),
@@ -113,6 +116,7 @@ OPTIONAL_POSITIVE = (
 INTERVALS = {
     "optim.beta1": (0.0, 1.0),
     "optim.beta2": (0.0, 1.0),
+    "sync.outer_momentum": (0.0, 1.0),
 }
 MAX_INT = 2**53  # beyond this, sizes and products stop being exact in the plan's arithmetic
 MAX_SEED = 2**32 - 1  # numpy's seed range

@@ -128,9 +128,9 @@ def from_agent(
     return sorted(out.values(), key=lambda f: f.rank)
 
 
-def _when(step: int | None) -> str:
+def _when(step: int | None, unknown: str = "during start-up") -> str:
     if step is None:
-        return "during start-up"
+        return unknown
     return "in step 1" if step == 0 else f"after step {step}"
 
 
@@ -138,23 +138,29 @@ def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
-def describe(failed: list[Failed]) -> tuple[int, str]:
+def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
     """(exit code, report): the first failure in time with its signal or exit code, then
     the ranks that followed it (lost their peer). When every error seen is a lost peer, the
-    ranks that left no error of their own are the cause (killed, or frozen)."""
+    ranks that left no error of their own are the cause (killed, or frozen).
+    ``steps_known=False``: your own script's run, whose steps dtrain does not see."""
+
+    def when(step: int | None) -> str:
+        text = _when(step, "during start-up" if steps_known else "")
+        return f" {text}" if text else ""
+
     errors = [f for f in failed if not f.silent]
     causes = [f for f in errors if not f.lost_peer]
     lost = [f for f in errors if f.lost_peer]
     silent = [f for f in failed if f.silent]
     steps = [f.step for f in lost if f.step is not None]
-    when = f" {_when(min(steps))}" if steps else ""
+    lost_when = when(min(steps)) if steps else ""
     if causes:
         root = min(causes, key=lambda f: (f.time, f.signal is None))
         if root.signal is not None:
-            text = f"rank {root.rank} was killed by {root.signal}{when}"
+            text = f"rank {root.rank} was killed by {root.signal}{lost_when}"
         else:
             code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""
-            text = f"rank {root.rank} failed {_when(root.step)}{code}: {root.headline}"
+            text = f"rank {root.rank} failed{when(root.step)}{code}: {root.headline}"
     elif silent and lost:
         root = None
         timeouts = all(
@@ -163,10 +169,10 @@ def describe(failed: list[Failed]) -> tuple[int, str]:
         how = "stopped answering (frozen?)" if timeouts else "ended without an error of its own"
         if not timeouts:
             how += " (killed by a signal?)"
-        text = f"{_ranks([f.rank for f in silent])} {how}{when}"
+        text = f"{_ranks([f.rank for f in silent])} {how}{lost_when}"
     else:
         root = min(errors or failed, key=lambda f: f.time)
-        text = f"rank {root.rank} failed {_when(root.step)} (exit code {root.exitcode})"
+        text = f"rank {root.rank} failed{when(root.step)} (exit code {root.exitcode})"
     followers = [f for f in lost if f is not root]
     if followers:
         verb = "lost its peer" if len(followers) == 1 else "lost their peer"

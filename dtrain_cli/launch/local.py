@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.launch import failures, hang_report
-from dtrain_cli.launch.signals import forward_signal, interrupted
+from dtrain_cli.launch.signals import forward_signal, interrupted, no_orphans
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime import preemption
 from dtrain_cli.runtime.failure_notes import read_notes
@@ -31,6 +31,10 @@ from dtrain_cli.runtime.failure_notes import read_notes
 
 def worker_modules(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> list[str]:
     from dtrain_cli.checkpoint.catalog import has_checkpoint
+    from dtrain_cli.launch.script import script_preload
+
+    if plan.script is not None:
+        return script_preload(plan)
     from dtrain_cli.runtime.preload import modules_before_first_step
 
     return modules_before_first_step(cfg, plan, resuming=has_checkpoint(run_dir))
@@ -78,11 +82,15 @@ def launch_local(
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from dtrain_cli.runtime.data import prepare_corpus
-    from dtrain_cli.runtime.worker import worker_main  # imported here so forked workers inherit it
+    from dtrain_cli.launch.script import script_entry, script_failure
 
-    # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
-    prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
+    milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
+    if plan.script is None:  # your own script needs neither the trainer nor the corpus
+        from dtrain_cli.runtime.data import prepare_corpus
+        from dtrain_cli.runtime.worker import worker_main  # here: forked workers inherit it
+
+        # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
+        prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
     # The agent's own logs repeat what dtrain reports (the failing rank and its error, "Received
     # 2 death signal" on Ctrl-C). Its modules set their own levels, so the parent's level does
     # not reach them: the parent swallows what they propagate.
@@ -127,21 +135,30 @@ def launch_local(
         monitor_interval=lc.monitor_interval_s,
         start_method=plan.start_method,
         logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic")),
+        **({"role": "default"} if plan.script else {}),  # ROLE_NAME as torchrun sets it
     )
+    if plan.script is not None:  # your own script (dtrain run train.py)
+        entry, args = script_entry(run_dir, plan, config.signals_to_handle)
+    else:
+        entry, args = worker_main, (str(run_dir), milestones)
     preemption.clear_marker(run_dir)
     hang_report.clear(run_dir)
-    milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
+    milestones["agent_ready"] = time.time()
     if interrupted():  # a Ctrl-C during start-up that an import swallowed
         return LaunchResult(False, 130, "stopped by SIGINT before the workers started")
     try:
-        with forward_signal(cfg.cluster.signal):
-            elastic_launch(config, worker_main)(str(run_dir), milestones)
+        with forward_signal(cfg.cluster.signal), no_orphans(plan.script is not None):
+            elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick
         if (hang := hang_report.hang_report(run_dir, plan.world_size)) is not None:
             return LaunchResult(False, HANG_EXIT_CODE, hang)  # a watchdog fired: stuck where
         local_ranks = list(range(plan.world_size)) if plan.nnodes == 1 else None
         notes = read_notes(run_dir, since=milestones["agent_ready"])
-        code, text = failures.describe(failures.from_agent(exc.failures, notes, local_ranks))
+        failed = failures.from_agent(exc.failures, notes, local_ranks)
+        if plan.script is not None:  # the script's own last lines, as python printed them
+            code, text = script_failure(failed, run_dir)
+        else:
+            code, text = failures.describe(failed)
         return LaunchResult(False, code, text)
     except RendezvousClosedError:  # an elastic node (re)joining a run that has ended
         return LaunchResult(
@@ -159,6 +176,13 @@ def launch_local(
 
 
 def preempted_result(marker: dict, run_dir: Path) -> LaunchResult:
+    if marker.get("by") == "script":
+        return LaunchResult(
+            False,
+            preemption.EXIT_PREEMPTED,
+            f"preempted: rank {marker.get('rank')}'s script saved its checkpoint and exited "
+            f"{preemption.EXIT_PREEMPTED}; a requeued SLURM job (or running it again) continues",
+        )
     return LaunchResult(
         False,
         preemption.EXIT_PREEMPTED,

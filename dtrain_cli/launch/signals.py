@@ -23,6 +23,9 @@ from types import FrameType
 
 from dtrain_cli.runtime.preemption import signal_number
 
+SCRIPT_WORKER = b"dtrain_cli.runtime.script_worker"
+"""In the command line of a ``dtrain run`` worker started with ``start_method=spawn``."""
+
 
 def _children(parent: int) -> list[tuple[int, bytes]]:
     """(pid, cmdline) of the direct children of ``parent``, from /proc."""
@@ -39,9 +42,9 @@ def _children(parent: int) -> list[tuple[int, bytes]]:
 
 def child_pids(parent: int | None = None) -> list[int]:
     """The workers of the agent ``parent`` (default: this process), from /proc: its children
-    that run its own command line (forked from it), and the children of its fork server
-    (:mod:`.worker_server`), which run the server's. Not helpers such as the resource
-    tracker, a compiler, or the fork server itself."""
+    that run its own command line (forked from it) or a script's worker (``spawn``), and the
+    children of its fork server (:mod:`.worker_server`), which run the server's. Not
+    helpers such as the resource tracker, a compiler, or the fork server itself."""
     parent = os.getpid() if parent is None else parent
     try:
         own = Path(f"/proc/{parent}/cmdline").read_bytes()
@@ -49,7 +52,7 @@ def child_pids(parent: int | None = None) -> list[int]:
         return []
     out = []
     for pid, cmdline in _children(parent):
-        if cmdline == own:
+        if cmdline == own or SCRIPT_WORKER in cmdline:  # forked, or your script's python -u
             out.append(pid)
         elif b"multiprocessing.forkserver" in cmdline:
             out.extend(p for p, c in _children(pid) if c == cmdline)
@@ -100,3 +103,58 @@ def watch_interrupt() -> None:
 
 def interrupted() -> bool:
     return _interrupted
+
+
+KEPT_HELPERS = (b"multiprocessing.forkserver", b"resource_tracker")
+
+
+@contextlib.contextmanager
+def no_orphans(enabled: bool = True) -> Iterator[None]:
+    """While the agent runs your own script: the launcher is a child subreaper (Linux), so
+    processes the script started and left behind when its rank was stopped (Ctrl-C, a
+    failing rank) become the launcher's; when the run ends with an error they are killed,
+    so none outlives it. The fork server and the resource tracker end as they always do."""
+    if not enabled or not _set_child_subreaper():
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        kill_descendants()
+        raise
+
+
+def _set_child_subreaper() -> bool:
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(parent: int) -> list[tuple[int, bytes]]:
+    out, todo = [], [parent]
+    while todo:
+        for pid, cmdline in _children(todo.pop()):
+            out.append((pid, cmdline))
+            todo.append(pid)
+    return out
+
+
+def kill_descendants(parent: int | None = None) -> list[int]:
+    """SIGKILL every descendant of ``parent`` (default: this process) but the helpers that
+    end by themselves; reap those that were ours. Returns the pids killed."""
+    me = os.getpid() if parent is None else parent
+    killed = []
+    for pid, cmdline in descendants(me):
+        if any(h in cmdline for h in KEPT_HELPERS):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    for pid in killed:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)  # an orphan reparented to us: no zombie left
+    return killed

@@ -54,6 +54,8 @@ class SbatchJob:
     requeue: bool = True
     preemptible: bool = True
     """Training: SLURM warns with ``cluster.signal``; workers checkpoint and stop (exit 75)."""
+    resume_hint: str = "dtrain resume --ckpt $RUN_DIR"
+    """How to continue a preempted run by hand when the job is not requeued."""
 
 
 def cluster_problems(c: ClusterConfig) -> list[str]:
@@ -129,10 +131,14 @@ def job_from_plan(
         cluster=c,
         node_command=["agent", str(run_dir), "--nnodes", str(plan.nnodes)],
         summary=(
-            f"run {run_dir.name} (recipe {plan.recipe}): {plan.nnodes} node(s) x "
+            f"run {run_dir.name} (script {shlex.join(plan.script.argv())}): {plan.nnodes} "
+            f"node(s) x {plan.nproc_per_node} process(es), {plan.device}/{plan.backend}"
+            if plan.script is not None  # your own script: it exits 75 to be requeued
+            else f"run {run_dir.name} (recipe {plan.recipe}): {plan.nnodes} node(s) x "
             f"{plan.nproc_per_node} process(es), {plan.device}/{plan.backend}, {plan.steps} steps"
         ),
         requeue=c.requeue,
+        **({"resume_hint": f"sbatch $RUN_DIR/slurm/{SCRIPT_NAME}"} if plan.script else {}),
     )
 
 
@@ -260,7 +266,7 @@ def render_sbatch(job: SbatchJob) -> str:
             '    scontrol requeue "$SLURM_JOB_ID" && exit 0',
             "  fi",
             f'  echo "dtrain: not requeued (cluster.max_requeues={c.max_requeues} or scontrol'
-            ' failed); continue with: dtrain resume --ckpt $RUN_DIR"',
+            f' failed); continue with: {job.resume_hint}"',
             "fi",
         ]
     lines += ['echo "dtrain: srun exited with $rc"', 'exit "$rc"', ""]

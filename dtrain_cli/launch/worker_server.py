@@ -28,17 +28,24 @@ import tempfile
 from multiprocessing import forkserver
 
 from dtrain_cli.runtime.preemption import STEP_SIGNALS
-from dtrain_cli.runtime.preload import LAUNCHER_PID_ENV, PRELOAD_FILE_ENV
+from dtrain_cli.runtime.preload import (
+    FIRST_IMPORTS_ENV,
+    LAUNCHER_PID_ENV,
+    PRELOAD_FILE_ENV,
+    WORKER_FIRST,
+)
 
 BASE_PRELOAD = ["dtrain_cli.runtime.server_preload"]  # it imports the worker, then waits
 
 _preload_file: str | None = None  # where the server waits for the list; None once written
 _running = False
+_env_at_start: dict[str, str] = {}  # the server's (and so its workers') environment
 
 
-def start(overrides: list[str] | None = None) -> None:
+def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FIRST) -> None:
     """Start the server now unless the overrides ask for another start method (a recipe that
-    does can still say so: :func:`stop` then ends the server, unused)."""
+    does can still say so: :func:`stop` then ends the server, unused). ``first``: what it
+    imports at once (dtrain's worker; ``dtrain run``: torch for your script)."""
     global _preload_file, _running
     if _running:
         return
@@ -46,11 +53,14 @@ def start(overrides: list[str] | None = None) -> None:
         key, _, value = item.lstrip("+").partition("=")
         if key == "launcher.start_method" and value != "forkserver":
             return
+    _env_at_start.clear()
+    _env_at_start.update(os.environ)
     fd, path = tempfile.mkstemp(prefix="dtrain-preload-", suffix=".json")
     os.close(fd)
     os.unlink(path)  # the server waits for this path to appear
     os.environ[PRELOAD_FILE_ENV] = path
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    os.environ[FIRST_IMPORTS_ENV] = ",".join(first)
     # The server and multiprocessing's resource tracker (started with it) must survive the
     # signals a scheduler sends to every process of a job step (SLURM's USR1...): both are
     # started with them ignored (an ignored signal stays ignored across exec).
@@ -60,11 +70,21 @@ def start(overrides: list[str] | None = None) -> None:
         forkserver.ensure_running()
     finally:  # the server has them; the agent and workers need not
         del os.environ[PRELOAD_FILE_ENV], os.environ[LAUNCHER_PID_ENV]
+        del os.environ[FIRST_IMPORTS_ENV]
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     _preload_file = path
     _running = True
     atexit.register(stop)  # an error exit before the workers start leaves no server behind
+
+
+def env_changes() -> dict[str, str]:
+    """Variables this process set or changed since it started the server (the agent's own,
+    such as ``TORCHELASTIC_SIGNALS_TO_HANDLE``): a worker forked from the server does not
+    see them unless it is given them. Empty when no server runs."""
+    if not _running:
+        return {}
+    return {k: v for k, v in os.environ.items() if _env_at_start.get(k) != v}
 
 
 def announce(modules: list[str]) -> None:

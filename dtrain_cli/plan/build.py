@@ -22,7 +22,7 @@ from dtrain_cli.plan.layout import (
     plural,
     strategy_problems,
 )
-from dtrain_cli.plan.memory import estimate
+from dtrain_cli.plan.memory import comm_bytes_per_step, estimate
 from dtrain_cli.plan.plan import (
     MESH_DIM_NAMES,
     CheckpointPlan,
@@ -31,6 +31,8 @@ from dtrain_cli.plan.plan import (
     Plan,
     PrecisionPlan,
 )
+from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
+from dtrain_cli.plan.sync import num_servers, server_count_problems, sync_plan, sync_problems
 
 MAX_SAVES = 100_000
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -90,14 +92,18 @@ def _world_fix(dp: int, model_parallel: int, nproc_total: int, nnodes: int) -> s
     return "set " + " or ".join(fixes) if fixes else "make them equal"
 
 
-def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
+def build_plan(
+    cfg: DtrainConfig, resources: Resources | None = None, workdir: Path | None = None
+) -> Plan:
+    """``workdir``: where a script's relative path resolves (default: the current dir)."""
     res = resources or Resources.detect()
     problems = config_problems(cfg)
     if problems:  # every value is in range before the layout's arithmetic uses it
         raise ConfigError(problems)
     par, tr = cfg.parallel, cfg.train
+    script = is_script(cfg)  # your own training script: its model is its own
     try:
-        spec = model_spec(cfg)
+        spec = ScriptSpec(None, cfg) if script else model_spec(cfg)
     except UnknownModelKind as exc:
         raise ConfigError([*problems, str(exc)]) from None
     if problems := spec.value_problems():  # the model's own ranges, like the others above
@@ -109,7 +115,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     backend = "nccl" if device == "cuda" else "gloo"
 
     mesh_sizes = {"dp": par.dp, "tp": par.tp, "pp": par.pp}
-    world = par.dp * par.tp * par.pp
+    world = par.dp * par.tp * par.pp + num_servers(cfg)  # servers: ranks after the mesh
     nnodes = max(par.nnodes, 1)
     nproc = par.nproc_per_node
     if nproc is None:
@@ -119,7 +125,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
                 f"parallel.nnodes={nnodes}: dp*tp*pp = {world} processes do not split evenly "
                 f"over {nnodes} nodes; make dp*tp*pp a multiple of nnodes"
             )
-    elif nproc * nnodes != world and world > 0:
+    elif nproc * nnodes != world and world > 0 and not num_servers(cfg):  # sync.py says it
         problems.append(
             f"dp*tp*pp = {par.dp}*{par.tp}*{par.pp} = {world} but nproc_per_node*nnodes = "
             f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; "
@@ -143,6 +149,7 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
     problems += loss_problems(cfg, spec)
     warnings: list[str] = spec.warnings(cfg)
     strategy_problems(cfg, problems, warnings)
+    sync_problems(cfg, device, problems)
     try:
         facts = spec.facts()
     except ValueError:  # a model that cannot be built: its problems() said why
@@ -154,7 +161,13 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         )
     before = len(problems)
     batch = batch_layout(cfg, facts, problems)
-    pipeline = pipeline_layout(cfg, spec, batch, problems, batch_ok=len(problems) == before)
+    pipeline = (
+        None
+        if script
+        else pipeline_layout(cfg, spec, batch, problems, batch_ok=len(problems) == before)
+    )
+    script_run = script_plan(cfg, problems, workdir)
+    problems += server_count_problems(cfg, facts)
 
     if problems:
         raise ConfigError(problems)
@@ -233,6 +246,8 @@ def build_plan(cfg: DtrainConfig, resources: Resources | None = None) -> Plan:
         pipeline=pipeline,
         warnings=warnings,
         loss=spec.default_loss() if tr.loss == "auto" else tr.loss,
+        script=script_run,
+        sync=sync_plan(cfg, facts, comm_bytes_per_step(cfg, facts, ddp=True)),
     )
     if par.min_nnodes is not None and par.min_nnodes < nnodes:
         from dtrain_cli.plan.elastic import elastic_plan

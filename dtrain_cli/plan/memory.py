@@ -33,12 +33,16 @@ def grad_payload_bytes(cfg: DtrainConfig, facts: ModelFacts) -> int:
     return 4 * n
 
 
-def comm_bytes_per_step(cfg: DtrainConfig, facts: ModelFacts) -> int:
-    """Bytes sent per rank per step over the dp group (ring algorithms)."""
+def comm_bytes_per_step(cfg: DtrainConfig, facts: ModelFacts, ddp: bool = False) -> int:
+    """Bytes sent per rank per step over the dp group (ring algorithms); ``ddp``: what
+    synchronous DDP would send, whatever sync.mode says."""
     dp = cfg.parallel.dp
     n = facts.num_params
-    if dp <= 1 or cfg.sync.mode == "local_sgd":
-        # local SGD: a parameter all-reduce every `every` steps, amortized
+    mode = "sync" if ddp else cfg.sync.mode
+    if mode == "param_server":  # a worker's gradient push (plan/sync.py has both roles)
+        return 4 * n
+    if dp <= 1 or mode in ("local_sgd", "diloco"):
+        # local SGD / DiLoCo: a parameter (delta) all-reduce every `every` steps, amortized
         if dp > 1:
             return int(2 * (dp - 1) / dp * 4 * n / cfg.sync.every)
         return 0

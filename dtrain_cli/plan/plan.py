@@ -127,6 +127,31 @@ class PipelinePlan:
 
 
 @dataclass
+class ServerPlan:
+    rank: int
+    shard: int
+    params: int
+    """Parameters of this server's shard (whole tensors, balanced greedily by size)."""
+
+
+@dataclass
+class SyncPlan:
+    """How replicas synchronize when it is not one all-reduce per step (plan/sync.py)."""
+
+    mode: str
+    workers: list[int]
+    servers: list[ServerPlan] = field(default_factory=list)
+    max_staleness: int = 0
+    every: int = 1
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    bytes_per_step: dict[str, dict[str, int]] = field(default_factory=dict)
+    """role -> {"sent": B, "received": B} per rank per optimizer step (amortized)."""
+    ddp_bytes_per_step: int = 0
+    """What synchronous DDP sends per rank per step on the same model, for comparison."""
+
+
+@dataclass
 class Estimates:
     num_params: int
     params_per_rank: int
@@ -177,6 +202,25 @@ def _pipeline_from(d: dict[str, Any] | None) -> PipelinePlan | None:
 
 
 @dataclass
+class ScriptPlan:
+    """What every rank runs for ``dtrain run train.py`` (:mod:`dtrain_cli.plan.script`)."""
+
+    path: str | None
+    """The script as given (``sys.argv[0]``), or None for a module."""
+    module: str | None
+    args: list[str]
+    file: str
+    """The absolute file run as ``__main__`` (a module's too)."""
+    workdir: str
+    """The directory the command ran in: relative paths and ``-m`` resolve from it."""
+
+    def argv(self) -> list[str]:
+        """The command as ``python`` would be given it (what torchrun starts)."""
+        target = ["-m", self.module] if self.module else [str(self.path)]
+        return [*target, *self.args]
+
+
+@dataclass
 class Plan:
     recipe: str
     model: str
@@ -200,6 +244,10 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     loss: str = "cross_entropy"
     """train.loss resolved (auto -> the model kind's default)."""
+    script: ScriptPlan | None = None
+    """Your own training script instead of dtrain's trainer (``dtrain run train.py``)."""
+    sync: SyncPlan | None = None
+    """param_server / diloco only: roles and bytes per role."""
     elastic: ElasticPlan | None = None
     """``parallel.nnodes=MIN:MAX``: the layout at every admissible node count."""
 
@@ -238,8 +286,14 @@ class Plan:
             threads_per_proc=size.threads_per_proc,
         )
 
-    def rank_table(self) -> list[dict[str, int]]:
-        return [{"rank": r, **self.mesh.coords(r)} for r in range(self.world_size)]
+    def rank_table(self) -> list[dict[str, Any]]:
+        if self.sync is None or not self.sync.servers:
+            return [{"rank": r, **self.mesh.coords(r)} for r in range(self.world_size)]
+        rows: list[dict[str, Any]] = [
+            {"rank": r, "role": "worker", **self.mesh.coords(r)} for r in self.sync.workers
+        ]
+        rows += [{"rank": s.rank, "role": "server", "shard": s.shard} for s in self.sync.servers]
+        return rows
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -267,6 +321,12 @@ class Plan:
         for key, kind in parts.items():
             d[key] = kind(**d[key])
         d["pipeline"] = _pipeline_from(d.get("pipeline"))
+        if d.get("script"):
+            d["script"] = ScriptPlan(**d["script"])
+        if d.get("sync"):
+            sync = dict(d["sync"])
+            sync["servers"] = [ServerPlan(**s) for s in sync.get("servers", [])]
+            d["sync"] = SyncPlan(**sync)
         if d.get("elastic"):
             el = dict(d["elastic"])
             el["sizes"] = [

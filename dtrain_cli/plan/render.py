@@ -138,17 +138,54 @@ def render_plan(plan: Plan) -> Group:
     for name in plan.mesh.dim_names:
         ranks.add_column(name)
     for row in plan.rank_table()[:MAX_RANK_ROWS]:
-        ranks.add_row(*(str(row[k]) for k in ("rank", *plan.mesh.dim_names)))
+        if row.get("role") == "server":  # param_server: outside the mesh
+            cells = [f"server, shard {row['shard']}", *("" for _ in plan.mesh.dim_names[1:])]
+            ranks.add_row(str(row["rank"]), *cells)
+        else:
+            ranks.add_row(*(str(row[k]) for k in ("rank", *plan.mesh.dim_names)))
     if plan.world_size > MAX_RANK_ROWS:
         ranks.add_row("...", *("" for _ in plan.mesh.dim_names))
-    parts: list = [layout, batch, sched, ckpt, mem]
+    parts: list = [layout, batch, sched, ckpt] + ([] if plan.script else [mem])
     if plan.pipeline is not None:
         parts.append(_pipeline_table(plan))
     if plan.elastic is not None:
         parts.append(_elastic_table(plan))
+    if plan.sync is not None:
+        from dtrain_cli.plan.sync import sync_rows
+
+        parts.append(_kv("sync", sync_rows(plan.sync)))
     parts.append(ranks)
     parts += [f"[yellow]warning:[/] {w}" for w in plan.warnings]
     return Group(*parts)
+
+
+def render_script(plan: Plan, rdzv_endpoint: str, rdzv_timeout_s: int) -> Table:
+    """``dtrain plan ... -- train.py``: what every rank runs and what it is given."""
+    import shlex
+
+    sc = plan.script
+    assert sc is not None
+    n, local = plan.world_size, plan.nproc_per_node
+    return _kv(
+        "script (run on every rank as __main__, as torchrun would)",
+        [
+            ("command", shlex.join(["python", *sc.argv()])),
+            ("file", sc.file),
+            ("working directory", sc.workdir),
+            ("processes", f"{n} = {plan.nnodes} node(s) x {local}, start {plan.start_method}"),
+            (
+                "env (each rank)",
+                f"RANK=0..{n - 1} LOCAL_RANK=0..{local - 1} WORLD_SIZE={n} "
+                f"LOCAL_WORLD_SIZE={local} GROUP_RANK=<node> ROLE_RANK ROLE_WORLD_SIZE={n} "
+                f"MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT "
+                f"TORCHELASTIC_MAX_RESTARTS={plan.max_restarts} TORCHELASTIC_RUN_ID "
+                f"OMP_NUM_THREADS={plan.threads_per_proc} DTRAIN_RUN_DIR DTRAIN_PLAN",
+            ),
+            ("rendezvous", f"c10d at {rdzv_endpoint}, timeout {rdzv_timeout_s} s"),
+            ("restarts", f"{plan.max_restarts} (the whole group restarts when a rank fails)"),
+            ("logs", "RUN_DIR/logs/rank_<k>.log (every rank's stdout and stderr)"),
+        ],
+    )
 
 
 def _pipeline_table(plan: Plan) -> Table:

@@ -47,10 +47,13 @@ class Checkpointer:
         precision: Precision,
         layout: BatchLayout,
         dp_sync: DataParallelSync,
+        mode_sync: Any = None,
     ) -> None:
         self.plan, self.ctx, self.run_dir = plan, ctx, run_dir
         self.pm, self.optimizers, self.precision = pm, optimizers, precision
         self.layout, self.dp_sync = layout, dp_sync
+        self.mode_sync = mode_sync  # param_server / diloco state (runtime/sync_modes.py)
+        self.loaded_sync: dict[str, Any] = {}
         self.manager = CheckpointManager(
             run_dir, ctx.rank, cfg.checkpoint.keep_last, cfg.checkpoint.async_save
         )
@@ -83,6 +86,8 @@ class Checkpointer:
         }
         if self.precision.scaler is not None:
             state["scaler"] = self.precision.scaler.state_dict()
+        if self.mode_sync is not None and (sync_state := self.mode_sync.state()):
+            state["sync"] = sync_state
         return state
 
     def _restore(self, path: Path, step: int) -> dict[str, Any]:
@@ -96,6 +101,7 @@ class Checkpointer:
         if self.precision.scaler is not None and "scaler" in state:
             self.precision.scaler.load_state_dict(state["scaler"])
         self.optimizers.lr_step = int(state["train"]["lr_step"])
+        self.loaded_sync = state.get("sync", {})
         return state["train"]
 
     def resume(self) -> int:
@@ -110,6 +116,8 @@ class Checkpointer:
         step = int(train["step"])
         self.layout.base_step, self.layout.base_samples = step, int(train["samples_seen"])
         self.dp_sync.on_resume(step)
+        if self.mode_sync is not None:
+            self.mode_sync.after_load(self.loaded_sync, step)
         self.resumed_from = path.name
         if self.ctx.is_logging_rank:
             truncate_metrics(self.run_dir / "metrics.jsonl", step)
@@ -145,6 +153,8 @@ class Checkpointer:
 
     def save(self, step: int, meta: dict[str, Any]) -> None:
         self.dp_sync.average_now()
+        if self.mode_sync is not None:  # param_server: the latest parameters, servers' state
+            self.mode_sync.before_save(step)
         samples = self.layout.step_start(step)
         info = {
             "step": step,

@@ -161,8 +161,8 @@ def apply_data_parallel(
 ) -> nn.Module:
     """Replicas (or shards) over the mesh's dp axis. dp=1: nothing to do. ``schedule``:
     the pipeline schedule that will drive ``model`` (a stage), None without pipelining."""
-    if ctx.mesh["dp"].size() == 1:
-        return model
+    if ctx.mesh["dp"].size() == 1 or cfg.sync.mode in ("param_server", "diloco"):
+        return model  # those modes move gradients / deltas themselves (sync_modes.py)
     if cfg.parallel.strategy == "fsdp":
         return apply_fsdp(model, spec, cfg, ctx, schedule)
     if ctx.mesh["tp"].size() > 1 or schedule in SPLIT_BACKWARD:

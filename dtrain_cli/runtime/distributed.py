@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,10 @@ class DistContext:
     restart_count: int
     device: torch.device
     mesh: DeviceMesh
+    role: str = "worker"
+    """worker | server (sync.mode=param_server: ranks after the mesh, no mesh of their own)."""
+    ps: Any = None
+    """param_server: the gloo group of workers and servers for point-to-point messages."""
 
     @property
     def dp_rank(self) -> int:
@@ -55,14 +60,10 @@ def init_distributed(plan: Plan, timeout_s: float = 300.0) -> DistContext:
     else:
         device = torch.device("cpu")
     timeout = timedelta(seconds=timeout_s)
+    if plan.sync is not None and plan.sync.servers:
+        return _init_param_server(plan, rank, local_rank, restart, device, timeout)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        agent_store = dist.TCPStore(
-            os.environ["MASTER_ADDR"],
-            int(os.environ["MASTER_PORT"]),
-            is_master=False,
-            timeout=timeout,
-        )
-        store = dist.PrefixStore(f"dtrain/attempt_{restart}", agent_store)
+        store = dist.PrefixStore(f"dtrain/attempt_{restart}", _agent_store(timeout))
         dist.init_process_group(
             plan.backend, store=store, rank=rank, world_size=world_size, timeout=timeout
         )
@@ -74,8 +75,53 @@ def init_distributed(plan: Plan, timeout_s: float = 300.0) -> DistContext:
     return DistContext(rank, world_size, local_rank, restart, device, mesh)
 
 
+def _agent_store(timeout: timedelta) -> dist.Store:
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=timeout,
+        )
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=int(os.environ["RANK"]) == 0,
+        timeout=timeout,
+    )
+
+
+def _init_param_server(
+    plan: Plan, rank: int, local_rank: int, restart: int, device: torch.device, timeout: timedelta
+) -> DistContext:
+    """Workers get a default group (and mesh) of their own, servers theirs: every
+    collective of the loop runs among workers only. Both join one more gloo group for the
+    point-to-point messages of :mod:`.param_server`."""
+    assert plan.sync is not None
+    base = dist.PrefixStore(f"dtrain/attempt_{restart}", _agent_store(timeout))
+    dp, servers = len(plan.sync.workers), len(plan.sync.servers)
+    role = "worker" if rank < dp else "server"
+    own, size = (rank, dp) if role == "worker" else (rank - dp, servers)
+    dist.init_process_group(
+        plan.backend,
+        store=dist.PrefixStore(role, base),
+        rank=own,
+        world_size=size,
+        timeout=timeout,
+    )
+    ps = dist.ProcessGroupGloo(dist.PrefixStore("ps", base), rank, dp + servers, timeout)
+    mesh = None
+    if role == "worker":
+        mesh = init_device_mesh(
+            device.type, tuple(plan.mesh.shape), mesh_dim_names=tuple(plan.mesh.dim_names)
+        )
+    return DistContext(rank, size, local_rank, restart, device, mesh, role, ps)  # type: ignore[arg-type]
+
+
 def mesh_coordinates(ctx: DistContext) -> dict[str, int]:
     """This rank's coordinate on each named mesh axis (compared with the plan in tests)."""
+    if ctx.mesh is None:  # a parameter server
+        return {}
     return {name: ctx.mesh[name].get_local_rank() for name in ctx.mesh.mesh_dim_names or ()}
 
 

@@ -86,7 +86,7 @@ def maybe_fail(point: str, **where: int) -> None:
 # -- the diagnosis drills, called by the loop at fixed points (no-ops when none is armed) --
 def before_step(step: int, rank: int) -> None:
     """``slow``: this rank sleeps ``ms`` (default 200) before the step: a straggler."""
-    if slow := armed("slow", step=step, rank=rank):
+    if (slow := armed("slow", step=step, rank=rank)) and "factor" not in slow:  # factor: straggle
         time.sleep(slow.get("ms", 200) / 1000)
 
 
@@ -124,3 +124,11 @@ def _note_drill(name: str, where: dict[str, int]) -> None:
 
         step = where.get("step")
         write_note(Path(run_dir), int(os.environ.get("RANK", "-1")), step, None, "SIGKILL")
+
+
+def straggle(rank: int, step_s: float) -> None:
+    """``slow:rank=R:factor=F``: rank R sleeps (F - 1) x its step time after every step, a
+    worker F times slower (for the staleness drills). Every attempt, unlike the others."""
+    for name, params in _FAULTS:
+        if name == "slow" and params.get("rank", rank) == rank and params.get("factor", 1) > 1:
+            time.sleep((params["factor"] - 1) * step_s)

@@ -17,6 +17,11 @@ from dtrain_cli.plan.plan import Plan
 # launcher's pid (the server stops waiting when it is gone).
 PRELOAD_FILE_ENV = "DTRAIN_PRELOAD_FILE"
 LAUNCHER_PID_ENV = "DTRAIN_PRELOAD_LAUNCHER_PID"
+FIRST_IMPORTS_ENV = "DTRAIN_PRELOAD_FIRST"
+"""What the server imports at once, before the plan exists (comma-separated)."""
+WORKER_FIRST = ("dtrain_cli.runtime.worker",)
+SCRIPT_FIRST = ("dtrain_cli.runtime.script_worker", "torch", "torch.distributed")
+"""``dtrain run``: your script's workers need torch, not dtrain's trainer."""
 
 CHECKPOINT_MODULES = (
     "torch.distributed.checkpoint",

@@ -60,7 +60,10 @@ class ReplicaChecker:
             dbg.replica_check_at_end,
         )
         self.checks = 0
-        replicated = plan.strategy != "fsdp" and cfg.sync.mode != "local_sgd"
+        replicated = plan.strategy != "fsdp" and not (
+            cfg.sync.mode in ("local_sgd", "diloco")
+            or (cfg.sync.mode == "param_server" and cfg.sync.max_staleness > 0)
+        )
         if self.every and plan.batch.dp > 1 and not replicated:
             log.warning(
                 "debug.replica_check_every: not checked (strategy=%s, sync.mode=%s: dp ranks "

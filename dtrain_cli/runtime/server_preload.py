@@ -23,7 +23,12 @@ import signal
 import time
 
 from dtrain_cli.runtime.preemption import STEP_SIGNALS
-from dtrain_cli.runtime.preload import LAUNCHER_PID_ENV, PRELOAD_FILE_ENV
+from dtrain_cli.runtime.preload import (
+    FIRST_IMPORTS_ENV,
+    LAUNCHER_PID_ENV,
+    PRELOAD_FILE_ENV,
+    WORKER_FIRST,
+)
 
 WAIT_S = 600.0
 shielded = False
@@ -77,5 +82,7 @@ def import_announced_modules() -> None:
 
 
 shield_server_from_step_signals()
-importlib.import_module("dtrain_cli.runtime.worker")  # while the launcher composes
+# while the launcher composes: the worker entry point (dtrain's, or your script's)
+for _name in os.environ.pop(FIRST_IMPORTS_ENV, ",".join(WORKER_FIRST)).split(","):
+    importlib.import_module(_name)
 import_announced_modules()

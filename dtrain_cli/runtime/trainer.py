@@ -41,6 +41,7 @@ from dtrain_cli.runtime.precision import Precision
 from dtrain_cli.runtime.profiling import Profiler
 from dtrain_cli.runtime.replica import ReplicaChecker
 from dtrain_cli.runtime.steps import LocalStep, PipelineStep
+from dtrain_cli.runtime.sync_modes import ModeSync
 from dtrain_cli.runtime.train_metrics import TrainMetrics
 from dtrain_cli.runtime.validator import Validator
 from dtrain_cli.runtime.watchdog import Watchdog
@@ -90,8 +91,18 @@ class Trainer:
         reports_loss = self.pm.has_last_stage and ctx.mesh["tp"].get_local_rank() == 0
         # the components, each deciding when it acts
         self.dp_sync = DataParallelSync(cfg, plan.batch.dp, self.pm.parts, ctx.dp_group)
+        self.mode_sync = ModeSync(cfg, plan, ctx, self.pm)  # param_server / diloco
         self.checkpointer = Checkpointer(
-            cfg, plan, ctx, run_dir, self.pm, self.optimizers, self.precision, layout, self.dp_sync
+            cfg,
+            plan,
+            ctx,
+            run_dir,
+            self.pm,
+            self.optimizers,
+            self.precision,
+            layout,
+            self.dp_sync,
+            self.mode_sync,
         )
         self.validator = Validator(cfg, plan, ctx, self.pm, self.step_fn, val_batches, reports_loss)
         self.replicas = ReplicaChecker(cfg, plan, ctx, self.pm)
@@ -102,6 +113,8 @@ class Trainer:
         self.profiler = Profiler(cfg.debug.profile_steps, run_dir, ctx.rank, ctx.device)
         self.step = self.checkpointer.resume()
         self.membership = Membership(run_dir, plan, ctx.rank, self.step)
+        self.mode_sync.start(self.step)  # param_server: seed the servers, pull
+        self.mode_extra: dict[str, Any] = {}
         self.sink = None
         if ctx.is_logging_rank and console is not None:
             self.sink = MetricsSink(
@@ -134,7 +147,9 @@ class Trainer:
                 self.watchdog.beat(self.step)
                 self.profiler.step_begins(self.step + 1)
                 self.metrics.step_begins()
+                wall0 = time.perf_counter()
                 loss, norm = self.train_step(want_norm=log_now or self.numerics.per_step)
+                faults.straggle(self.ctx.rank, time.perf_counter() - wall0)
                 self.step += 1
                 self.metrics.step_ends(self.step, loss)
                 self.profiler.step_ends(self.step)
@@ -143,7 +158,10 @@ class Trainer:
                 self.membership.step_done(self.step)
                 faults.maybe_fail("kill", step=self.step, rank=self.ctx.rank)
                 votes = self.log_step(norm) if log_now else None
+                if log_now and (record := self.mode_sync.log_window()) is not None:
+                    self.metrics.log(self.step, record, "staleness")
                 if self.validator.should_validate(self.step):
+                    self.mode_sync.before_validate(self.step)
                     self.metrics.log(self.step, {"val_loss": self.validator.validate()}, "val")
                     self.metrics.restart_clock()  # keep validation out of tokens/s
                 asked = votes is not None and (votes.save or votes.stop)  # a logging-step vote
@@ -165,14 +183,17 @@ class Trainer:
         guard = None
         if self.numerics.per_step:
             guard = lambda norm: self.numerics.allow(step, loss, norm)  # noqa: E731
-        norm = self.precision.step(
-            self.optimizers,
-            self.cfg.optim.grad_clip,
-            want_norm,
-            self.pp_group,
-            self.overflow_group,
-            guard,
-        )
+        if self.mode_sync.replaces_optimizer_step:  # param_server: the step is on the servers
+            norm = self.mode_sync.optimizer_step(self.step)
+        else:
+            norm = self.precision.step(
+                self.optimizers,
+                self.cfg.optim.grad_clip,
+                want_norm,
+                self.pp_group,
+                self.overflow_group,
+                guard,
+            )
         if not self.memory_measured:
             self.memory_measured = self.measure_memory()
         if guard is not None and not self.numerics.last_allowed:
@@ -183,6 +204,8 @@ class Trainer:
         drift = self.dp_sync.after_optimizer_step()  # before zero_grad
         if drift is not None:
             self.metrics.log(step, drift, "sync")
+        if (outer := self.mode_sync.after_optimizer_step()) is not None:  # diloco
+            self.metrics.log(step, outer, "sync")
         faults.after_update(self.pm.parameters, step, rank)
         self.replicas.maybe_check(step)
         self.optimizers.zero_grad()
@@ -207,6 +230,7 @@ class Trainer:
     def preempted(self) -> dict[str, Any]:
         self.checkpointer.close()
         self.train_batches.close()
+        self.mode_sync.finish(self.step, self.run_dir)  # param_server: the servers stop
         info = preemption.preempted(self.run_dir, self.step, self.ctx.rank)
         dist.barrier()  # no rank exits before the marker is on disk: SLURM's side reads it
         return info
@@ -216,6 +240,7 @@ class Trainer:
         self.checkpointer.close()
         self.train_batches.close()
         self.dp_sync.average_now()
+        self.mode_extra = self.mode_sync.finish(self.step, self.run_dir)
         wall = time.perf_counter() - self.metrics.train_start
         return self._summary(wall)
 
@@ -269,6 +294,7 @@ class Trainer:
             **self.metrics.bubble_report(),
             **{f"startup_{k}_s": v for k, v in startup.items()},
             "startup_phases_s": {k: round(v, 3) for k, v in startup_phases(self.times, t0).items()},
+            **self.mode_extra,
         }
         if self.ctx.is_logging_rank:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -78,6 +78,13 @@ def worker_main(
     ctx = init_distributed(plan, timeout_s=timeout)
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
+    if ctx.role == "server":  # sync.mode=param_server: this rank serves a parameter shard
+        from dtrain_cli.runtime.param_server import serve
+
+        try:
+            return serve(cfg, plan, ctx, path)
+        finally:
+            shutdown_distributed()
     trainer = None
     try:
         trainer = Trainer(cfg, plan, ctx, path, console)

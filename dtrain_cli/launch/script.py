@@ -1,0 +1,86 @@
+"""The launcher's side of ``dtrain run train.py``: what the agent starts, what a failure says.
+
+    dtrain run dp=2 -- train.py --epochs 3
+
+The same elastic agent, rendezvous, restarts, signal forwarding and run dir as a recipe's
+launch (:mod:`.local`); only the workers' entry differs. ``forkserver`` (default) and
+``fork``: torch's function entry, :func:`dtrain_cli.runtime.script_worker.script_main`,
+in workers forked with torch imported (the first step comes sooner than under torchrun).
+``spawn``: a fresh ``python -u`` per rank, as torchrun starts it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import dtrain_cli
+from dtrain_cli.plan.plan import Plan
+
+# Modules a typical DDP script imports before its first step (a speed-up only: the fork
+# server imports them while the launcher composes; a script that uses none loses nothing).
+SCRIPT_PRELOAD = [
+    "dtrain_cli.runtime.script_worker",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.utils.data",
+]
+TAIL_LINES = 12
+
+
+def script_preload(plan: Plan) -> list[str]:
+    return SCRIPT_PRELOAD + (["torch._dynamo"] if plan.world_size > 1 else [])
+
+
+def script_entry(
+    run_dir: Path, plan: Plan, signals_to_handle: str
+) -> tuple[Callable[..., Any] | str, tuple]:
+    """(entrypoint, args) for ``elastic_launch``. A worker forked from the fork server gets
+    the agent's environment as torchrun's workers would see it (they inherit the agent's):
+    what the launcher set after the server started, and what torch's ``launch_agent``
+    sets (``TORCHELASTIC_SIGNALS_TO_HANDLE``)."""
+    import os
+
+    from dtrain_cli.launch import worker_server
+
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals_to_handle  # as launch_agent will
+    if plan.start_method == "spawn":
+        root = str(Path(dtrain_cli.__file__).parent.parent)
+        code = (
+            f"import sys; sys.path.append({root!r}); "
+            "import dtrain_cli.runtime.script_worker as w; sys.path.pop(); w.main()"
+        )
+        return sys.executable, ("-u", "-c", code, str(run_dir))
+    from dtrain_cli.runtime.script_worker import script_main
+
+    return script_main, (str(run_dir), worker_server.env_changes())
+
+
+def script_failure(failed: list[Any], run_dir: Path) -> tuple[int, str]:
+    """(exit code, report) of a failed script run: which rank failed first
+    (:func:`dtrain_cli.launch.failures.describe`), with each rank's error as its log shows
+    it: python's own traceback of the script, or its last lines (``sys.exit(3)``)."""
+    from dtrain_cli.launch import failures
+
+    for f in failed:
+        if not f.silent and f.signal is None and (tail := failure_tail(run_dir, f.rank)):
+            f.headline, _, f.detail = tail.partition("\n")
+            f.detail = f.detail or f.headline
+    return failures.describe(failed, steps_known=False)
+
+
+def failure_tail(run_dir: Path, rank: int) -> str | None:
+    """The failing rank's last line (the exception, or what it printed last), then its
+    last traceback (or last lines) from ``logs/rank_<k>.log``."""
+    try:
+        lines = (run_dir / "logs" / f"rank_{rank}.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
+    tail = lines[starts[-1] :] if starts else lines
+    tail = [line for line in tail[-TAIL_LINES:] if line.strip()]
+    if not tail:
+        return None
+    return "\n".join([tail[-1].strip(), *tail]) if len(tail) > 1 else tail[0].strip()

@@ -1,0 +1,139 @@
+"""The plan of your own training script: ``dtrain run train.py`` / ``-m mypkg.train``.
+
+    dtrain plan dp=4 -- train.py --epochs 3      # what would run on every rank
+
+dtrain does not know the script's model, so the plan keeps the layout (world size, mesh,
+ranks), the batch and LR arithmetic, the checkpoint cadence and the restarts, and drops
+the model estimates. The script is checked here, before anything starts or is written:
+it exists, is a readable file and compiles; a module is found as ``python -m`` would find
+it. Pure apart from reading the script (and importing a module's parent packages).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.models.spec import ModelFacts, ModelSpec
+from dtrain_cli.plan.plan import ScriptPlan
+
+
+def is_script(cfg: DtrainConfig) -> bool:
+    return bool(cfg.script.path or cfg.script.module)
+
+
+class ScriptSpec(ModelSpec):
+    """The model seam for a script: the model is the script's own, unknown to the plan."""
+
+    kind = "script"
+    config_class = dict
+
+    @property
+    def name(self) -> str:
+        return "script"
+
+    def facts(self) -> ModelFacts:
+        return ModelFacts(num_params=0, unit="samples")
+
+    def problems(self, cfg: DtrainConfig) -> list[str]:
+        return []  # tp/pp: the script builds its own parallelism on the planned mesh
+
+    def default_loss(self) -> str:
+        return "script"
+
+    def build(self, device: Any) -> Any:
+        raise NotImplementedError("a script run builds its own model")
+
+
+def script_plan(
+    cfg: DtrainConfig, problems: list[str], workdir: Path | None = None
+) -> ScriptPlan | None:
+    """The script every rank runs, checked; appends one line per problem."""
+    sc = cfg.script
+    if not is_script(cfg):
+        return None
+    cwd = (workdir or Path.cwd()).resolve()
+    if sc.path and sc.module:
+        problems.append(
+            f"script.path={sc.path} and script.module={sc.module}: set one "
+            "(a file: dtrain run train.py; a module: dtrain run -m mypkg.train)"
+        )
+        return None
+    if sc.module:
+        file = module_file(sc.module, cwd, problems)
+    else:
+        file = script_file(str(sc.path), cwd, problems)
+    if file is None:
+        return None
+    return ScriptPlan(
+        path=sc.path, module=sc.module, args=list(sc.args), file=file, workdir=str(cwd)
+    )
+
+
+def script_file(path: str, cwd: Path, problems: list[str]) -> str | None:
+    full = Path(os.path.abspath(cwd / path))  # __file__ as python gives it (links kept)
+    if not full.exists():
+        problems.append(f"script {path}: not found (looked in {cwd}); check the path")
+        return None
+    if not full.is_file():
+        problems.append(f"script {path}: not a file; name the .py file to run")
+        return None
+    try:
+        source = full.read_bytes()
+    except OSError as exc:
+        problems.append(f"script {path}: cannot be read ({exc.strerror}); check its permissions")
+        return None
+    try:
+        compile(source, str(full), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:
+        where = f" line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        msg = getattr(exc, "msg", None) or str(exc)
+        problems.append(f"script {path}:{where}: {msg}; python {path} would fail the same way")
+        return None
+    return str(full)
+
+
+def module_file(name: str, cwd: Path, problems: list[str]) -> str | None:
+    """Where ``python -m name`` (run in ``cwd``) finds the module; a package runs its
+    ``__main__``. Importing the parent packages is what ``python -m`` does too."""
+    saved = list(sys.path)
+    sys.path.insert(0, str(cwd))
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(f"{name}.__main__")  # python -m pkg
+            if spec is None:
+                problems.append(
+                    f"module {name}: a package without __main__.py; "
+                    f"name the module to run (e.g. {name}.train)"
+                )
+                return None
+    except ModuleNotFoundError as exc:  # a parent package that is not there
+        problems.append(
+            f"module {name}: not found from {cwd} or PYTHONPATH ({exc}); run from the folder "
+            "above the package or set PYTHONPATH"
+        )
+        return None
+    except Exception as exc:  # a parent package that fails to import
+        problems.append(f"module {name}: cannot be imported ({type(exc).__name__}: {exc})")
+        return None
+    finally:
+        sys.path[:] = saved
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        problems.append(
+            f"module {name}: not found from {cwd} or PYTHONPATH (python -m {name} would "
+            "fail); run from the folder above the package or set PYTHONPATH"
+        )
+        return None
+    try:
+        compile(Path(spec.origin).read_bytes(), spec.origin, "exec", dont_inherit=True)
+    except (OSError, SyntaxError, ValueError) as exc:
+        where = f" line {exc.lineno}" if getattr(exc, "lineno", None) else ""
+        msg = getattr(exc, "msg", None) or getattr(exc, "strerror", None) or str(exc)
+        problems.append(f"module {name} ({spec.origin}):{where}: {msg}")
+        return None
+    return spec.origin

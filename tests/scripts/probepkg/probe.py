@@ -1,0 +1,99 @@
+"""What a script sees and does under ``dtrain run`` (tests/test_script_run.py).
+
+    dtrain run dp=2 -m probepkg.probe MODE OUT [ARGS...]    # from tests/scripts
+
+Modes: dump (what it was given), raise / exit3 (rank 1 fails), kill_once (rank 1 dies on
+the first attempt), late (rank 1 never calls init_process_group), hang (waits to be
+stopped, with a child process of its own), preempt (saves on USR1, exits 75).
+"""
+
+import json
+import os
+import signal
+import sys
+import time
+
+from dtrain_cli import script_env
+
+from . import helper
+
+MODE, OUT = sys.argv[1], sys.argv[2]
+RANK = int(os.environ["RANK"])
+os.makedirs(OUT, exist_ok=True)
+
+
+def write(name: str, data: object) -> None:
+    with open(os.path.join(OUT, name), "w") as f:
+        json.dump(data, f)
+
+
+if MODE == "dump":
+    run = script_env.current()
+    write(
+        f"rank_{RANK}.json",
+        {
+            "argv": sys.argv,
+            "name": __name__,
+            "file": __file__,
+            "package": __package__,
+            "path0": sys.path[0],
+            "helper": helper.VALUE,
+            "torch_preloaded": "torch" in sys.modules,
+            "world": os.environ["WORLD_SIZE"],
+            "global_batch": run.global_batch_size,
+            "micro": run.micro_batch_size,
+            "accum": run.grad_accum,
+            "lrs": [run.lr_at(s) for s in range(run.steps)],
+            "coords": run.coords,
+            "ckpt_steps": [s for s in range(1, run.steps + 1) if run.should_checkpoint(s)],
+            "run_dir": str(run.run_dir),
+        },
+    )
+elif MODE == "raise":
+    if RANK == 1:
+        print("rank 1 about to fail", flush=True)
+        raise ValueError("boom from rank 1")
+    time.sleep(120)
+elif MODE == "exit3":
+    if RANK == 1:
+        print("bad data on rank 1", file=sys.stderr, flush=True)
+        sys.exit(3)
+    time.sleep(120)
+elif MODE == "kill_once":
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if restart == 0 and RANK == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.ones(1) * (RANK + 1)
+    dist.all_reduce(t)
+    if RANK == 0:
+        write("result.json", {"restart": restart, "sum": t.item()})
+    dist.destroy_process_group()
+elif MODE == "late":  # rank 1 never reaches init_process_group
+    import torch.distributed as dist
+
+    if RANK == 1:
+        time.sleep(120)
+    dist.init_process_group("gloo")
+elif MODE == "preempt" and os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
+    write(f"resumed_rank_{RANK}", {"restart": os.environ["SLURM_RESTART_COUNT"]})
+elif MODE in ("hang", "preempt"):
+    stop = []
+    sig = getattr(signal, "SIG" + script_env.current().preemption_signal)
+    if MODE == "preempt":
+        signal.signal(sig, lambda signum, frame: stop.append(signum))
+    if MODE == "hang":  # a child of the script's own, which must not outlive the run
+        import subprocess
+
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+        write(f"child_rank_{RANK}", child.pid)
+    write(f"pid_rank_{RANK}", os.getpid())
+    deadline = time.time() + 120
+    while not stop and time.time() < deadline:
+        time.sleep(0.05)
+    if stop:
+        write(f"checkpoint_rank_{RANK}", {"saved": True})
+        sys.exit(script_env.EXIT_PREEMPTED)

@@ -1,0 +1,375 @@
+"""``dtrain run train.py``: your own script under dtrain's launcher, against real torchrun.
+
+The DDP script (tests/scripts/ddp_plain.py) is written the torchrun way and imports no
+dtrain; tests/scripts/probepkg/probe.py reports what a script sees and misbehaves on
+purpose. Launches are shared through module-scoped fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DTRAIN, REPO, run_dtrain
+
+SCRIPTS = REPO / "tests" / "scripts"
+DDP = SCRIPTS / "ddp_plain.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+# differ by nature between two launches: a free port, a fresh id, a temp file
+PER_LAUNCH = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
+TORCHRUN_KEYS = {
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "OMP_NUM_THREADS",
+}
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+
+
+def torchrun(nproc: int, out: Path, dump: Path, cwd: Path) -> subprocess.CompletedProcess:
+    args = ["--standalone", f"--nproc-per-node={nproc}", str(DDP), "--steps", "6"]
+    return subprocess.run(
+        [str(TORCHRUN), *args, "--out", str(out), "--dump", str(dump)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env(),
+    )
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2proc", "4proc"])
+def ddp_pair(request, tmp_path_factory):
+    """The same script and arguments under torchrun and under dtrain run."""
+    n = request.param
+    cwd = tmp_path_factory.mktemp(f"ddp{n}")
+    ref = torchrun(n, cwd / "torchrun.json", cwd / "dump_torchrun", cwd)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    # script path relative to cwd, script args that look like overrides: --lr=0.1
+    rel = os.path.relpath(DDP, cwd)
+    run = run_dtrain(
+        [
+            "run",
+            f"dp={n}",
+            "--",
+            rel,
+            "--steps",
+            "6",
+            "--lr=0.1",
+            "--out",
+            "dtrain.json",
+            "--dump",
+            "dump_dtrain",
+        ],
+        cwd,
+        env=env(),
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    return n, cwd, run, rel
+
+
+@pytest.mark.multiproc
+def test_ddp_script_same_final_parameters_as_torchrun(ddp_pair):
+    n, cwd, run, _ = ddp_pair
+    ref = json.loads((cwd / "torchrun.json").read_text())
+    got = json.loads((cwd / "dtrain.json").read_text())
+    assert ref["world"] == got["world"] == n
+    assert got["params"] == ref["params"]  # same arithmetic, same order: bit for bit
+    assert (run.run_dir / "plan.yaml").is_file() and (run.run_dir / "config.yaml").is_file()
+    for rank in range(n):  # every rank's output in its own log
+        assert "first step done" in (run.run_dir / "logs" / f"rank_{rank}.log").read_text()
+
+
+@pytest.mark.multiproc
+def test_worker_env_has_every_torchrun_variable_with_the_same_values(ddp_pair):
+    n, cwd, run, rel = ddp_pair
+    for rank in range(n):
+        ref = json.loads((cwd / "dump_torchrun" / f"rank_{rank}.json").read_text())
+        got = json.loads((cwd / "dump_dtrain" / f"rank_{rank}.json").read_text())
+        given = env()  # what both launchers were started with
+        added = {k for k in ref["env"] if given.get(k) != ref["env"][k]}  # torchrun's own
+        assert added >= TORCHRUN_KEYS
+        missing = sorted(added - set(got["env"]))
+        assert missing == [], f"rank {rank}: torchrun sets {missing}, dtrain run does not"
+        differ = {k for k in added - PER_LAUNCH if got["env"][k] != ref["env"][k]}
+        assert differ == set(), {k: (ref["env"][k], got["env"][k]) for k in differ}
+        assert got["env"]["RANK"] == str(rank) and got["env"]["WORLD_SIZE"] == str(n)
+        assert got["env"]["DTRAIN_RUN_DIR"] == str(run.run_dir)
+        assert got["env"]["DTRAIN_PLAN"] == str(run.run_dir / "plan.yaml")
+        # what python script.py gives a script, as under torchrun
+        tail = ["--out", "dtrain.json", "--dump", "dump_dtrain"]
+        assert got["argv"] == [rel, "--steps", "6", "--lr=0.1", *tail]
+        assert ref["argv"][1:4] == ["--steps", "6", "--out"]
+        assert got["name"] == ref["name"] == "__main__"
+        assert got["file"] == ref["file"] == str(DDP)
+        assert got["path0"] == ref["path0"] == str(SCRIPTS)
+        assert got["imported"] == ref["imported"] and got["main_is_module"]
+
+
+@pytest.fixture(scope="module")
+def module_run(tmp_path_factory):
+    """-m form, a fresh interpreter per rank (spawn), script_env read back."""
+    out = tmp_path_factory.mktemp("module") / "out"
+    cwd = out.parent
+    args = ["run", "dp=2", "launcher.start_method=spawn", "train.global_batch_size=12"]
+    args += ["optim.warmup_steps=3", "train.steps=7", "checkpoint.every_steps=3"]
+    args += ["-m", "probepkg.probe", "dump", str(out), "--lr=3", "dp=9"]
+    run = run_dtrain(args, cwd, env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"})
+    return run, out
+
+
+@pytest.mark.multiproc
+def test_module_form_under_spawn_sees_python_m_and_the_plan(module_run):
+    from dtrain_cli.plan.plan import Plan
+
+    run, out = module_run
+    assert run.returncode == 0, run.stdout + run.stderr
+    plan = Plan.load(run.run_dir / "plan.yaml")
+    for rank in range(2):
+        seen = json.loads((out / f"rank_{rank}.json").read_text())
+        probe = str(SCRIPTS / "probepkg" / "probe.py")
+        # python -m: argv[0] the module's file, the rest untouched (overrides-looking too)
+        assert seen["argv"] == [probe, "dump", str(out), "--lr=3", "dp=9"]
+        assert (seen["name"], seen["package"], seen["file"]) == ("__main__", "probepkg", probe)
+        assert seen["helper"] == "relative import"
+        assert seen["path0"] == str(out.parent)  # -m: the current directory
+        assert seen["torch_preloaded"] is False  # spawn: a fresh interpreter
+        assert (seen["global_batch"], seen["micro"], seen["accum"]) == (12, 6, 1)
+        assert seen["lrs"] == [plan.lr.lr_at(s) for s in range(7)]
+        assert seen["lrs"][0] == pytest.approx(plan.lr.peak_lr / 3)  # warmup
+        assert seen["coords"] == {"pp": 0, "dp": rank, "tp": 0}
+        assert seen["ckpt_steps"] == [3, 6, 7]
+        assert seen["run_dir"] == str(run.run_dir)
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(
+    ("mode", "code", "shown"),
+    [
+        ("raise", 1, ["Traceback", 'probe.py", line', "ValueError: boom from rank 1"]),
+        ("exit3", 3, ["bad data on rank 1"]),
+    ],
+)
+def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
+    run = run_dtrain(
+        ["run", "dp=2", "-m", "probepkg.probe", mode, str(tmp_path / "out")],
+        tmp_path,
+        timeout=180,
+        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+    )
+    assert run.returncode == code, run.stdout + run.stderr
+    first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert first.endswith(f"rank 1 failed (exit code {code}): {shown[-1]}"), first
+    for text in shown:
+        assert text in run.stderr
+    assert "runpy" not in run.stderr and "script_worker" not in run.stderr  # python's view
+    assert "Traceback" not in (run.run_dir / "logs" / "rank_0.log").read_text()
+
+
+@pytest.mark.multiproc
+def test_rank_that_never_arrives_is_named_after_the_rendezvous_timeout(tmp_path):
+    start = time.time()
+    run = run_dtrain(
+        ["run", "dp=2", "launcher.rdzv_timeout_s=6", "-m", "probepkg.probe", "late", "out"],
+        tmp_path,
+        timeout=180,
+        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert first.startswith("error: rank 1 stopped answering"), first  # the late one
+    assert "rank 0 then lost its peer" in first
+    assert "rank(s) 1 of 2 did not arrive within 6 s" in first
+    assert time.time() - start < 100  # not the process group's 30 minutes
+
+
+@pytest.mark.multiproc
+def test_restart_after_a_killed_rank(tmp_path):
+    run = run_dtrain(
+        ["run", "dp=2", "launcher.max_restarts=1", "-m", "probepkg.probe", "kill_once", "out"],
+        tmp_path,
+        timeout=240,
+        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result == {"restart": 1, "sum": 3.0}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _start(args: list[str], cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*DTRAIN, *args],
+        cwd=cwd,
+        env={**env(), "PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait_for(paths: list[Path], timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not all(p.exists() for p in paths):
+        assert time.time() < deadline, f"not written within {timeout} s: {paths}"
+        time.sleep(0.1)
+
+
+@pytest.mark.multiproc
+def test_ctrl_c_leaves_no_process_of_the_script(tmp_path):
+    out = tmp_path / "out"
+    proc = _start(["run", "dp=2", "-m", "probepkg.probe", "hang", str(out)], tmp_path)
+    try:
+        pid_files = [out / f"pid_rank_{r}" for r in range(2)]
+        _wait_for(pid_files)
+        _wait_for([out / f"child_rank_{r}" for r in range(2)])
+        pids = [int(p.read_text()) for p in pid_files]
+        pids += [int((out / f"child_rank_{r}").read_text()) for r in range(2)]
+        assert all(_alive(p) for p in pids)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    deadline = time.time() + 5
+    while any(_alive(p) for p in pids) and time.time() < deadline:
+        time.sleep(0.1)
+    assert [p for p in pids if _alive(p)] == []
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, start):
+    out = tmp_path / "out"
+    args = ["run", f"launcher.start_method={start}", "-m", "probepkg.probe", "preempt", str(out)]
+    proc = _start(args, tmp_path)
+    try:
+        _wait_for([out / "pid_rank_0"])
+        proc.send_signal(signal.SIGUSR1)  # what SLURM's --signal=B:USR1 does to the agent
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 75, err
+    assert (out / "checkpoint_rank_0").is_file()
+    run_dir = next((tmp_path / "runs").iterdir())
+    marker = json.loads((run_dir / "preempted.json").read_text())
+    assert marker["by"] == "script" and marker["rank"] == 0
+    assert "preempted" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["run", "dp=2", "--", "nothere.py"], "script nothere.py: not found"),
+        (["run", "dp=2", "--"], "nothing after --"),
+        (["run", "dp=2"], "no script"),
+        (["run", "-m", "no_such_pkg.train"], "module no_such_pkg.train: not found"),
+        (["run", "broken.py"], "script broken.py: line 1"),
+        (["run", "a_dir"], "script a_dir: not a file"),
+        (["run", "-m", "brokenpkg.train"], "module brokenpkg.train ("),
+        (["run", "dp=2", "--bogus", "train.py"], "--bogus: not an option of dtrain run"),
+        (["plan", "dp=2", "--", "nothere.py"], "script nothere.py: not found"),
+        (["sbatch", "dp=2", "--", "nothere.py"], "script nothere.py: not found"),
+    ],
+)
+def test_bad_script_is_one_line_exit_2_and_nothing_started(tmp_path, args, says):
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    (tmp_path / "a_dir").mkdir()
+    (tmp_path / "brokenpkg").mkdir()
+    (tmp_path / "brokenpkg" / "__init__.py").write_text("")
+    (tmp_path / "brokenpkg" / "train.py").write_text("print('never'\n")
+    (tmp_path / "train.py").write_text("print('never')\n")
+    proc = subprocess.run(
+        [*DTRAIN, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env()
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
+    assert "Traceback" not in proc.stderr and "never" not in proc.stdout
+    assert not (tmp_path / "runs").exists()
+
+
+def test_plan_shows_what_would_run(tmp_path):
+    (tmp_path / "train.py").write_text("print('never')\n")
+    proc = subprocess.run(
+        [*DTRAIN, "plan", "dp=4", "launcher.max_restarts=2", "--", "train.py", "--epochs", "3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**env(), "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "python train.py --epochs 3" in out and str(tmp_path / "train.py") in out
+    assert "4 = 1 node(s) x 4" in out and "TORCHELASTIC_MAX_RESTARTS=2" in out
+    assert "c10d at localhost:0" in out and "never" not in out
+    assert not (tmp_path / "runs").exists()
+    yaml_out = subprocess.run(
+        [*DTRAIN, "plan", "-f", "yaml", "--", "train.py", "--epochs", "3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env(),
+    )
+    from dtrain_cli.plan.plan import Plan
+
+    plan = Plan.from_dict(__import__("yaml").safe_load(yaml_out.stdout))
+    assert plan.script is not None and plan.script.argv() == ["train.py", "--epochs", "3"]
+
+
+@pytest.mark.multiproc
+def test_validate_cluster_first_then_the_script(tmp_path):
+    run = run_dtrain(
+        ["run", "--validate-cluster", "dp=2", "-m", "probepkg.probe", "dump", "out"],
+        tmp_path,
+        timeout=240,
+        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}", "COLUMNS": "200"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "all_reduce" in run.stdout and "validate-cluster: ok" in run.stdout
+    assert run.stdout.index("validate-cluster: ok") < run.stdout.index("dtrain -m probepkg")
+    assert json.loads((tmp_path / "out" / "rank_1.json").read_text())["world"] == "2"
+
+
+def test_failed_cluster_check_starts_nothing(tmp_path):
+    (tmp_path / "root").write_text("a file, not a folder\n")  # the run root cannot be made
+    (tmp_path / "train.py").write_text("open('ran', 'w')\n")
+    run = run_dtrain(
+        ["run", "--validate-cluster", "dp=2", f"run.root={tmp_path / 'root' / 'runs'}", "train.py"],
+        tmp_path,
+        timeout=120,
+        env={"COLUMNS": "200"},
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "validate-cluster failed" in run.stderr and "the script was not started" in run.stderr
+    assert not (tmp_path / "ran").exists() and (tmp_path / "root").is_file()
