@@ -179,4 +179,4 @@ def test_lost_during_a_save_then_back_resumes_the_previous_checkpoint(tmp_path, 
     assert (lost["old_last_step"], lost["resumed_step"], lost["steps_redone"]) == (10, 5, 5)
     back = changes[-1]
     assert (back["old_world_size"], back["new_world_size"]) == (1, 2)
-    assert back["resumed_step"] > 5 and back["steps_redone"] <= 5
+    assert back["resumed_step"] >= 5 and back["steps_redone"] <= 5  # the newest checkpoint
