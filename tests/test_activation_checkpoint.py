@@ -134,6 +134,7 @@ SHORT = [
     "checkpoint.at_end=false",
     "logging.tensorboard=false",
     "optim.warmup_steps=0",
+    "debug.replica_check_at_end=true",  # param_digest in summary.json
 ]
 LAYOUTS = {
     "dp": ["dp=2"],

@@ -320,6 +320,7 @@ def hf_args(corpus: Path, tok_dir: Path) -> list[str]:
         "optim.warmup_steps=2",
         "logging.tensorboard=false",
         "dp=2",
+        "debug.replica_check_at_end=true",  # param_digest in summary.json
     ]
 
 
@@ -373,6 +374,7 @@ def test_custom_dataset_trains_under_dp2(tmp_path):
             "logging.every=1",
             "train.eval_every=12",
             "logging.tensorboard=false",
+            "debug.replica_check_at_end=true",  # replicas_identical in summary.json
             "data.num_workers=1",
             "dp=2",
         ],

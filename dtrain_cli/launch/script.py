@@ -12,6 +12,7 @@ in workers forked with torch imported (the first step comes sooner than under to
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,10 +75,20 @@ def script_failure(failed: list[Any], run_dir: Path) -> tuple[int, str]:
 def failure_tail(run_dir: Path, rank: int) -> str | None:
     """The failing rank's last line (the exception, or what it printed last), then its
     last traceback (or last lines) from ``logs/rank_<k>.log``."""
+    path = run_dir / "logs" / f"rank_{rank}.log"
     try:
-        lines = (run_dir / "logs" / f"rank_{rank}.log").read_text(errors="replace").splitlines()
+        text = path.read_text(errors="replace")
+        for _ in range(5):  # the log's last lines may still be on their way (a loaded machine)
+            if "Traceback (most recent" in text:
+                break
+            time.sleep(0.2)
+            newer = path.read_text(errors="replace")
+            if newer == text:
+                break
+            text = newer
     except OSError:
         return None
+    lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
     tail = lines[starts[-1] :] if starts else lines
     tail = [line for line in tail[-TAIL_LINES:] if line.strip()]
