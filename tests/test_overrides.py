@@ -326,7 +326,8 @@ def test_resume_help_says_what_it_accepts():
 
 
 def test_recipe_is_fixed_on_resume_even_in_the_config():
-    from dtrain_cli.config.compose import compose_config, unsafe_resume_changes
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.config.resume_changes import unsafe_resume_changes
 
     old = compose_config("gpt_tiny", [])
     new = compose_config("gpt_tiny", [])

@@ -167,7 +167,7 @@ def test_custom_keys_fold_into_kwargs_and_round_trip(tmp_path):
 def test_resume_may_change_the_loader_workers_not_the_data():
     from dataclasses import replace
 
-    from dtrain_cli.config.compose import unsafe_resume_changes
+    from dtrain_cli.config.resume_changes import unsafe_resume_changes
 
     old = compose_config("gpt_tiny", [])
     workers = replace(old, data=replace(old.data, num_workers=2, prefetch_factor=4))

@@ -55,12 +55,8 @@ def resume(
 
     worker_server.start(overrides)
     from dtrain_cli.checkpoint import catalog
-    from dtrain_cli.config.compose import (
-        config_from_yaml,
-        config_to_yaml,
-        override_config,
-        unsafe_resume_changes,
-    )
+    from dtrain_cli.config.compose import config_from_yaml, config_to_yaml
+    from dtrain_cli.config.resume_changes import override_config, unsafe_resume_changes
     from dtrain_cli.plan.build import build_plan
 
     def warn(msg: str) -> None:

@@ -216,7 +216,7 @@ def _hydra_compose(recipe_path: Path, search: list[Path], chosen: list[str]) -> 
         with initialize_config_dir(config_dir=str(recipe_path.parent), version_base="1.3"):
             cfg = compose(config_name=recipe_path.stem, overrides=[searchpath, *chosen])
     except Exception as exc:  # Hydra/OmegaConf raise many types; translate all of them
-        raise ConfigError([_explain_compose_error(exc, chosen)]) from None
+        raise ConfigError([explain_compose_error(exc, chosen)]) from None
     finally:
         GlobalHydra.instance().clear()
     if "hydra" in cfg:
@@ -340,7 +340,7 @@ def _all_keys(node: type = DtrainConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def _explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
+def explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
     """Hydra's errors (overrides are checked before, so mostly a recipe or group file's
     content) as one line naming the key."""
     chain, cause = [], exc
@@ -388,77 +388,3 @@ def group_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, list[str]
 
 def _group_options(group: str) -> list[str]:
     return group_options().get(group, [])
-
-
-# Keys a resume may not change: the checkpoint's weights, optimizer state and data stream
-# depend on them. Everything else (steps, layout, cadence, logging, LR values) is allowed.
-UNSAFE_ON_RESUME = (
-    "model.",
-    "data.",
-    "train.seed",
-    "optim.name",
-    "run.root",
-    "run.name",
-    "run.recipe",
-)
-# ... except where batches are read: the loader's workers change no sample
-SAFE_ON_RESUME = ("data.num_workers", "data.prefetch_factor")
-
-
-def override_config(
-    cfg: DtrainConfig, overrides: Sequence[str], config_dirs: Sequence[str | Path] = ()
-) -> DtrainConfig:
-    """Apply overrides to an already resolved config (``dtrain resume``), checked as
-    composition checks them. ``group=option`` merges that option's YAML from the search path."""
-    from dtrain_cli.config.validate import validate_config
-    from dtrain_cli.models import model_spec
-
-    node = OmegaConf.structured(replace(cfg, model=None))
-    node.model = model_spec(cfg).config_dict()  # as config.yaml has it (typed again below)
-    groups = group_options(config_dirs)
-    model_keys = schema_fields(type(cfg.model), "model.") if is_dataclass(cfg.model) else {}
-    checked, problems = check_overrides(overrides, groups, extra=model_keys)
-    dirs = [*user_config_dirs(config_dirs), builtin_configs_dir()]
-    for ov in checked:
-        try:
-            if ov.key in groups:
-                found = next(
-                    d / ov.key / f"{ov.value}.yaml"
-                    for d in dirs
-                    if (d / ov.key / f"{ov.value}.yaml").is_file()
-                )
-                node[ov.key] = OmegaConf.merge(node[ov.key], OmegaConf.load(found))
-        except Exception as exc:  # a group file that does not fit the schema, say
-            problems.append(_explain_compose_error(exc, [ov.text]))
-    problems += apply_values(node, checked)
-    problems += list(interpolation_problems(node, checked).values())
-    if problems:
-        raise ConfigError(problems)
-    new = to_dataclass(node)
-    validate_config(new)
-    return new
-
-
-def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
-    """One line per key a resume may not change, naming the checkpoint's value."""
-    a = _flatten(OmegaConf.to_container(OmegaConf.structured(old)))
-    b = _flatten(OmegaConf.to_container(OmegaConf.structured(new)))
-    out = []
-    for key in sorted(a):
-        unsafe = key.startswith(UNSAFE_ON_RESUME) and key not in SAFE_ON_RESUME
-        if a[key] != b.get(key) and unsafe:
-            out.append(
-                f"{key}={b.get(key)}: cannot change on resume (the checkpoint has {key}="
-                f"{a[key]}); fixed on resume: "
-                f"{', '.join(k + '*' if k.endswith('.') else k for k in UNSAFE_ON_RESUME)}"
-            )
-    return out
-
-
-def _flatten(d: object, prefix: str = "") -> dict[str, object]:
-    if not isinstance(d, dict):
-        return {prefix.rstrip("."): d}
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}."))
-    return out
