@@ -31,6 +31,11 @@ def test_preload_follows_the_plan():
     assert "dtrain_cli.runtime.tensor_parallel" in _modules("tp=2")
     assert "torch.distributed.fsdp" in _modules("dp=2", "parallel.strategy=fsdp")
     assert set(CHECKPOINT_MODULES) <= set(_modules("dp=2", resuming=True))
+    # the model's own modules (an HF model: transformers and its modeling module)
+    cfg = compose_config("llama_tiny_hf", ["dp=2"])
+    hf = modules_before_first_step(cfg, build_plan(cfg), False)
+    assert {"transformers", "transformers.models.llama.modeling_llama"} <= set(hf)
+    assert "transformers" not in _modules("dp=2")
 
 
 def test_worker_module_leaves_heavy_torch_modules_unimported():

@@ -17,6 +17,7 @@ The plan's counts come from a meta-device build (a torch and transformers import
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,6 +29,9 @@ from dtrain_cli.models.spec import ModelFacts, ModelSpec
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
+
+_META_COUNTS: dict[str, dict[str, Any]] = {}
+"""Meta-build counts by model config (see :attr:`HFSpec._meta`)."""
 
 MISSING = "model=hf needs transformers: pip install 'dtrain[hf]'"
 PIPELINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
@@ -167,12 +171,31 @@ class HFSpec(ModelSpec):
     def default_loss(self) -> str:
         return "model"
 
+    def worker_modules(self) -> list[str]:
+        t = self.model_type  # transformers' own module layout: models/<type>/modeling_<type>
+        return [
+            "transformers",
+            f"transformers.models.{t}.modeling_{t}",
+            "transformers.masking_utils",
+            "dtrain_cli.models.hf_net",
+        ]
+
     # -- plan ----------------------------------------------------------------------------------
     @cached_property
     def _meta(self) -> dict[str, Any]:
+        """The meta build's counts, once per model config in this process (``dtrain advise``
+        plans dozens of layouts of one model; each would build it again)."""
         from dtrain_cli.models.hf_net import meta_counts
 
-        return meta_counts(self)
+        m = self.cfg
+        key = json.dumps(
+            [m.model_type, m.pretrained, m.config, m.attn_implementation, m.block_size],
+            sort_keys=True,
+            default=str,
+        )
+        if key not in _META_COUNTS:
+            _META_COUNTS[key] = meta_counts(self)
+        return _META_COUNTS[key]
 
     def facts(self) -> ModelFacts:
         c = self._meta

@@ -143,6 +143,11 @@ class ModelSpec(ABC):
 
         return asdict(self.cfg)
 
+    def worker_modules(self) -> list[str]:
+        """Modules the workers import to build this model, for the fork server to import
+        once before it forks them (:mod:`dtrain_cli.runtime.preload`; optional, a speed-up)."""
+        return []
+
     # -- runtime (imports torch) ---------------------------------------------------------------
     @abstractmethod
     def build(self, device: torch.device | str) -> nn.Module:

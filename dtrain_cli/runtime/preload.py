@@ -47,4 +47,6 @@ def modules_before_first_step(cfg: DtrainConfig, plan: Plan, resuming: bool) -> 
         mods.append("dtrain_cli.runtime.pipeline")
     if resuming:
         mods.extend(CHECKPOINT_MODULES)
-    return mods
+    from dtrain_cli.models import model_spec
+
+    return mods + model_spec(cfg).worker_modules()
