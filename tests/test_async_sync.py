@@ -94,6 +94,7 @@ def test_plan_roles_and_bytes_per_role() -> None:
         (["parallel.strategy=zero1"], "does not combine with strategy=zero1"),
         (["tp=2"], "tp=2"),
         (["nproc_per_node=2"], "dp + servers = 2 + 1 = 3 processes but nproc_per_node=2"),
+        (["checkpoint.async_save=true"], "checkpoint.async_save=true: a parameter-server"),
     ],
 )
 def test_param_server_bad_input(overrides: list[str], expected: str) -> None:
@@ -112,6 +113,7 @@ def test_diloco_bad_input() -> None:
     for extra, expected in (
         ("sync.every=0", "sync.every=0: must be >= 1"),
         ("parallel.strategy=fsdp", "sync.mode=diloco: replicas step alone"),
+        ("parallel.nnodes=1:2", "parallel.nnodes=1:2: DiLoCo checkpoints hold each replica"),
     ):
         out = subprocess.run(
             [*DTRAIN, "plan", "recipe=gpt_tiny", "dp=2", "sync.mode=diloco", extra],

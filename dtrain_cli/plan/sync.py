@@ -48,6 +48,12 @@ def sync_problems(cfg: DtrainConfig, device: str, problems: list[str]) -> None:
             )
         if cfg.precision.name == "fp16":
             problems.append("sync.mode=param_server: no loss scaling on the servers; use fp32/bf16")
+        if cfg.checkpoint.async_save:
+            problems.append(
+                "checkpoint.async_save=true: a parameter-server checkpoint is written while "
+                "the servers hold still (workers and servers save in one step); use "
+                "checkpoint.async_save=false with sync.mode=param_server"
+            )
         per_step = [
             f"train.{k}={getattr(cfg.train, k, 'off')}"
             for k in ("on_nan", "on_spike")
@@ -66,6 +72,12 @@ def sync_problems(cfg: DtrainConfig, device: str, problems: list[str]) -> None:
                 f"nproc_per_node={want} or drop it"
             )
     if sync.mode == "diloco":
+        if par.min_nnodes is not None and par.min_nnodes < par.nnodes:
+            problems.append(
+                f"parallel.nnodes={par.min_nnodes}:{par.nnodes}: DiLoCo checkpoints hold "
+                "each replica's inner parameters, so it resumes at the same dp only; use a "
+                "fixed node count with sync.mode=diloco"
+            )
         if par.strategy != "ddp" or par.tp > 1 or par.pp > 1:
             problems.append(
                 f"sync.mode=diloco: replicas step alone between outer steps; needs "
