@@ -94,7 +94,7 @@ def worker_main(
             process_group_ready=pg_ready,
             model_ready=time.time(),
         )
-        return trainer.train()
+        result = trainer.train()
     except Exception as exc:
         log.exception("rank %d failed", rank)  # the traceback in logs/rank_<k>.log
         write_note(path, rank, trainer.step if trainer is not None else None, exc)
@@ -105,3 +105,12 @@ def worker_main(
         if trainer is not None and trainer.sink:
             trainer.sink.close()
         shutdown_distributed()
+    if result.get("preempted") and result.get("signal") == signal.SIGTERM:
+        # SIGTERM is how the elastic agent stops its workers (a membership change, its own
+        # shutdown): it is closing the group and reads no return value, and torch's worker
+        # wrapper would wait for it to be read until the agent's SIGKILL, 30 s later
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    return result
