@@ -39,6 +39,7 @@ VARIANTS = {
         "cluster.setup=[module load gcc,source /opt/venv/bin/activate]",
         "+cluster.env.OMP_PROC_BIND=close",
     ],
+    "elastic_cpu": ["recipe=gpt_tiny", "nodes=1:2", "dp=2", *PINNED],
     "single_gpu": [
         "recipe=gpt_tiny",
         "gpus_per_node=4",

@@ -162,8 +162,10 @@ def start_workers(
     milestones: dict[str, float] | None = None,
     fresh: bool = False,
     fresh_root: bool = False,
+    join: bool = False,
 ) -> None:
     """Hand the materialized run to the local launcher; map its outcome to an exit code.
+    ``join``: this node joins a running elastic run (``dtrain agent --join``).
     ``fresh``: this start created ``run_dir`` (``fresh_root``: and its parent); a failure
     before the first step finished removes them (nothing was trained)."""
     for w in plan.warnings:  # once, here: the workers read the plan and do not repeat them
@@ -181,7 +183,7 @@ def start_workers(
         from dtrain_cli.launch.local import launch_local, prepare_workers  # imports torch
 
         prepare_workers(run_dir, cfg, plan)
-        result = launch_local(run_dir, cfg, plan, node_rank, milestones)
+        result = launch_local(run_dir, cfg, plan, node_rank, milestones, join=join)
     except FileNotFoundError as exc:
         remove_if_untrained(run_dir, fresh, fresh_root)
         fail([str(exc)])

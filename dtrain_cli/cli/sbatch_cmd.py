@@ -3,6 +3,7 @@
     dtrain sbatch recipe=gpt_small nodes=2 gpus_per_node=8 partition=gpu time=04:00:00 --dry-run
     dtrain sbatch recipe=gpt_small nodes=2 gpus_per_node=8 --submit     # prints the job id
     dtrain sbatch --validate nodes=2 --submit                          # validate-cluster job
+    dtrain sbatch --join runs/exp1 nodes=1 --submit        # more nodes for an elastic run
 
 Compose -> plan (for the job's nodes, not this login node) -> script text
 (:func:`dtrain_cli.launch.slurm.render_sbatch`). ``--submit`` creates the run dir
@@ -17,6 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -122,6 +124,9 @@ def sbatch(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script (the default)."),
     submit: bool = typer.Option(False, "--submit", help="sbatch it; print the job id."),
     validate: bool = typer.Option(False, "--validate", help="A validate-cluster job instead."),
+    join: Path | None = typer.Option(
+        None, "--join", help="RUN_DIR of an elastic run: nodes=K more nodes join it."
+    ),
 ) -> None:
     """Write the run's SLURM batch script: print it (--dry-run) or submit it (--submit).
     Your own script: ``dtrain sbatch nodes=2 dp=8 -- train.py --epochs 3``."""
@@ -131,6 +136,11 @@ def sbatch(
 
     if dry_run and submit:
         fail(["--dry-run and --submit: choose one"])
+    if join is not None:
+        if validate:
+            fail(["--join and --validate: choose one"])
+        submit_join(join, overrides or [], submit)
+        return
     args, script = split_script(overrides or [])
     try:
         built = build_job(args, config_dir, validate, script=script)
@@ -166,13 +176,63 @@ def sbatch(
         fail([f"run.name={built.cfg.run.name}: {exc}"])
     except OSError as exc:
         undo(f"run dir {run_dir}: cannot create it ({exc})", 2)
+    job_id = run_sbatch(path, undo)
+    (run_dir / "slurm" / "job_id").write_text(job_id + "\n")
+    err_console.print(f"submitted job {job_id}: {run_dir}", highlight=False, soft_wrap=True)
+    print(job_id)
+
+
+def submit_join(run_dir: Path, overrides: list[str], submit: bool) -> None:
+    """``dtrain sbatch --join RUN_DIR nodes=K``: a job whose K nodes join the elastic run
+    (:mod:`dtrain_cli.launch.slurm_join`); the run's config.yaml decides the rest."""
+    from dtrain_cli.config.compose import config_from_yaml
+    from dtrain_cli.launch.slurm_join import JOIN_SCRIPT, join_job, join_problems
+    from dtrain_cli.launch.slurm_join import render_join_sbatch as render
+
+    nodes, problems = 1, []
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        if key in ("nodes", "parallel.nnodes") and value.isdigit():
+            nodes = int(value)
+        else:
+            problems.append(f"{ov}: --join takes only nodes=K (the run's config decides the rest)")
+    run_dir = run_dir.resolve()
+    if not (run_dir / "plan.yaml").is_file() or not (run_dir / "config.yaml").is_file():
+        problems.append(f"--join {run_dir}: not a run dir (no config.yaml/plan.yaml)")
+    if problems:
+        fail(problems)
+    plan = Plan.load(run_dir / "plan.yaml")
+    if problems := join_problems(plan, nodes):
+        fail(problems)
+    cfg = config_from_yaml(run_dir / "config.yaml")
+    job = join_job(cfg, plan, run_dir, nodes, sys.executable, Path.cwd().resolve())
+    text = render(job)
+    if not submit:
+        sys.stdout.write(text)
+        return
+    if shutil.which("sbatch") is None:
+        fail(["sbatch: not found on PATH; is this a SLURM login node? (--dry-run prints)"], 1)
+    path = run_dir / "slurm" / JOIN_SCRIPT
+    try:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        fail([f"{path}: cannot write it ({exc})"])
+    job_id = run_sbatch(path, lambda problem, code: fail([problem], code))
+    err_console.print(
+        f"submitted join job {job_id}: {nodes} node(s) for {run_dir}",
+        highlight=False,
+        soft_wrap=True,
+    )
+    print(job_id)
+
+
+def run_sbatch(path: Path, on_error: Callable[[str, int], NoReturn]) -> str:
+    """``sbatch --parsable PATH`` -> the job id; ``on_error(line, 1)`` when sbatch fails."""
     env = {**os.environ, "DTRAIN_LAUNCH_T0": repr(time.time())}  # first step is timed from here
     out = subprocess.run(
         ["sbatch", "--parsable", str(path)], capture_output=True, text=True, env=env
     )
     if out.returncode != 0:
-        undo(f"sbatch failed (exit {out.returncode}): {out.stderr.strip() or out.stdout}", 1)
-    job_id = out.stdout.strip().split(";")[0]
-    (run_dir / "slurm" / "job_id").write_text(job_id + "\n")
-    err_console.print(f"submitted job {job_id}: {run_dir}", highlight=False, soft_wrap=True)
-    print(job_id)
+        on_error(f"sbatch failed (exit {out.returncode}): {out.stderr.strip() or out.stdout}", 1)
+    return out.stdout.strip().split(";")[0]

@@ -73,10 +73,12 @@ def launch_local(
     plan: Plan,
     node_rank: int | None = None,
     launcher_milestones: dict[str, float] | None = None,
+    join: bool = False,
 ) -> LaunchResult:
     """Start this node's workers. Multi-node: every node's agent meets at
     ``launcher.rdzv_endpoint`` under ``launcher.rdzv_id``; ``node_rank`` 0 hosts the
-    rendezvous store (worker ranks are assigned by the rendezvous, as with torchrun)."""
+    rendezvous store (worker ranks are assigned by the rendezvous, as with torchrun);
+    a node that ``join``s a running elastic run never hosts it."""
     from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
@@ -129,6 +131,7 @@ def launch_local(
             "timeout": lc.rdzv_timeout_s,
             "join_timeout": lc.rdzv_timeout_s,  # what c10d reads ("timeout" is etcd's)
             **({"is_host": node_rank == 0} if node_rank is not None and plan.nnodes > 1 else {}),
+            **({"is_host": False} if join else {}),
             **elastic,
         },
         max_restarts=plan.max_restarts,
@@ -141,8 +144,9 @@ def launch_local(
         entry, args = script_entry(run_dir, plan, config.signals_to_handle)
     else:
         entry, args = worker_main, (str(run_dir), milestones)
-    preemption.clear_marker(run_dir)
-    hang_report.clear(run_dir)
+    if not join:  # a joining node's records are the running group's, not this start's
+        preemption.clear_marker(run_dir)
+        hang_report.clear(run_dir)
     milestones["agent_ready"] = time.time()
     if interrupted():  # a Ctrl-C during start-up that an import swallowed
         return LaunchResult(False, 130, "stopped by SIGINT before the workers started")

@@ -12,6 +12,16 @@ next logging step and exit 75; the shell then requeues the job when the run's ow
 says it was preempted (``preempted.json``, written once the checkpoint is complete), not on
 srun's exit code, unless ``slurm/FINISHED`` says the run completed.
 
+Elastic runs (``parallel.nnodes=MIN:MAX``): the job asks for ``--nodes=MIN-MAX`` (SLURM
+starts it with as many as it can give at once) and ``--no-kill``, and srun runs with
+``--kill-on-bad-exit=0``, so a lost node's task ends alone and the agents left re-rendezvous
+without it (:mod:`dtrain_cli.runtime.elastic`). The job succeeds on the run's own record
+(``slurm/FINISHED``, which ``dtrain agent`` writes when its workers completed the run), not
+on srun's exit code (the lost task's). Each attempt writes its rendezvous to
+``slurm/rendezvous``; ``dtrain sbatch --join RUN_DIR`` submits nodes that join it
+(:mod:`.slurm_join`): SLURM cannot add nodes to a running job. Node 0 (the batch host)
+hosts the rendezvous: if it is lost SLURM ends the job, and a requeue continues.
+
 Every value that reaches the shell is quoted with :func:`shlex.quote` (sbatch strips the
 same quotes in ``#SBATCH`` lines); values that cannot be quoted there (newlines, control
 characters) are refused as config errors. ``cluster.setup`` lines are the site's own shell
@@ -31,6 +41,8 @@ from dtrain_cli.runtime.preemption import MARKER, SIGNAL_NAMES
 
 SCRIPT_NAME = "job.sbatch"
 FINISHED = "FINISHED"
+RENDEZVOUS = "rendezvous"
+"""``slurm/rendezvous``: ``host:port id`` of the elastic job's current attempt."""
 TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$")
 MEM_RE = re.compile(r"^\d+[KMGT]?$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -44,6 +56,7 @@ class SbatchJob:
     run_dir: Path
     job_name: str
     nnodes: int
+    """The most nodes (the plan's)."""
     nproc_per_node: int
     python: str
     workdir: Path
@@ -56,6 +69,13 @@ class SbatchJob:
     """Training: SLURM warns with ``cluster.signal``; workers checkpoint and stop (exit 75)."""
     resume_hint: str = "dtrain resume --ckpt $RUN_DIR"
     """How to continue a preempted run by hand when the job is not requeued."""
+    min_nnodes: int | None = None
+    """Elastic (``parallel.nnodes=MIN:MAX``): the fewest nodes the run trains on."""
+
+    @property
+    def node_count(self) -> str:
+        """``--nodes``/``--nnodes`` text: ``2``, or ``1-2`` for SLURM / ``1:2`` for dtrain."""
+        return str(self.nnodes) if self.min_nnodes is None else f"{self.min_nnodes}-{self.nnodes}"
 
 
 def cluster_problems(c: ClusterConfig) -> list[str]:
@@ -121,20 +141,23 @@ def job_from_plan(
 ) -> SbatchJob:
     """A training job: every node runs ``dtrain agent RUN_DIR``."""
     c = cfg.cluster
+    low = plan.elastic.min_nnodes if plan.elastic is not None else None
+    nodes = f"{low}-{plan.nnodes}" if low is not None else str(plan.nnodes)
     return SbatchJob(
         run_dir=run_dir,
         job_name=run_dir.name,
         nnodes=plan.nnodes,
+        min_nnodes=low,
         nproc_per_node=plan.nproc_per_node,
         python=c.python or python,
         workdir=workdir,
         cluster=c,
-        node_command=["agent", str(run_dir), "--nnodes", str(plan.nnodes)],
+        node_command=["agent", str(run_dir), "--nnodes", nodes.replace("-", ":")],
         summary=(
-            f"run {run_dir.name} (script {shlex.join(plan.script.argv())}): {plan.nnodes} "
+            f"run {run_dir.name} (script {shlex.join(plan.script.argv())}): {nodes} "
             f"node(s) x {plan.nproc_per_node} process(es), {plan.device}/{plan.backend}"
             if plan.script is not None  # your own script: it exits 75 to be requeued
-            else f"run {run_dir.name} (recipe {plan.recipe}): {plan.nnodes} node(s) x "
+            else f"run {run_dir.name} (recipe {plan.recipe}): {nodes} node(s) x "
             f"{plan.nproc_per_node} process(es), {plan.device}/{plan.backend}, {plan.steps} steps"
         ),
         requeue=c.requeue,
@@ -174,11 +197,14 @@ def _header(job: SbatchJob) -> list[str]:
     c, q = job.cluster, shlex.quote
     # "%" starts a SLURM file-name pattern: "%%" is a literal one
     out_path = q(str(job.run_dir).replace("%", "%%") + "/slurm/job-%j.out")
-    lines = [
-        f"--job-name={q(job.job_name)}",
-        f"--nodes={job.nnodes}",
-        "--ntasks-per-node=1",
-    ]
+    lines = [f"--job-name={q(job.job_name)}", f"--nodes={job.node_count}"]
+    if job.min_nnodes is None:
+        lines.append("--ntasks-per-node=1")
+    else:
+        # no task count: with one, SLURM derives the tasks from MIN and grants MIN nodes
+        # even when MAX are idle (srun still runs one task per node); a lost node leaves
+        # the job running on the others
+        lines.append("--no-kill")
     if c.gpus_per_node:
         lines.append(f"--gpus-per-node={c.gpus_per_node}")
     if c.cpus_per_task:
@@ -238,19 +264,32 @@ def render_sbatch(job: SbatchJob) -> str:
         # the run's own record of a preemption (rank 0 writes it once the checkpoint is
         # complete); one left from an earlier attempt must not requeue this one
         f'rm -f "$RUN_DIR/{MARKER}"',
+        'RDZV_ID="dtrain-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"',
+    ]
+    if job.min_nnodes is not None:  # where `dtrain sbatch --join` jobs find this attempt
+        lines += [
+            f'echo "$RDZV_HOST:$RDZV_PORT $RDZV_ID" > "$RUN_DIR/slurm/.{RENDEZVOUS}.tmp" &&'
+            f' mv "$RUN_DIR/slurm/.{RENDEZVOUS}.tmp" "$RUN_DIR/slurm/{RENDEZVOUS}"',
+        ]
+    # elastic: a task that ends (a lost node) ends alone; the agents left go on without it
+    kill = (
+        "--no-kill --kill-on-bad-exit=0" if job.min_nnodes is not None else "--kill-on-bad-exit=1"
+    )
+    lines += [
         # one task per node; SLURM_NODEID (node rank) is read by `dtrain agent` on each node
-        'srun --export=ALL --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m dtrain_cli '
-        f"{node_cmd} \\",
-        '  --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" '
-        '--rdzv-id "dtrain-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" &',
+        f'srun --export=ALL --ntasks-per-node=1 {kill} "$PYTHON" -m dtrain_cli {node_cmd} \\',
+        '  --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" --rdzv-id "$RDZV_ID" &',
         "SRUN_PID=$!",
         "while :; do",
         "  TRAPPED=0",
         '  wait "$SRUN_PID"; rc=$?',
         '  [ "$TRAPPED" = 1 ] && [ "$rc" -gt 128 ] || break  # a trap cut the wait short',
         "done",
-        'if [ "$rc" -eq 0 ]; then',
-        f'  date > "$RUN_DIR/slurm/{FINISHED}"  # a requeue of a finished run exits at once',
+        # the run's own record: an agent whose workers completed the run wrote FINISHED (an
+        # elastic job's srun reports the lost node's task)
+        f'if [ "$rc" -eq 0 ] || [ -e "$RUN_DIR/slurm/{FINISHED}" ]; then',
+        f'  [ -e "$RUN_DIR/slurm/{FINISHED}" ] || date > "$RUN_DIR/slurm/{FINISHED}"'
+        "  # a requeue of a finished run exits at once",
         '  echo "dtrain: finished"',
         "  exit 0",
         "fi",

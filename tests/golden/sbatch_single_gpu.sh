@@ -31,16 +31,17 @@ TRAPPED=0
 forward() { TRAPPED=1; echo "dtrain: got SIG$1, workers checkpoint and stop"; kill -s "$1" "$SRUN_PID" 2>/dev/null; }
 trap 'forward USR1' USR1
 rm -f "$RUN_DIR/preempted.json"
+RDZV_ID="dtrain-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
 srun --export=ALL --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m dtrain_cli agent /shared/runs/exp1 --nnodes 1 \
-  --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" --rdzv-id "dtrain-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}" &
+  --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" --rdzv-id "$RDZV_ID" &
 SRUN_PID=$!
 while :; do
   TRAPPED=0
   wait "$SRUN_PID"; rc=$?
   [ "$TRAPPED" = 1 ] && [ "$rc" -gt 128 ] || break  # a trap cut the wait short
 done
-if [ "$rc" -eq 0 ]; then
-  date > "$RUN_DIR/slurm/FINISHED"  # a requeue of a finished run exits at once
+if [ "$rc" -eq 0 ] || [ -e "$RUN_DIR/slurm/FINISHED" ]; then
+  [ -e "$RUN_DIR/slurm/FINISHED" ] || date > "$RUN_DIR/slurm/FINISHED"  # a requeue of a finished run exits at once
   echo "dtrain: finished"
   exit 0
 fi
