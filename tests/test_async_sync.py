@@ -84,6 +84,20 @@ def test_plan_roles_and_bytes_per_role() -> None:
     assert 0 < dil["sync"]["bytes_per_step"]["worker"]["sent"] <= ddp / 8
 
 
+def plan_refusal(*overrides: str) -> str:
+    """``dtrain plan recipe=gpt_tiny dp=2 ...`` in-process: exit 2 with one line (returned)."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    result = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "dp=2", *overrides])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # not a traceback
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     "overrides, expected",
     [
@@ -98,15 +112,7 @@ def test_plan_roles_and_bytes_per_role() -> None:
     ],
 )
 def test_param_server_bad_input(overrides: list[str], expected: str) -> None:
-    out = subprocess.run(
-        [*DTRAIN, "plan", "recipe=gpt_tiny", "dp=2", *PS, *overrides],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert expected in out.stderr and "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+    assert expected in plan_refusal(*PS, *overrides)
 
 
 def test_diloco_bad_input() -> None:
@@ -115,14 +121,7 @@ def test_diloco_bad_input() -> None:
         ("parallel.strategy=fsdp", "sync.mode=diloco: replicas step alone"),
         ("parallel.nnodes=1:2", "parallel.nnodes=1:2: DiLoCo checkpoints hold each replica"),
     ):
-        out = subprocess.run(
-            [*DTRAIN, "plan", "recipe=gpt_tiny", "dp=2", "sync.mode=diloco", extra],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-        )
-        assert out.returncode == 2 and expected in out.stderr, out.stderr
-        assert len(out.stderr.strip().splitlines()) == 1
+        assert expected in plan_refusal("sync.mode=diloco", extra)
 
 
 # -- parameter server ---------------------------------------------------------------------------

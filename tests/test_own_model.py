@@ -79,13 +79,23 @@ def test_own_model_resume_is_bitwise(tmp_path_factory):
     assert run.summary()["param_digest"] == first_digest
 
 
-def plan_error(tmp_path, *overrides: str) -> str:
-    run = run_dtrain(["plan", *OWN, *overrides], tmp_path, env=ENV)
-    assert run.returncode == 2, f"expected exit 2:\n{run.stdout}\n{run.stderr}"
-    assert "Traceback" not in run.stderr + run.stdout
+def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
+    """``dtrain plan`` in-process (the CLI's own entry point; torch imported once for all
+    cases, not once per case): exit 2, one line, no exception, nothing written."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    for path in reversed(ENV["PYTHONPATH"].split(os.pathsep)):
+        if path:
+            monkeypatch.syspath_prepend(path)
+    result = CliRunner().invoke(app, ["plan", *OWN, *overrides])
+    assert result.exit_code == 2, f"expected exit 2:\n{result.output}"
+    assert isinstance(result.exception, SystemExit), result.exception  # not a traceback
     assert not (tmp_path / "runs").exists()
-    lines = [line for line in run.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, run.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
     return lines[0]
 
 
@@ -106,8 +116,10 @@ def plan_error(tmp_path, *overrides: str) -> str:
         (["parallel=fsdp", "dp=2", "parallel.fsdp_units=[Block]"], "no module of those classes"),
     ],
 )
-def test_bad_own_model_input_is_one_line_before_anything_starts(tmp_path, overrides, expected):
-    assert expected in plan_error(tmp_path, *overrides)
+def test_bad_own_model_input_is_one_line_before_anything_starts(
+    tmp_path, monkeypatch, overrides, expected
+):
+    assert expected in plan_error(tmp_path, monkeypatch, *overrides)
 
 
 def test_plan_of_an_own_model_counts_the_module_it_builds(tmp_path, monkeypatch):

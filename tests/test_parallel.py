@@ -42,8 +42,7 @@ LAYOUTS = {
         "pipeline.virtual_stages=2",
     ],
     "pp2-looped_bfs": ["pp=2", "pipeline.schedule=looped_bfs", "pipeline.virtual_stages=2"],
-    "pp2-interleaved_zb": ["pp=2", "pipeline.schedule=interleaved_zb", "pipeline.virtual_stages=2"],
-    "pp2-zbv": ["pp=2", "pipeline.schedule=zbv", "pipeline.virtual_stages=2"],
+    # interleaved_zb and zbv: with dp=2 in tests/test_pipeline_dp.py (same reference check)
     "pp2-dualpipev": ["pp=2", "pipeline.schedule=dualpipev", "pipeline.virtual_stages=2"],
     "pp4": ["pp=4"],
     "dp2-tp2": ["dp=2", "tp=2"],
