@@ -59,7 +59,8 @@ def test_metrics_jsonl_and_tensorboard_agree(run_dp2):
     assert [r["step"] for r in val] == [5, 10]
     acc = EventAccumulator(str(run_dp2.run_dir / "tb"))
     acc.Reload()
-    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_ms"):
+    assert all(0 <= r["data_wait_ms"] <= r["step_time_ms"] for r in train)
+    for key in ("loss", "lr", "grad_norm", "tokens_per_s", "step_time_ms", "data_wait_ms"):
         events = acc.Scalars(f"train/{key}")
         assert [e.step for e in events] == list(range(1, 11))
         for e, r in zip(events, train, strict=True):

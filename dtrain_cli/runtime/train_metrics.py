@@ -160,6 +160,7 @@ class TrainMetrics:
         if step - self.window_steps >= self.first_step:  # first window: warm-up costs
             self.tokens_per_s.append(tps)
         self.step_ms = 1000 * elapsed / self.window_steps
+        data_wait_ms = 1000 * (self.batches.wait_s - self._wait0) / self.window_steps
         if self.sink:
             self.sink.log(
                 step,
@@ -169,6 +170,7 @@ class TrainMetrics:
                     "grad_norm": float(norm) if norm is not None else float("nan"),
                     f"{self.plan.batch.unit}_per_s": tps,
                     "step_time_ms": self.step_ms,
+                    "data_wait_ms": data_wait_ms,  # this rank's, per step of the window
                     **comm,
                     **per_rank,
                     **({"stragglers": stragglers} if self.rank_times else {}),
