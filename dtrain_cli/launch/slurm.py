@@ -193,7 +193,8 @@ def validate_job(cfg: DtrainConfig, run_dir: Path, python: str, workdir: Path) -
     )
 
 
-def _header(job: SbatchJob) -> list[str]:
+def header_lines(job: SbatchJob) -> list[str]:
+    """The ``#SBATCH`` lines."""
     c, q = job.cluster, shlex.quote
     # "%" starts a SLURM file-name pattern: "%%" is a literal one
     out_path = q(str(job.run_dir).replace("%", "%%") + "/slurm/job-%j.out")
@@ -225,18 +226,11 @@ def _header(job: SbatchJob) -> list[str]:
     return [f"#SBATCH {line}" for line in lines]
 
 
-def render_sbatch(job: SbatchJob) -> str:
-    """The script text. Pure: the same job gives the same bytes (golden-file tested)."""
+def setup_lines(job: SbatchJob) -> list[str]:
+    """After the ``#SBATCH`` lines: shell options, the run's paths, the site's own setup
+    (``cluster.setup``, as written) and environment (``cluster.env``, quoted)."""
     c, q = job.cluster, shlex.quote
-    sig = c.signal.upper().removeprefix("SIG")
-    port = str(c.rdzv_port) if c.rdzv_port else "$((20000 + SLURM_JOB_ID % 20000))"
-    node_cmd = " ".join(q(a) for a in job.node_command)
-    script_path = q(str(job.run_dir / "slurm" / SCRIPT_NAME))
     lines = [
-        "#!/bin/bash",
-        f"# dtrain sbatch: {_comment(job.summary)}",
-        f"# Resubmit (continues from the newest checkpoint): sbatch {_comment(script_path)}",
-        *_header(job),
         "set -uo pipefail",
         "",
         f"RUN_DIR={q(str(job.run_dir))}",
@@ -247,7 +241,22 @@ def render_sbatch(job: SbatchJob) -> str:
         lines += ["", "# site setup (cluster.setup)", *c.setup]
     if c.env:
         lines += ["", *(f"export {k}={q(v)}" for k, v in sorted(c.env.items()))]
-    lines += [
+    return lines
+
+
+def render_sbatch(job: SbatchJob) -> str:
+    """The script text. Pure: the same job gives the same bytes (golden-file tested)."""
+    c, q = job.cluster, shlex.quote
+    sig = c.signal.upper().removeprefix("SIG")
+    port = str(c.rdzv_port) if c.rdzv_port else "$((20000 + SLURM_JOB_ID % 20000))"
+    node_cmd = " ".join(q(a) for a in job.node_command)
+    script_path = q(str(job.run_dir / "slurm" / SCRIPT_NAME))
+    lines = [
+        "#!/bin/bash",
+        f"# dtrain sbatch: {comment_text(job.summary)}",
+        f"# Resubmit (continues from the newest checkpoint): sbatch {comment_text(script_path)}",
+        *header_lines(job),
+        *setup_lines(job),
         "",
         'echo "dtrain: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on'
         ' $SLURM_JOB_NODELIST"',
@@ -312,6 +321,6 @@ def render_sbatch(job: SbatchJob) -> str:
     return "\n".join(lines)
 
 
-def _comment(text: str) -> str:
+def comment_text(text: str) -> str:
     """Text for a ``#`` comment line: one line, nothing that could end the comment."""
     return CONTROL_RE.sub("?", text)

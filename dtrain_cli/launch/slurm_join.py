@@ -19,7 +19,14 @@ import shlex
 from pathlib import Path
 
 from dtrain_cli.config.schema import DtrainConfig
-from dtrain_cli.launch.slurm import FINISHED, RENDEZVOUS, SbatchJob, _comment, _header
+from dtrain_cli.launch.slurm import (
+    FINISHED,
+    RENDEZVOUS,
+    SbatchJob,
+    comment_text,
+    header_lines,
+    setup_lines,
+)
 from dtrain_cli.plan.plan import Plan
 
 JOIN_SCRIPT = "join.sbatch"
@@ -42,7 +49,12 @@ def join_problems(plan: Plan, nnodes: int) -> list[str]:
 
 
 def join_job(
-    cfg: DtrainConfig, plan: Plan, run_dir: Path, nnodes: int, python: str, workdir: Path
+    cfg: DtrainConfig,
+    plan: Plan,
+    run_dir: Path,
+    nnodes: int,
+    python: str,
+    workdir: Path,
 ) -> SbatchJob:
     c = cfg.cluster
     assert plan.elastic is not None
@@ -69,29 +81,19 @@ def join_job(
 
 def render_join_sbatch(job: SbatchJob) -> str:
     """The join job's script. Pure (same job, same bytes)."""
-    c, q = job.cluster, shlex.quote
+    q = shlex.quote
     node_cmd = " ".join(q(a) for a in job.node_command)
     header = [
         line.replace("/slurm/job-%j.out", "/slurm/join-%j.out")
-        for line in _header(job)
+        for line in header_lines(job)
         if not line.startswith("#SBATCH --signal")
     ]
     lines = [
         "#!/bin/bash",
-        f"# dtrain sbatch --join: {_comment(job.summary)}",
+        f"# dtrain sbatch --join: {comment_text(job.summary)}",
         *header,
         "#SBATCH --no-kill",
-        "set -uo pipefail",
-        "",
-        f"RUN_DIR={q(str(job.run_dir))}",
-        f"PYTHON={q(job.python)}",
-        f"cd {q(str(job.workdir))} || exit 1",
-    ]
-    if c.setup:
-        lines += ["", "# site setup (cluster.setup)", *c.setup]
-    if c.env:
-        lines += ["", *(f"export {k}={q(v)}" for k, v in sorted(c.env.items()))]
-    lines += [
+        *setup_lines(job),
         "",
         f'if [ -e "$RUN_DIR/slurm/{FINISHED}" ]; then',
         '  echo "dtrain: $RUN_DIR already finished; nothing to join"',
