@@ -36,6 +36,8 @@ def test_every_size_keeps_the_global_batch_and_the_lr_schedule():
     assert layouts == {1: (1, 1, 4, [1, 1, 1]), 2: (2, 2, 2, [1, 2, 1]), 4: (4, 4, 1, [1, 4, 1])}
     assert [r["nnodes"] for r in el.refused] == [3]
     assert "not divisible by micro_batch_size*dp = 3*3 = 9" in el.refused[0]["reason"]
+    # the rendezvous would still admit 3 nodes: the plan says what a group of 3 does
+    assert any("1:4: 3 node(s) cannot train this layout" in w for w in full.warnings)
     for n, size in ((s.nnodes, s) for s in el.sizes):
         sub = full.for_world_size(size.world_size)
         assert sub.nnodes == n and sub.batch.global_batch_size == 12

@@ -258,4 +258,12 @@ def build_plan(
                 f"parallel.nnodes={par.min_nnodes}:{nnodes} with launcher.max_restarts=0: a "
                 "lost node ends the run (each loss uses one restart); set launcher.max_restarts"
             )
+        if refused := [r["nnodes"] for r in plan.elastic.refused]:
+            # the rendezvous admits any count in range (torch's min/max): a group of a
+            # refused size starts, and its workers stop with the reason
+            plan.warnings.append(
+                f"parallel.nnodes={par.min_nnodes}:{nnodes}: {', '.join(map(str, refused))} "
+                "node(s) cannot train this layout (see the elastic table); a group of that "
+                "size fails at start-up with that reason (each try uses one restart)"
+            )
     return plan
