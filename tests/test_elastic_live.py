@@ -79,14 +79,10 @@ class Nodes:
         return proc
 
     def progress(self) -> dict:
-        try:
-            return json.loads((self.run_dir / "elastic" / "progress.json").read_text())
-        except (OSError, ValueError):
-            return {}
+        return progress(self.run_dir)
 
     def changes(self) -> list[dict]:
-        path = self.run_dir / "elastic" / "changes.jsonl"
-        return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        return changes(self.run_dir)
 
     def wait_until(self, what, deadline: float, label: str, host: subprocess.Popen) -> None:
         while not what():
@@ -108,6 +104,20 @@ class Nodes:
     def close(self) -> None:
         for proc in self.procs:  # a group may outlive its leader: always end it
             self.kill(proc)
+
+
+def progress(run_dir: Path) -> dict:
+    """Rank 0's ``elastic/progress.json`` (size and last step of the group now training)."""
+    try:
+        return json.loads((run_dir / "elastic" / "progress.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def changes(run_dir: Path) -> list[dict]:
+    """Every membership change recorded so far (``elastic/changes.jsonl``)."""
+    path = run_dir / "elastic" / "changes.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
 def losses(run_dir: Path) -> list[float]:

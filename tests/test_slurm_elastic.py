@@ -6,7 +6,6 @@ with the curve and parameters of a run that never changed size."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -16,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_dtrain
-from tests.test_elastic_live import SHAPE, assert_same_curve, reference  # noqa: F401
+from tests.test_elastic_live import (  # noqa: F401
+    SHAPE,
+    assert_same_curve,
+    changes,
+    progress,
+    reference,
+)
 from tests.test_slurm import TERMINAL, job_info, slurm, submit, wait_job  # noqa: F401
 
 pytestmark = pytest.mark.multiproc
@@ -54,18 +59,6 @@ def task_pids(job_id: str, node_id: int) -> list[int]:
             ):
                 pids.append(int(proc.name))
     return pids
-
-
-def changes(run_dir: Path) -> list[dict]:
-    path = run_dir / "elastic" / "changes.jsonl"
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
-
-
-def progress(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "elastic" / "progress.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def wait_for(what, deadline: float, label: str, job_id: str, run_dir: Path) -> None:
