@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -373,3 +374,121 @@ def test_failed_cluster_check_starts_nothing(tmp_path):
     assert run.returncode == 1, run.stdout + run.stderr
     assert "validate-cluster failed" in run.stderr and "the script was not started" in run.stderr
     assert not (tmp_path / "ran").exists() and (tmp_path / "root").is_file()
+
+
+ENDS = SCRIPTS / "ends.py"
+ENDINGS = [  # how a script can end -> (exit code of dtrain run, text it shows)
+    ("end", 0, "rank 0 ends by end"),
+    ("exit", 0, "rank 0 ends by exit"),
+    ("exit0", 0, "rank 0 ends by exit0"),
+    ("os_exit0", 0, "rank 0 ends by os_exit0"),
+    ("exit3", 3, "rank 0 failed (exit code 3)"),
+    ("message", 1, "stopping: a message"),
+    ("raise", 1, "ValueError: ends by an exception"),
+]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+@pytest.mark.parametrize(("mode", "code", "says"), ENDINGS, ids=[e[0] for e in ENDINGS])
+def test_every_way_a_script_ends_gives_its_exit_code(tmp_path, start, mode, code, says):
+    """As ``python script.py`` would: ``sys.exit()`` and ``os._exit(0)`` are clean ends (the
+    function entry of a forked worker waited for a return value that never came)."""
+    run = run_dtrain(
+        ["run", "dp=1", f"launcher.start_method={start}", "--", str(ENDS), mode],
+        tmp_path,
+        timeout=120,
+    )
+    assert run.returncode == code, run.stdout + run.stderr
+    assert says in run.stdout + run.stderr
+    assert f"rank 0 ends by {mode}" in (run.run_dir / "logs" / "rank_0.log").read_text()
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_rank_that_exits_3_while_its_peer_waits_is_named_with_its_code(tmp_path, start):
+    """The agent's SIGTERM to the waiting rank is no cause; rank 1's exit code is ours."""
+    args = ["run", "dp=2", f"launcher.start_method={start}", "--", str(ENDS)]
+    run = run_dtrain([*args, "exit3_in_barrier"], tmp_path, timeout=120)
+    assert run.returncode == 3, run.stdout + run.stderr
+    first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert first.startswith("error: rank 1 failed (exit code 3)"), first
+    assert "SIGTERM" not in first
+
+
+@pytest.mark.multiproc
+def test_lines_of_ranks_never_splice(tmp_path):
+    run = run_dtrain(["run", "dp=2", "--", str(ENDS), "lines"], tmp_path, timeout=120)
+    assert run.returncode == 0, run.stderr
+    whole = re.compile(r"\[rank [01]\] line \d{3} x{40}")
+    lines = [line for line in run.stdout.splitlines() if line.startswith("[rank")]
+    assert len(lines) == 600 and all(whole.fullmatch(line) for line in lines)
+    for rank in range(2):
+        log = (run.run_dir / "logs" / f"rank_{rank}.log").read_text().splitlines()
+        assert len(log) == 302 and f"[rank {rank}] to stderr" in log
+        body = [line for line in log if line.startswith("[rank") and "stderr" not in line]
+        assert len(body) == 300 and all(whole.fullmatch(line) for line in body)
+
+
+def _session_processes(sid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+@pytest.mark.multiproc
+def test_nothing_dtrain_started_outlives_it(tmp_path):
+    """A child the script left running, the fork server, the resource tracker: all gone
+    when ``dtrain run`` returns."""
+    proc = subprocess.Popen(
+        [*DTRAIN, "run", "dp=2", "--", str(ENDS), "leave_a_child"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        start_new_session=True,
+    )
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    children = [int(line.split()[1]) for line in out.splitlines() if line.startswith("child ")]
+    assert len(children) == 2
+    assert _session_processes(proc.pid) == []
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("start", ["forkserver", "spawn"])
+def test_ctrl_c_ends_the_run_while_a_rank_waits_in_c_code(tmp_path, start):
+    """Rank 0 waits in a c10d store (C code, where Python runs no signal handler) for rank
+    1: Ctrl-C still ends the run within seconds, not after the agent's 30 s grace."""
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["run", "dp=2", f"launcher.start_method={start}", "--", str(ENDS), "wait_in_c"]
+    proc = subprocess.Popen(
+        [*DTRAIN, *args, str(out)],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(),
+        start_new_session=True,
+    )
+    try:
+        _wait_for([out / "started_0", out / "started_1"])
+        time.sleep(1.0)  # rank 0 is in the store wait by now
+        pressed = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - pressed
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, err
+    assert took < 10, f"{took:.1f} s"
+    assert "rank 0: stopped by SIGINT (the main thread is inside a C call" in err

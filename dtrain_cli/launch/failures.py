@@ -116,7 +116,7 @@ def from_agent(
             continue
         out[rank] = Failed(
             rank=rank,
-            exitcode=None,
+            exitcode=note.get("exitcode"),  # your script's sys.exit(3), before it ended
             headline=str(note.get("error", "")).splitlines()[0] if note.get("error") else "",
             detail=str(note.get("error", "")),
             time=float(note["time"]),
@@ -150,6 +150,8 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
 
     errors = [f for f in failed if not f.silent]
     causes = [f for f in errors if not f.lost_peer]
+    if any(f.signal != "SIGTERM" for f in causes):  # the agent's SIGTERM ended the rest
+        causes = [f for f in causes if f.signal != "SIGTERM"]
     lost = [f for f in errors if f.lost_peer]
     silent = [f for f in failed if f.silent]
     steps = [f.step for f in lost if f.step is not None]
@@ -160,7 +162,8 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
             text = f"rank {root.rank} was killed by {root.signal}{lost_when}"
         else:
             code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""
-            text = f"rank {root.rank} failed{when(root.step)}{code}: {root.headline}"
+            said = f": {root.headline}" if root.headline else ""
+            text = f"rank {root.rank} failed{when(root.step)}{code}{said}"
     elif silent and lost:
         root = None
         timeouts = all(

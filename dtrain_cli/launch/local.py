@@ -160,7 +160,7 @@ def launch_local(
         notes = read_notes(run_dir, since=milestones["agent_ready"])
         failed = failures.from_agent(exc.failures, notes, local_ranks)
         if plan.script is not None:  # the script's own last lines, as python printed them
-            code, text = script_failure(failed, run_dir)
+            code, text = script_failure(failed, run_dir, plan)
         else:
             code, text = failures.describe(failed)
         return LaunchResult(False, code, text)

@@ -48,28 +48,50 @@ def script_entry(
 
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals_to_handle  # as launch_agent will
     if plan.start_method == "spawn":
-        root = str(Path(dtrain_cli.__file__).parent.parent)
-        code = (
-            f"import sys; sys.path.append({root!r}); "
-            "import dtrain_cli.runtime.script_worker as w; sys.path.pop(); w.main()"
-        )
-        return sys.executable, ("-u", "-c", code, str(run_dir))
+        return spawn_command(plan), ("-u", "-c", spawn_code(), str(run_dir))
     from dtrain_cli.runtime.script_worker import script_main
 
     return script_main, (str(run_dir), worker_server.env_changes())
 
 
-def script_failure(failed: list[Any], run_dir: Path) -> tuple[int, str]:
+def spawn_command(plan: Plan) -> str:
+    """The interpreter each rank starts: ``launcher.python``, or dtrain's own."""
+    return (plan.script.python if plan.script else None) or sys.executable
+
+
+def spawn_code() -> str:
+    """``python -u -c CODE RUN_DIR``: the script worker imported from dtrain's folder and
+    (for pyyaml, after the interpreter's own packages) dtrain's site-packages, both gone
+    from ``sys.path`` again before the script starts."""
+    import yaml
+
+    paths = [str(Path(dtrain_cli.__file__).parent.parent), str(Path(yaml.__file__).parents[1])]
+    return (
+        f"import sys; extra = [p for p in {paths!r} if p not in sys.path]; "
+        "sys.path.extend(extra); import dtrain_cli.runtime.script_worker as w; "
+        "[sys.path.remove(p) for p in extra]; w.main()"
+    )
+
+
+def script_failure(failed: list[Any], run_dir: Path, plan: Plan) -> tuple[int, str]:
     """(exit code, report) of a failed script run: which rank failed first
     (:func:`dtrain_cli.launch.failures.describe`), with each rank's error as its log shows
-    it: python's own traceback of the script, or its last lines (``sys.exit(3)``)."""
+    it: python's own traceback of the script, or its last lines (``sys.exit(3)``). A
+    missing module names the interpreter the script ran under."""
     from dtrain_cli.launch import failures
 
     for f in failed:
         if not f.silent and f.signal is None and (tail := failure_tail(run_dir, f.rank)):
             f.headline, _, f.detail = tail.partition("\n")
             f.detail = f.detail or f.headline
-    return failures.describe(failed, steps_known=False)
+    code, text = failures.describe(failed, steps_known=False)
+    first, nl, rest = text.partition("\n")
+    if "ModuleNotFoundError" in first:
+        first += (
+            f"; the script ran under {spawn_command(plan)} (a package of another "
+            "environment: install it there, or launcher.python=/path/to/its/bin/python)"
+        )
+    return code, first + nl + rest
 
 
 def failure_tail(run_dir: Path, rank: int) -> str | None:

@@ -111,17 +111,17 @@ KEPT_HELPERS = (b"multiprocessing.forkserver", b"resource_tracker")
 @contextlib.contextmanager
 def no_orphans(enabled: bool = True) -> Iterator[None]:
     """While the agent runs your own script: the launcher is a child subreaper (Linux), so
-    processes the script started and left behind when its rank was stopped (Ctrl-C, a
-    failing rank) become the launcher's; when the run ends with an error they are killed,
-    so none outlives it. The fork server and the resource tracker end as they always do."""
+    processes the script started and left behind (a helper it never stopped, or every
+    child when its rank was stopped by Ctrl-C or a failing rank) become the launcher's;
+    when the run ends, however it ends, they are killed, so none outlives ``dtrain run``.
+    The fork server and the resource tracker end as they always do."""
     if not enabled or not _set_child_subreaper():
         yield
         return
     try:
         yield
-    except BaseException:
+    finally:
         kill_descendants()
-        raise
 
 
 def _set_child_subreaper() -> bool:

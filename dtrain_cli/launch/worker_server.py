@@ -115,3 +115,11 @@ def stop() -> None:
     stop_server = getattr(server, "_stop", None)
     if stop_server is not None:
         stop_server()
+    # the resource tracker started with the server ends when its pipe closes: close it
+    # and wait (it cleans up what workers leaked), so it does not outlive the launcher
+    from multiprocessing import resource_tracker
+
+    stop_tracker = getattr(resource_tracker._resource_tracker, "_stop", None)
+    if stop_tracker is not None:
+        with contextlib.suppress(Exception):
+            stop_tracker()

@@ -25,14 +25,18 @@ def write_note(
     step: int | None,
     exc: BaseException | None,
     signal: str | None = None,
+    exitcode: int | None = None,
 ) -> None:
-    """Worker, in its ``except`` (``exc``), or a fault drill about to send itself ``signal``.
+    """Worker, in its ``except`` (``exc``), a fault drill about to send itself ``signal``,
+    or your script's rank about to exit with a non-zero ``exitcode`` (``sys.exit(3)``).
     Best effort: a note that cannot be written is no error."""
     text = f"{type(exc).__name__}: {exc}".strip() if exc is not None else ""
     note = {"rank": rank, "pid": os.getpid(), "step": step, "time": time.time(), "error": text}
     note["attempt"] = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if signal:
         note["signal"] = signal
+    if exitcode is not None:
+        note["exitcode"] = exitcode
     try:
         folder = Path(run_dir) / NOTES_DIR
         folder.mkdir(parents=True, exist_ok=True)

@@ -35,15 +35,30 @@ shielded = False
 """True in the server and the workers forked from it, until they restore the signals."""
 
 
+_SERVER_PID = os.getpid()
+
+
+def _ignored_by_the_server(signum: int, frame: object) -> None:
+    """The server ignores the signal; a worker forked from it that gets the signal before
+    it set its own handlers (the agent stopping a group that just started, Ctrl-C) acts as
+    the default disposition would: a worker must never ignore it."""
+    if os.getpid() == _SERVER_PID:
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
 def shield_server_from_step_signals() -> None:
-    """Also done by the launcher before it starts the server (inherited through exec); here
-    again so that the server does not depend on it."""
+    """The launcher started the server with these signals ignored (and so the resource
+    tracker, through exec); here the server ignores them by a handler that its workers
+    do not inherit as "ignored". A terminal's Ctrl-C reaches the server too, perhaps while
+    it imports torch: the launcher stops (and it stops the server); no KeyboardInterrupt
+    traceback from here."""
     global shielded
-    for sig in STEP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-    # a terminal's Ctrl-C reaches the server too, perhaps while it imports torch: the
-    # launcher stops (and it stops the server); no KeyboardInterrupt traceback from here
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (*STEP_SIGNALS, signal.SIGINT):
+        signal.signal(sig, _ignored_by_the_server)
     shielded = True
 
 

@@ -29,6 +29,7 @@ from dtrain_cli.runtime.distributed import (
     shutdown_distributed,
 )
 from dtrain_cli.runtime.failure_notes import write_note
+from dtrain_cli.runtime.interrupt import InterruptGuard
 from dtrain_cli.runtime.metrics import make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
 from dtrain_cli.runtime.watchdog import enable_flight_recorder, process_group_timeout_s
@@ -52,7 +53,8 @@ def worker_main(
         server.restore_worker_signals()
     # Ctrl-C reaches every process of the terminal's group; the launcher reports it once,
     # so a worker ends quietly (its finally blocks close the progress bar), no traceback
-    signal.signal(signal.SIGINT, _stop_quietly)
+    # (within seconds even when the main thread waits in C code: a store, a collective)
+    InterruptGuard(grace_s=2.0, finish_s=5.0).install(_stop_quietly)
     path = Path(run_dir)
     os.environ["DTRAIN_RUN_DIR"] = str(path)  # where a fault drill notes what it did
     # an elastic plan carries a layout per node count: the one for the size started
