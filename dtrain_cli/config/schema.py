@@ -281,6 +281,10 @@ class LauncherConfig:
     """Elastic runs: seconds without a heartbeat before a node counts as lost."""
     last_call_s: int = 10
     """Elastic runs: seconds the rendezvous waits for more nodes once MIN are there."""
+    python: str | None = None
+    """``dtrain run``: the interpreter that runs your script on every rank (each rank a
+    fresh ``PYTHON -u``, as ``start_method=spawn``), e.g. another venv's
+    ``.venv/bin/python`` whose packages the script imports. Default: dtrain's own."""
 
 
 @dataclass

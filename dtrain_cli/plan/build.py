@@ -220,7 +220,8 @@ def build_plan(
         device=device,
         backend=backend,
         threads_per_proc=threads,
-        start_method=cfg.launcher.start_method,
+        # another interpreter cannot be forked from this one: a fresh process per rank
+        start_method="spawn" if script_run and script_run.python else cfg.launcher.start_method,
         max_restarts=cfg.launcher.max_restarts,
         mesh=MeshPlan(
             dim_names=list(MESH_DIM_NAMES), shape=[mesh_sizes[n] for n in MESH_DIM_NAMES]

@@ -213,6 +213,8 @@ class ScriptPlan:
     """The absolute file run as ``__main__`` (a module's too)."""
     workdir: str
     """The directory the command ran in: relative paths and ``-m`` resolve from it."""
+    python: str | None = None
+    """``launcher.python``: the interpreter every rank runs the script with (None: dtrain's)."""
 
     def argv(self) -> list[str]:
         """The command as ``python`` would be given it (what torchrun starts)."""

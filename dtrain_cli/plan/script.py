@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,12 @@ def script_plan(
     """The script every rank runs, checked; appends one line per problem."""
     sc = cfg.script
     if not is_script(cfg):
+        if cfg.launcher.python:
+            problems.append(
+                f"launcher.python={cfg.launcher.python}: only your own script runs under "
+                "another interpreter (dtrain run ... -- train.py); dtrain's trainer runs "
+                "under dtrain's"
+            )
         return None
     cwd = (workdir or Path.cwd()).resolve()
     if sc.path and sc.module:
@@ -69,9 +76,32 @@ def script_plan(
         file = script_file(str(sc.path), cwd, problems)
     if file is None:
         return None
+    python = interpreter(cfg.launcher.python, cwd, problems)
     return ScriptPlan(
-        path=sc.path, module=sc.module, args=list(sc.args), file=file, workdir=str(cwd)
+        path=sc.path,
+        module=sc.module,
+        args=list(sc.args),
+        file=file,
+        workdir=str(cwd),
+        python=python,
     )
+
+
+def interpreter(python: str | None, cwd: Path, problems: list[str]) -> str | None:
+    """``launcher.python`` as an absolute path (a bare name looked up on PATH), checked."""
+    if not python:
+        return None
+    found = shutil.which(python) if os.sep not in python else str(cwd / python)
+    if not found or not os.path.isfile(found):
+        problems.append(
+            f"launcher.python={python}: not found; give the path of a python executable "
+            "(e.g. launcher.python=/path/to/venv/bin/python)"
+        )
+        return None
+    if not os.access(found, os.X_OK):
+        problems.append(f"launcher.python={python}: not executable; check its permissions")
+        return None
+    return os.path.abspath(found)  # a venv's python is a link: kept, so the venv applies
 
 
 def script_file(path: str, cwd: Path, problems: list[str]) -> str | None:
