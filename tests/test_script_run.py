@@ -492,3 +492,55 @@ def test_ctrl_c_ends_the_run_while_a_rank_waits_in_c_code(tmp_path, start):
     assert proc.returncode == 130, err
     assert took < 10, f"{took:.1f} s"
     assert "rank 0: stopped by SIGINT (the main thread is inside a C call" in err
+
+
+@pytest.fixture(scope="module")
+def other_venv(tmp_path_factory) -> Path:
+    """Another environment, with a package dtrain's does not have."""
+    root = tmp_path_factory.mktemp("othervenv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    Path(site, "onlyhere.py").write_text('WHERE = "the other venv"\n')
+    return python
+
+
+@pytest.mark.multiproc
+def test_launcher_python_runs_the_script_under_another_interpreter(tmp_path, other_venv):
+    (tmp_path / "uses_other.py").write_text(
+        "import os, sys\nimport onlyhere\n"
+        "print('rank', os.environ['RANK'], sys.prefix, onlyhere.WHERE)\n"
+    )
+    run = run_dtrain(
+        ["run", "dp=2", f"launcher.python={other_venv}", "--", "uses_other.py"], tmp_path
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    for rank in range(2):
+        assert f"rank {rank} {other_venv.parent.parent} the other venv" in run.stdout
+    missing = run_dtrain(["run", "dp=1", "--", "uses_other.py"], tmp_path)
+    assert missing.returncode == 1
+    first = next(line for line in missing.stderr.splitlines() if line.startswith("error:"))
+    assert "ModuleNotFoundError: No module named 'onlyhere'" in first
+    assert f"the script ran under {sys.executable}" in first and "launcher.python=" in first
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["run", "launcher.python=nope", "--", "t.py"], "launcher.python=nope: not found"),
+        (["plan", "launcher.python=python3"], "launcher.python=python3: only your own script"),
+    ],
+)
+def test_launcher_python_mistakes_are_one_line(tmp_path, args, says):
+    (tmp_path / "t.py").write_text("print('never')\n")
+    proc = subprocess.run(
+        [*DTRAIN, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env()
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and says in proc.stderr
+    assert not (tmp_path / "runs").exists()
