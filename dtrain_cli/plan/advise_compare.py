@@ -96,15 +96,17 @@ def compare_reference(advice: Advice, given: Verdict) -> str:
     if best.layout == lay:
         return f"{head}: is #1"
     rank = next((i for i, v in enumerate(advice.ranked, 1) if v.layout == lay), None)
-    where = f"#{rank}" if rank else f"rejected ({given.kind}: {given.rejected})"
+    if rank:
+        where = f"#{rank}"
+    elif given.rejected:
+        where = f"rejected: {given.rejected}"
+    else:
+        where = "outside the searched layouts"
     if given.rejected is None and gain <= CLOSE:
         return (
             f"{head} ({where}): #1 ({best.layout.label()}) is estimated within {max(gain, 0):.0%}"
             f" of it, as close as the estimate can tell ({why})"
         )
     if gain <= 0:
-        return (
-            f"{head} ({where}): estimated {-gain:.0%} faster than #1 ({best.layout.label()}), "
-            f"but not ranked"
-        )
+        return f"{head} ({where}): estimated {-gain:.0%} faster than #1 ({best.layout.label()})"
     return f"{head} ({where}): #1 ({best.layout.label()}) is estimated {gain:.0%} faster: {why}"
