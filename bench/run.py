@@ -19,6 +19,7 @@ from pathlib import Path
 
 from advise_bench import advise_bench
 from async_bench import async_bench
+from calibration_bench import calibration_bench
 from checkpoint_bench import checkpoint_bench
 from cli_latency import cli_latency
 from data_bench import data_loading
@@ -43,6 +44,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "pipeline": pipeline_bench,
     "strategies": strategy_bench,
     "advise": advise_bench,
+    "calibration": calibration_bench,
     "data": data_loading,
     "hf": hf_overhead,
     "async": async_bench,

@@ -6,6 +6,8 @@
 
 Besides Hydra overrides it takes ``world=N`` (devices in all; default nnodes x the
 hardware's devices per node) and ``dp_max=N`` (the most data-parallel replicas to try).
+Overrides that set a layout (dp=48 tp=8 pp=2 parallel.strategy=... pipeline.schedule=...)
+do not limit the search: that layout is costed too and #1 is explained against it.
 """
 
 from __future__ import annotations
@@ -64,8 +66,13 @@ def advise(
     problems = [p for p in config_problems(cfg) if not p.startswith(("parallel.", "pipeline."))]
     if problems:
         fail(problems)
+    from dtrain_cli.plan.advise_compare import layout_of, names_a_layout
+
+    reference = layout_of(cfg) if names_a_layout(rest) else None
     try:
-        advice = run_advice(cfg, opts.get("world"), opts.get("dp_max"), allow_cross_node_tp)
+        advice = run_advice(
+            cfg, opts.get("world"), opts.get("dp_max"), allow_cross_node_tp, reference
+        )
     except ConfigError as exc:
         fail(exc.problems)
     if apply:
@@ -84,6 +91,8 @@ def advise(
             "ranked": [v.to_dict() for v in advice.ranked],
             "rejected": [v.to_dict() for v in advice.rejected],
         }
+        if advice.reference is not None:
+            out["reference"] = advice.reference.to_dict() | {"compared": advice.reference_why}
         typer.echo(json.dumps(out, indent=2))
         return
     from dtrain_cli.plan.advise_render import render_advice

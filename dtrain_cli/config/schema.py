@@ -369,7 +369,15 @@ class HardwareConfig:
     peak_tflops_fp32: float = 0.0
     """Dense fp32 peak per device (TFLOP/s; plain fp32, not TF32)."""
     matmul_efficiency: float = 0.5
-    """Fraction of the peak a training step achieves (model FLOPs utilisation ceiling)."""
+    """Fraction of the peak the matmuls of a large model reach: the ceiling of the step-time
+    model's compute efficiency, which ``memory_gbps`` lowers for narrow models and small
+    micro-batches (:func:`dtrain_cli.plan.steptime.compute_efficiency`)."""
+    attention_efficiency: float = 0.0
+    """Fraction of the peak the attention's score and value products (flash attention,
+    12 L d s FLOPs per token) reach; 0: the same as the other matmuls."""
+    memory_gbps: float = 0.0
+    """Device memory bandwidth (GB/s; HBM on a GPU). 0: the memory-bound share of a step is
+    left out (compute at ``peak * matmul_efficiency`` whatever the shapes)."""
     devices_per_node: int = 1
     intra_node_gbps: float = 0.0
     """Per-device bandwidth to devices of the same node, one direction (GB/s)."""

@@ -88,6 +88,8 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "hardware.peak_tflops_bf16": (0, False),
     "hardware.peak_tflops_fp32": (0, False),
     "hardware.matmul_efficiency": (0, False),
+    "hardware.memory_gbps": (0, True),
+    "hardware.attention_efficiency": (0, True),
     "hardware.devices_per_node": (1, True),
     "hardware.intra_node_gbps": (0, False),
     "hardware.inter_node_gbps": (0, False),

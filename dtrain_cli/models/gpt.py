@@ -64,7 +64,10 @@ class GPTSpec(ModelSpec):
         mats += [(d, d)] * 4 * m.n_layer + [(4 * d, d), (d, 4 * d)] * m.n_layer
         if not m.tie_embeddings:
             mats.append((m.vocab_size, d))
-        non_embedding = n - m.block_size * d
+        # FLOPs: every matmul weight does 6 per token (forward + backward); the position
+        # embedding and an untied token embedding are lookups, not matmuls (a tied one is
+        # the LM head's weight, which is)
+        matmul_params = n - m.block_size * d - (0 if m.tie_embeddings else m.vocab_size * d)
         return ModelFacts(
             num_params=n,
             num_layers=m.n_layer,
@@ -73,7 +76,7 @@ class GPTSpec(ModelSpec):
             params_last=m.vocab_size * d + norm,  # a pipeline's last stage keeps its own head
             tokens_per_sample=m.block_size,
             unit="tokens",
-            flops_per_unit=6 * non_embedding + 12 * m.n_layer * d * m.block_size,
+            flops_per_unit=6 * matmul_params + 12 * m.n_layer * d * m.block_size,
             matrix_shapes=mats,
             # under tp: the position embedding, every norm and the row-wise layers' biases
             params_tp_replicated=m.block_size * d

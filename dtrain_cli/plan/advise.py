@@ -129,6 +129,10 @@ class Advice:
     unit: str
     ranked: list[Verdict] = field(default_factory=list)
     rejected: list[Verdict] = field(default_factory=list)
+    reference: Verdict | None = None
+    """The layout the user gave (``dtrain advise ... dp=48 tp=8``), costed the same way."""
+    reference_why: str = ""
+    """Where the given layout stands against #1 (:mod:`.advise_compare`)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -237,8 +241,10 @@ def advise(
     world: int | None = None,
     dp_max: int | None = None,
     allow_cross_node_tp: bool = False,
+    reference: Layout | None = None,
 ) -> Advice:
-    """Rank every layout; raises ConfigError when none fits (saying what is short)."""
+    """Rank every layout; raises ConfigError when none fits (saying what is short).
+    ``reference``: a layout to cost too and compare #1 against (``Advice.reference_why``)."""
     if not cfg.train.global_batch_size:
         raise ConfigError(
             [
@@ -273,6 +279,12 @@ def advise(
     if not ranked:
         raise ConfigError([nothing_fits(cfg, advice, verdicts)])
     explain(advice)
+    if reference is not None:
+        from dtrain_cli.plan.advise_compare import compare_reference
+
+        same = next((v for v in verdicts if v.layout == reference), None)
+        advice.reference = same or assess(cfg, reference, nnodes, allow_cross_node_tp)
+        advice.reference_why = compare_reference(advice, advice.reference)
     return advice
 
 

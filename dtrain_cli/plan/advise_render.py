@@ -63,6 +63,8 @@ def render_advice(advice: Advice, top: int) -> Group:
     why.add_column("reason")
     for i, v in enumerate(advice.ranked[:top], 1):
         why.add_row(str(i), v.why)
+    if advice.reference_why:
+        why.add_row("given", advice.reference_why)
     kinds = Counter(v.kind for v in advice.rejected)
     rej = Table(
         title="rejected: " + (", ".join(f"{n} {k}" for k, n in kinds.most_common()) or "none"),

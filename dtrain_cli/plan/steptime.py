@@ -11,13 +11,33 @@ fp32 gradient of the logits in backward).
 
 Links: the mesh is (pp, dp, tp) with tp innermost (:data:`.plan.MESH_DIM_NAMES`), so a
 group of ``span`` consecutive ranks stays inside a node when ``span`` divides the devices
-per node: tp spans tp ranks, dp spans dp*tp, pp the whole world.
+per node: tp spans tp ranks, dp spans dp*tp, pp the whole world. A collective over a group
+that spans nodes moves most of its bytes over NVLink: NCCL's rings and trees cross nodes on
+every member's own NIC (one per GPU in HGX/DGX nodes), so the group's bandwidth is
+``min(intra, members per node x inter)`` (:func:`group_gbps`).
 
-Step time: compute at ``peak * matmul_efficiency`` (the plan's FLOPs per token, plus the
-recomputed forwards), tensor-parallel all-reduces on the critical path, data-parallel
-traffic hidden behind backward (ddp, zero1) or behind the whole step (fsdp prefetch), as
-far as the hardware's ``comm_overlap`` lets it, and only the rest exposed, pipeline sends
-and the bubble ``(p-1)/(v m + p-1)`` on top.
+Step time, calibrated against published large-scale runs (bench/published_cases.yaml: 83
+runs of MosaicML llm-foundry, Megatron-LM, Megatron-Core, Calculon's validation set and
+torchtitan; bench/RESULTS.md has the table and the errors):
+
+- compute: the plan's FLOPs per token plus the recomputed forwards, at the compute
+  efficiency of :func:`compute_efficiency`: ``matmul_efficiency`` (the ceiling large models
+  reach) lowered by the memory-bound work a narrow model (small width) or a small
+  micro-batch (few tokens per weight read) adds per FLOP;
+- the optimizer step: memory-bound, AdamW reads and writes 28 bytes per parameter it
+  updates (SGD 12, with momentum 20);
+- tensor parallel: all-reduces of the (b, s, d) activations, 4 per block and micro-batch
+  (2 forward, 2 backward, 2 more per recomputed block), on the critical path;
+- data parallel: ddp/zero1 all-reduce behind backward, fsdp's all-gathers (bf16 under
+  autocast, again each micro-batch: gradient accumulation re-gathers) and fp32
+  reduce-scatter behind the whole compute, as far as ``comm_overlap`` lets them; only the
+  rest and the last call's latency are exposed;
+- pipeline: activation sends between stages, of which only those filling and draining
+  the pipeline wait (the steady state overlaps them), and the bubble ``(p-1)/(v m + p-1)``
+  of the plan (halved for the zero-bubble schedules, which fill most of it with
+  weight-gradient passes: bench/RESULTS.md measured zbv at about half). A deeper pipeline
+  with the micro-batches to fill it costs its bubble and nothing else, as the published
+  Megatron runs show (MFU 42-48% from pp=1 to pp=16).
 """
 
 from __future__ import annotations
@@ -25,16 +45,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dtrain_cli.config.schema import DtrainConfig, HardwareConfig
-from dtrain_cli.models.spec import ModelSpec
+from dtrain_cli.models.spec import ModelFacts, ModelSpec
 from dtrain_cli.plan.layout import (
     BYTES_PER_ACTIVATION,
+    SPLIT_BACKWARD,
     checkpointed_layers,
+    fsdp_reshards_after_forward,
     inflight_microbatches,
     part_activations,
 )
 from dtrain_cli.plan.plan import Plan
 
 GIB = 1024**3
+
+# Memory-bound bytes per FLOP, in the form (constant / width) and (constant / tokens of one
+# micro-batch), fitted on bench/published_cases.yaml (bench/calibration_bench.py). Their
+# meaning: a transformer block does ~72 d^2 FLOPs per token and its elementwise work
+# (norms, activation, residual, dropout, casts) moves ~72 x WIDTH_BYTES_PER_FLOP bytes per
+# (token, channel); every weight is read again for each micro-batch (~1 byte per FLOP per
+# token of the micro-batch, bf16) plus per-micro-batch launch and scheduling costs.
+WIDTH_BYTES_PER_FLOP = 6.0
+TOKEN_BYTES_PER_FLOP = 6.0
+ZERO_BUBBLE_FACTOR = 0.5  # zbv's measured bubble against (p-1)/(v m+p-1): bench/RESULTS.md
 
 
 @dataclass
@@ -75,11 +107,14 @@ class StepEstimate:
     links: list[Link] = field(default_factory=list)
     compute_s: float = 0.0
     recompute_s: float = 0.0
+    optimizer_s: float = 0.0
     bubble: float = 0.0
     bubble_s: float = 0.0
     step_s: float = 0.0
     tokens_per_s: float = 0.0
     mfu: float = 0.0
+    efficiency: float = 0.0
+    """Fraction of the peak the compute runs at (:func:`compute_efficiency`)."""
 
     def comm_exposed_s(self) -> float:
         return sum(link.exposed_s for link in self.links)
@@ -88,6 +123,7 @@ class StepEstimate:
         """Fraction of the step spent on each cost (compute, recompute, comm per axis, bubble)."""
         s = max(self.step_s, 1e-30)
         out = {"compute": self.compute_s / s, "recompute": self.recompute_s / s}
+        out["optimizer"] = self.optimizer_s / s
         for link in self.links:
             out[f"{link.axis} comm"] = link.exposed_s / s
         out["bubble"] = self.bubble_s / s
@@ -99,10 +135,39 @@ def placement(span: int, devices_per_node: int) -> str:
     return "intra" if span <= devices_per_node and devices_per_node % span == 0 else "inter"
 
 
-def _link_time(hw: HardwareConfig, where: str, nbytes: float, calls: int) -> float:
-    gbps = hw.intra_node_gbps if where == "intra" else hw.inter_node_gbps
+def group_gbps(hw: HardwareConfig, where: str, members_per_node: int = 1) -> float:
+    """Bandwidth per member of a collective: NVLink inside a node; across nodes each member
+    on a node sends over its own NIC and the rest of the ring runs over NVLink."""
+    if where == "intra":
+        return hw.intra_node_gbps
+    return min(hw.intra_node_gbps, max(members_per_node, 1) * hw.inter_node_gbps)
+
+
+def _link_time(
+    hw: HardwareConfig, where: str, nbytes: float, calls: int, per_node: int = 1
+) -> float:
     lat = hw.intra_node_latency_us if where == "intra" else hw.inter_node_latency_us
-    return nbytes / max(gbps * 1e9, 1.0) + calls * lat * 1e-6
+    return nbytes / max(group_gbps(hw, where, per_node) * 1e9, 1.0) + calls * lat * 1e-6
+
+
+def compute_efficiency(
+    hw: HardwareConfig, width: int, micro_tokens: int, low_precision: bool = True
+) -> float:
+    """Fraction of the peak a step's compute runs at. An additive roofline: each FLOP costs
+    ``1 / (peak * matmul_efficiency)`` plus the memory traffic that goes with it at
+    ``memory_gbps``, ``WIDTH_BYTES_PER_FLOP / width + TOKEN_BYTES_PER_FLOP / micro_tokens``
+    bytes; so a wide model with big micro-batches reaches ``matmul_efficiency`` and a
+    narrow one or a small micro-batch less (MosaicML's A100 table: MFU 45% at width 768,
+    60% at 2048, 64% at 4096; bench/published_cases.yaml)."""
+    if hw.memory_gbps <= 0 or width <= 0 or micro_tokens <= 0:
+        return hw.matmul_efficiency
+    ridge = peak_flops(hw, low_precision) / (hw.memory_gbps * 1e9)  # FLOPs per byte
+    per_flop = WIDTH_BYTES_PER_FLOP / width + TOKEN_BYTES_PER_FLOP / micro_tokens
+    return 1.0 / (1.0 / hw.matmul_efficiency + ridge * per_flop)
+
+
+def peak_flops(hw: HardwareConfig, low_precision: bool) -> float:
+    return (hw.peak_tflops_bf16 if low_precision else hw.peak_tflops_fp32) * 1e12
 
 
 def peak_memory(cfg: DtrainConfig, spec: ModelSpec, plan: Plan, hw: HardwareConfig) -> Memory:
@@ -130,61 +195,154 @@ def peak_memory(cfg: DtrainConfig, spec: ModelSpec, plan: Plan, hw: HardwareConf
     return Memory(e.bytes_params, e.bytes_grads, e.bytes_optimizer, acts, temporary, capacity)
 
 
+def _width(spec: ModelSpec, facts: ModelFacts) -> int:
+    """The model's hidden width: the width a (b, s, d) activation boundary holds."""
+    per_token = spec.checkpoint_bytes(1, 1, 1) / max(facts.tokens_per_sample, 1)
+    return int(per_token) or int((facts.params_per_layer / 12) ** 0.5)
+
+
+def tp_link(
+    cfg: DtrainConfig, plan: Plan, hw: HardwareConfig, layers: int, boundary: float
+) -> Link:
+    """Tensor-parallel all-reduces of the (b, s, d) activations, on the critical path."""
+    par = cfg.parallel
+    recomputed = len(checkpointed_layers(0, layers, par.activation_checkpointing))
+    where = placement(par.tp, max(hw.devices_per_node, 1))
+    ring = 2 * (par.tp - 1) / par.tp
+    calls = (4 + 2 * recomputed / layers) * layers / max(par.pp, 1)
+    calls *= plan.batch.grad_accum
+    nbytes = ring * boundary * calls
+    t = _link_time(hw, where, nbytes, int(calls))
+    return Link("tp", int(nbytes), where, t, t)
+
+
+def pp_link(cfg: DtrainConfig, plan: Plan, hw: HardwareConfig, boundary: float) -> Link:
+    """Activations forward and their gradients back between stages. In the steady state a
+    stage receives the next micro-batch while it computes the current one (Narayanan et al.
+    2021, sec. 4.1; torch.distributed.pipelining's sends are asynchronous), so
+    only the 2 (p-1) hops of filling and draining the pipeline wait for the link, and of
+    the rest what ``comm_overlap`` does not hide."""
+    g = max(hw.devices_per_node, 1)
+    span = cfg.parallel.dp * cfg.parallel.tp  # the next stage is this far away in the mesh
+    where = "intra" if span * 2 <= g and g % (span * 2) == 0 else "inter"
+    pipe = plan.pipeline
+    calls = 2 * pipe.virtual_stages * plan.batch.grad_accum
+    nbytes = boundary * calls
+    t = _link_time(hw, where, nbytes, calls)
+    fill = min(2 * (cfg.parallel.pp - 1) * pipe.calls_per_step, calls) * t / max(calls, 1)
+    return Link("pp", int(nbytes), where, t, fill + (1 - hw.comm_overlap) * (t - fill))
+
+
+def dp_link(
+    cfg: DtrainConfig,
+    plan: Plan,
+    hw: HardwareConfig,
+    layers: int,
+    compute_s: float,
+    backward_s: float,
+) -> Link:
+    """Gradient (and parameter) traffic over the dp group, hidden behind compute as far as
+    ``comm_overlap`` lets it; the rest and the last call's latency are exposed."""
+    par, e = cfg.parallel, plan.estimates
+    g = max(hw.devices_per_node, 1)
+    where = placement(par.dp * par.tp, g)
+    per_node = max(1, g // max(par.tp, 1)) if where == "inter" else 1
+    if par.strategy == "fsdp":
+        nbytes, calls = fsdp_traffic(cfg, plan, layers)
+        hidden = hw.comm_overlap * compute_s  # prefetched: behind the whole step
+    else:
+        nbytes = e.comm_bytes_per_step
+        buckets = max(1, int(4 * e.params_per_rank / (cfg.comm.bucket_mb * 2**20)) + 1)
+        calls = buckets + (1 if par.strategy == "zero1" else 0)
+        hidden = hw.comm_overlap * backward_s
+    t = _link_time(hw, where, nbytes, calls, per_node)
+    exposed = max(0.0, t - hidden) + _link_time(hw, where, 0, 1)  # the last call waits
+    return Link("dp", int(nbytes), where, t, min(t, exposed))
+
+
+def fsdp_traffic(cfg: DtrainConfig, plan: Plan, layers: int) -> tuple[float, int]:
+    """(bytes, calls) one rank sends per step under FSDP2: all-gathers of the parameters in
+    the compute dtype (forward, and again in backward when resharded after forward) for
+    every micro-batch outside a pipeline (accumulation re-gathers; a pipeline stage keeps
+    them across its schedule's micro-batches), one reduce-scatter of fp32 gradients."""
+    par, e = cfg.parallel, plan.estimates
+    ring = (par.dp - 1) / par.dp
+    params = e.params_per_rank
+    low = 2 if cfg.precision.name in ("bf16", "fp16") else 4
+    schedule = plan.pipeline.schedule if plan.pipeline else None
+    gathers = 2 if fsdp_reshards_after_forward(cfg, schedule) else 1
+    rounds = plan.pipeline.calls_per_step if plan.pipeline else plan.batch.grad_accum
+    units = max(layers // max(par.pp, 1), 1) + 1
+    nbytes = ring * params * (low * gathers * rounds + 4)
+    return nbytes, units * (gathers * rounds + 1)
+
+
+def compute_seconds(
+    cfg: DtrainConfig, spec: ModelSpec, plan: Plan, hw: HardwareConfig
+) -> tuple[float, float]:
+    """(seconds, efficiency) of one rank's forward and backward FLOPs per step (without
+    recomputation): the attention's score and value products (12 L d s per token, flash
+    attention) at ``attention_efficiency``, the rest at :func:`compute_efficiency`."""
+    b, e, facts = plan.batch, plan.estimates, spec.facts()
+    low = cfg.precision.name in ("bf16", "fp16")
+    peak = peak_flops(hw, low)
+    width = _width(spec, facts)
+    eff = compute_efficiency(hw, width, b.micro_batch_size * facts.tokens_per_sample, low)
+    flops = e.flops_per_token * b.tokens_per_step / max(plan.world_size, 1)
+    attention = 0.0
+    if facts.unit == "tokens" and hw.attention_efficiency > 0:
+        per_token = 12 * facts.num_layers * width * facts.tokens_per_sample
+        attention = flops * min(per_token / max(e.flops_per_token, 1), 1.0)
+    seconds = (flops - attention) / max(peak * eff, 1.0)
+    seconds += attention / max(peak * hw.attention_efficiency, 1.0)
+    return seconds, flops / max(peak * seconds, 1e-30)
+
+
+def optimizer_seconds(cfg: DtrainConfig, plan: Plan, hw: HardwareConfig) -> float:
+    """The optimizer step, memory-bound: it reads the parameter, its gradient and each fp32
+    state word and writes the parameter and the states back (AdamW: 7 words, 28 bytes),
+    for the parameters this rank updates (its shard under zero1 and fsdp)."""
+    if hw.memory_gbps <= 0:
+        return 0.0
+    par, optim = cfg.parallel, cfg.optim
+    words = {"adamw": 2, "sgd": 1 if optim.momentum > 0 else 0}.get(optim.name, 2)
+    updated = plan.estimates.params_per_rank
+    updated /= par.dp if par.strategy in ("zero1", "fsdp") else 1
+    return updated * 4 * (3 + 2 * words) / (hw.memory_gbps * 1e9)
+
+
 def estimate_step(
     cfg: DtrainConfig, spec: ModelSpec, plan: Plan, hw: HardwareConfig
 ) -> StepEstimate:
     par, b, e = cfg.parallel, plan.batch, plan.estimates
     facts = spec.facts()
     world = max(plan.world_size, 1)
-    g = max(hw.devices_per_node, 1)
-    low = cfg.precision.name in ("bf16", "fp16")
-    peak = (hw.peak_tflops_bf16 if low else hw.peak_tflops_fp32) * 1e12
-    rate = max(peak * hw.matmul_efficiency, 1.0)
+    peak = peak_flops(hw, cfg.precision.name in ("bf16", "fp16"))
+    compute_s, eff = compute_seconds(cfg, spec, plan, hw)
 
-    flops = e.flops_per_token * b.tokens_per_step / world
     layers = max(facts.num_layers, 1)
     recomputed = len(checkpointed_layers(0, facts.num_layers, par.activation_checkpointing))
-    compute_s = flops / rate
     recompute_s = compute_s / 3 * recomputed / layers  # one more forward of those blocks
     backward_s = (compute_s + recompute_s) * 2 / 3
+    optimizer_s = optimizer_seconds(cfg, plan, hw)
 
-    links: list[Link] = []
-    micro_per_rank = b.grad_accum  # micro-batches each rank runs per step
     bpv = BYTES_PER_ACTIVATION[cfg.precision.name]
     boundary = spec.checkpoint_bytes(b.micro_batch_size, bpv, 1)  # one block's (b, s, d)
+    links: list[Link] = []
     if par.tp > 1:
-        where = placement(par.tp, g)
-        ring = 2 * (par.tp - 1) / par.tp
-        per_rank_layers = facts.num_layers / max(par.pp, 1)
-        calls = (4 + 2 * recomputed / layers) * per_rank_layers * micro_per_rank
-        nbytes = ring * boundary * calls
-        t = _link_time(hw, where, nbytes, int(calls))
-        links.append(Link("tp", int(nbytes), where, t, t))  # on the critical path
+        links.append(tp_link(cfg, plan, hw, layers, boundary))
     if par.pp > 1 and plan.pipeline is not None:
-        where = placement(world, g)
-        v = plan.pipeline.virtual_stages
-        calls = 2 * v * micro_per_rank  # activation forward, its gradient back, per stage
-        nbytes = boundary * calls
-        t = _link_time(hw, where, nbytes, calls)
-        links.append(Link("pp", int(nbytes), where, t, t))
+        links.append(pp_link(cfg, plan, hw, boundary))
     if par.dp > 1:
-        where = placement(par.dp * par.tp, g)
-        nbytes = e.comm_bytes_per_step
-        if par.strategy == "fsdp":
-            calls = 3 * max(facts.num_layers // max(par.pp, 1), 1) + 2
-            t = _link_time(hw, where, nbytes, calls)
-            hidden = hw.comm_overlap * (compute_s + recompute_s)  # prefetched: whole step
-        else:
-            buckets = max(1, int(4 * e.params_per_rank / (cfg.comm.bucket_mb * 2**20)) + 1)
-            t = _link_time(hw, where, nbytes, buckets + (1 if par.strategy == "zero1" else 0))
-            hidden = hw.comm_overlap * backward_s
-        exposed = max(0.0, t - hidden) + _link_time(hw, where, 0, 1)  # the last call waits
-        links.append(Link("dp", int(nbytes), where, t, min(t, exposed)))
+        links.append(dp_link(cfg, plan, hw, layers, compute_s + recompute_s, backward_s))
 
     busy = compute_s + recompute_s + sum(x.exposed_s for x in links if x.axis in ("tp", "pp"))
     bubble = plan.pipeline.bubble if plan.pipeline is not None else 0.0
+    if plan.pipeline is not None and plan.pipeline.schedule in SPLIT_BACKWARD:
+        bubble *= ZERO_BUBBLE_FACTOR
     bubble_s = busy * bubble / max(1 - bubble, 1e-9)
-    step_s = busy + bubble_s + sum(x.exposed_s for x in links if x.axis == "dp")
+    dp_s = sum(x.exposed_s for x in links if x.axis == "dp")
+    step_s = busy + bubble_s + dp_s + optimizer_s
     tokens_per_s = b.tokens_per_step / step_s if step_s > 0 else 0.0
     mfu = e.flops_per_token * tokens_per_s / (world * peak) if peak > 0 else 0.0
     return StepEstimate(
@@ -192,9 +350,11 @@ def estimate_step(
         links=links,
         compute_s=compute_s,
         recompute_s=recompute_s,
+        optimizer_s=optimizer_s,
         bubble=bubble,
         bubble_s=bubble_s,
         step_s=step_s,
         tokens_per_s=tokens_per_s,
         mfu=mfu,
+        efficiency=eff,
     )
