@@ -329,7 +329,7 @@ class ClusterConfig:
     """Seconds before the time limit SLURM sends ``signal`` (it may come up to 60 s early)."""
     checkpoint_on_sigterm: bool = True
     """Under SLURM or in a Kubernetes pod, SIGTERM (preemption, scontrol requeue, a pod's
-    deletion) also asks for that checkpoint."""
+    deletion or eviction) also asks for that checkpoint."""
     requeue: bool = True
     """After a preemption checkpoint the job requeues itself and resumes from it."""
     max_requeues: int = 20
