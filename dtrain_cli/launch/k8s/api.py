@@ -14,6 +14,7 @@ exists it owns the ConfigMap (``ownerReferences``), so deleting the JobSet delet
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -59,9 +60,10 @@ def connect(context: str | None = None, namespace: str | None = None) -> Cluster
         raise KubeError(
             "the kubernetes client is not installed: pip install 'dtrain[k8s]'"
         ) from None
+    files = os.environ.get("KUBECONFIG")  # read now: the client reads it at its import
     try:
-        config.load_kube_config(context=context)
-        contexts, active = config.list_kube_config_contexts()
+        config.load_kube_config(config_file=files, context=context)
+        contexts, active = config.list_kube_config_contexts(config_file=files)
         chosen = next((c for c in contexts if c["name"] == context), active)
         default_ns = chosen.get("context", {}).get("namespace", "default")
     except (config.ConfigException, OSError) as exc:

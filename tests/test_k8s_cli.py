@@ -1,0 +1,110 @@
+"""``dtrain k8s`` from the command line: the commands of docs/kubernetes.md, and every bad
+input of issue 27 as one line, exit 2, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from dtrain_cli.cli.app import app
+
+runner = CliRunner()
+IMAGE = "cluster.image=registry.example/team/train:1.0"
+GOOD = ["k8s", "recipe=gpt_tiny", IMAGE, "run.name=ok-1"]
+
+
+def test_dry_run_prints_the_configmap_and_the_jobset():
+    result = runner.invoke(
+        app,
+        [
+            "k8s",
+            "recipe=gpt_small",
+            "parallel.nnodes=4",
+            "cluster.gpus_per_node=8",
+            IMAGE,
+            "--dry-run",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "JobSet"]
+    name = docs[1]["metadata"]["name"]
+    assert name.startswith("gpt-small-")  # recipe-timestamp, made a DNS label
+    assert "warning: cluster.pvc is not set" in result.stderr
+
+
+def test_out_writes_the_file_kubectl_applies(tmp_path):
+    out = tmp_path / "job.yaml"
+    result = runner.invoke(app, [*GOOD, "cluster.queue=team-a", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert f"wrote {out}: kubectl apply -f {out}" in result.stderr
+    (_, jobset) = yaml.safe_load_all(out.read_text())
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+
+
+def test_help_names_the_guide():
+    result = runner.invoke(app, ["k8s", "--help"])
+    assert result.exit_code == 0 and "docs/kubernetes.md" in result.stdout
+    for command in ("status", "logs", "cancel"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["recipe=gpt_tiny"], "cluster.image is not set: the container image with dtrain"),
+        (
+            [IMAGE, "cluster.gpus_per_node=8", "dp=4"],
+            "cluster.gpus_per_node=8 but the plan runs 4 process(es) per node",
+        ),
+        ([IMAGE, "run.name=My_Run"], "run.name='My_Run': not a DNS label for the JobSet"),
+        (
+            [IMAGE, "parallel.nnodes=4", "dp=4", f"run.name={'a' * 60}"],
+            "60 characters; the pods' names",
+        ),
+        ([IMAGE, "cluster.queue=team-a;rm -rf /"], "cannot parse the value"),  # Hydra's
+        ([IMAGE, "cluster.queue='team-a;rm -rf /'"], "cluster.queue='team-a;rm -rf /': not a"),
+        ([IMAGE, "cluster.queue='team: a'"], "cluster.queue='team: a': not a DNS"),
+        (
+            ["cluster.image='train:1.0 && curl x | sh'"],
+            "cluster.image='train:1.0 && curl x | sh': not an image reference",
+        ),
+        (["cluster.image='{a: b}'"], "not an image reference"),
+        (["cluster.image='a\nb'"], "not an image reference"),
+        ([IMAGE, "dp=${oc.env:HOME}"], "parallel.dp=${oc.env:HOME}: the interpolation fails"),
+        ([IMAGE, "cluster.k8s_kind=pytorchjob"], "cluster.k8s_kind=pytorchjob: not allowed"),
+        ([IMAGE, "cluster.shm_size=lots"], "cluster.shm_size='lots': not a Kubernetes quantity"),
+        ([IMAGE, "cluster.namespace=Team_A"], "cluster.namespace='Team_A': not a DNS label"),
+        ([IMAGE, "cluster.pvc=runs/../x"], "cluster.pvc='runs/../x': not a DNS-1123 name"),
+        ([IMAGE, "cluster.run_root=runs"], "cluster.run_root='runs': not an absolute folder"),
+        (
+            [IMAGE, "parallel.nnodes=1:2", "dp=2", "cluster.k8s_kind=trainjob"],
+            "Kubeflow Trainer has no elastic TrainJob",
+        ),
+        ([IMAGE, "cluster.env={A-B: '1'}"], "cluster.env: 'A-B' is not a variable name"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message, tmp_path):
+    out = tmp_path / "job.yaml"
+    result = runner.invoke(app, ["k8s", "recipe=gpt_tiny", *args, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert any(message in x for x in lines), lines
+    assert all(len(x) < 400 for x in lines)
+    assert not out.exists()
+
+
+def test_every_problem_is_reported_together():
+    result = runner.invoke(app, ["k8s", "run.name=Bad_Name", "cluster.gpus_per_node=8", "dp=4"])
+    assert result.exit_code == 2
+    errors = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert len(errors) == 2  # the name and the image; the GPU check needs a plan first
+    assert "not a DNS label" in errors[0] and "cluster.image is not set" in errors[1]
+
+
+def test_dry_run_with_submit_is_refused():
+    result = runner.invoke(app, [*GOOD, "--dry-run", "--submit"])
+    assert result.exit_code == 2 and "choose" in result.output
