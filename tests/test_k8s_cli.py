@@ -108,3 +108,47 @@ def test_every_problem_is_reported_together():
 def test_dry_run_with_submit_is_refused():
     result = runner.invoke(app, [*GOOD, "--dry-run", "--submit"])
     assert result.exit_code == 2 and "choose" in result.output
+
+
+def guide_commands() -> list[list[str]]:
+    """The ``dtrain`` lines of docs/kubernetes.md's bash blocks (the cluster's own commands
+    are in ``text`` blocks)."""
+    import re
+    import shlex
+
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    out = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith("dtrain "):
+                out.append(shlex.split(line.split("  #")[0])[1:])
+    return out
+
+
+def test_the_guide_has_its_commands():
+    assert len(guide_commands()) >= 4
+
+
+@pytest.mark.parametrize("argv", guide_commands(), ids=" ".join)
+def test_every_command_of_the_guide_runs(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert "error:" not in result.output
+    if "--out" in argv:
+        assert (tmp_path / argv[argv.index("--out") + 1]).is_file()
+
+
+def test_the_example_site_file_gives_a_valid_manifest():
+    from tests.k8s_schema import problems
+
+    args = ["k8s", "recipe=gpt_small", "cluster=example_k8s", "parallel.nnodes=2", "run.name=x"]
+    result = runner.invoke(app, [*args, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    configmap, jobset = yaml.safe_load_all(result.stdout)
+    assert problems(configmap) == problems(jobset) == []
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    ctr = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert ctr["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8, "memory": "480Gi"}
