@@ -84,6 +84,9 @@ def test_help_names_the_guide():
             "Kubeflow Trainer has no elastic TrainJob",
         ),
         ([IMAGE, "cluster.env={A-B: '1'}"], "cluster.env: 'A-B' is not a variable name"),
+        ([IMAGE, "cluster.rdzv_port=70000"], "cluster.rdzv_port=70000: must be in [0, 65535]"),
+        ([IMAGE, "cluster.gpus_per_node=-8"], "cluster.gpus_per_node=-8: must be in"),
+        ([IMAGE, "cluster.mem=lots"], "cluster.mem='lots': use a size such as 480G"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message, tmp_path):

@@ -202,6 +202,24 @@ def cluster_problems(cfg: DtrainConfig, name: str) -> list[str]:
     for key in c.env:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             problems.append(f"cluster.env: {key!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+    return problems + resource_problems(c)
+
+
+def resource_problems(c: ClusterConfig) -> list[str]:
+    """The ``cluster`` values shared with ``dtrain sbatch`` that a pod spec carries."""
+    from dtrain_cli.launch.slurm import MEM_RE
+
+    problems = []
+    for key, value, low, high in (
+        ("gpus_per_node", c.gpus_per_node, 0, 2**31 - 1),
+        ("cpus_per_task", c.cpus_per_task, 1, 2**31 - 1),
+        ("rdzv_port", c.rdzv_port, 0, 65535),
+        ("grace_period_s", c.grace_period_s, 1, 2**31 - 1),
+    ):
+        if value is not None and not low <= value <= high:
+            problems.append(f"cluster.{key}={value}: must be in [{low}, {high}]")
+    if c.mem is not None and not MEM_RE.match(c.mem):
+        problems.append(f"cluster.mem={c.mem!r}: use a size such as 480G or 500M (binary units)")
     return problems
 
 
