@@ -5,7 +5,9 @@
 
 What the ``dtrain sbatch`` script runs on every node: no composing, the run dir's
 config.yaml and plan.yaml decide everything (the workers resume from its newest complete
-checkpoint, so a requeued job continues). The node rank defaults to ``$SLURM_NODEID``;
+checkpoint, so a requeued job continues). ``--init-from DIR`` (a ``dtrain k8s`` pod) first
+copies config.yaml and plan.yaml from DIR, the mounted ConfigMap, into the run dir
+(:mod:`dtrain_cli.launch.k8s.pod`). The node rank defaults to ``$SLURM_NODEID``;
 ``--join`` (a ``dtrain sbatch --join`` job's nodes) has none: such a node never hosts the
 rendezvous. When this node's workers completed the run, ``slurm/FINISHED`` records it (the
 batch script's test of success: an elastic job's srun reports a lost node's task).
@@ -31,9 +33,17 @@ def agent(
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="node0 host:port."),
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Same on every node."),
     join: bool = typer.Option(False, "--join", help="Join a running elastic run (no rank)."),
+    init_from: Path | None = typer.Option(
+        None, "--init-from", help="Copy config.yaml, plan.yaml from here first (k8s pods)."
+    ),
 ) -> None:
     """Start this node's workers for an existing run dir (what `dtrain sbatch` jobs run)."""
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    if init_from is not None:  # a Kubernetes pod: the run dir from the mounted ConfigMap
+        from dtrain_cli.launch.k8s.pod import init_run_dir
+
+        if problems := init_run_dir(run_dir.resolve(), init_from):
+            fail(problems)
     from dtrain_cli.launch import worker_server
     from dtrain_cli.runtime.preload import SCRIPT_FIRST, WORKER_FIRST
 

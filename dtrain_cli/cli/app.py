@@ -5,6 +5,7 @@ dtrain plan   recipe=gpt_small dp=2
 dtrain advise recipe=gpt_small hardware=h100_80g parallel.nnodes=8
 dtrain launch recipe=gpt_small dp=2
 dtrain run    dp=2 -- train.py --epochs 3
+dtrain k8s    recipe=gpt_small parallel.nnodes=2 cluster.image=IMAGE --dry-run
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dtrain_cli.cli.checkpoints_cmd import checkpoints
 from dtrain_cli.cli.compare_cmd import compare
 from dtrain_cli.cli.env_cmd import env
 from dtrain_cli.cli.export_cmd import export
+from dtrain_cli.cli.k8s_cmd import k8s_app
 from dtrain_cli.cli.launch_cmd import launch
 from dtrain_cli.cli.plan_cmd import plan
 from dtrain_cli.cli.recipes_cmd import recipes
@@ -55,6 +57,7 @@ app.command()(recipes)
 app.command()(checkpoints)
 app.command()(export)
 app.command(context_settings=OVERRIDE_SETTINGS)(sbatch)
+app.add_typer(k8s_app, name="k8s")
 app.command(name="validate-cluster")(validate_cluster)
 app.command()(agent)
 app.command()(report)

@@ -332,10 +332,40 @@ class ClusterConfig:
     signal_lead_s: int = 120
     """Seconds before the time limit SLURM sends ``signal`` (it may come up to 60 s early)."""
     checkpoint_on_sigterm: bool = True
-    """Under SLURM, SIGTERM (preemption, scontrol requeue) also asks for that checkpoint."""
+    """Under SLURM or in a Kubernetes pod, SIGTERM (preemption, scontrol requeue, a pod's
+    deletion or eviction) also asks for that checkpoint."""
     requeue: bool = True
     """After a preemption checkpoint the job requeues itself and resumes from it."""
     max_requeues: int = 20
+    # Kubernetes (``dtrain k8s``, docs/kubernetes.md); checked in dtrain_cli.config.k8s_fields
+    image: str | None = None
+    """Kubernetes: the container image every pod runs (dtrain and your code installed)."""
+    k8s_kind: str = "jobset"
+    """Kubernetes: jobset (a JobSet, jobset.x-k8s.io/v1alpha2) | trainjob (a Kubeflow
+    Trainer v2 TrainJob on the runtime ``trainjob_runtime``)."""
+    namespace: str | None = None
+    """Kubernetes namespace; default: the kube-context's (``--submit``) or none (the file)."""
+    queue: str | None = None
+    """Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``): all pods admitted together."""
+    pvc: str | None = None
+    """PersistentVolumeClaim holding the run dirs, mounted at ``run_root`` in every pod
+    (ReadWriteMany for several nodes); unset: an emptyDir per pod, lost at a restart."""
+    run_root: str = "/runs"
+    """Kubernetes: where the run dirs' volume is mounted; the run dir is run_root/<name>."""
+    shm_size: str | None = None
+    """Kubernetes: size limit of the memory-backed /dev/shm, e.g. 64Gi; unset: no limit
+    (it counts against the pod's memory)."""
+    service_account: str | None = None
+    """Kubernetes service account of the pods (image pull secrets, storage access)."""
+    gpu_resource: str = "nvidia.com/gpu"
+    """Kubernetes: the extended resource ``gpus_per_node`` requests (amd.com/gpu ...)."""
+    grace_period_s: int | None = None
+    """Kubernetes: seconds from SIGTERM to SIGKILL (terminationGracePeriodSeconds); unset:
+    from the plan's estimate of the time to the next logging step plus one checkpoint."""
+    storage_gbps: float = 1.0
+    """Kubernetes: write bandwidth of the run dirs' volume (GB/s), for that estimate."""
+    trainjob_runtime: str = "torch-distributed"
+    """k8s_kind=trainjob: the ClusterTrainingRuntime the TrainJob runs on."""
 
 
 @dataclass

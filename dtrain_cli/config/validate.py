@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.config.k8s_fields import k8s_field_problems
 from dtrain_cli.config.schema import DtrainConfig
 
 BUILTIN_LOSSES = ("cross_entropy", "mse", "model")  # dtrain_cli.models.losses (torch)
@@ -244,6 +245,7 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
     problems = range_problems(cfg) + node_range_problems(cfg)
     problems += name_problems("run.name", cfg.run.name)
     problems += name_problems("launcher.rdzv_id", cfg.launcher.rdzv_id)
+    problems += k8s_field_problems(cfg.cluster)  # values bound for a manifest: their form
     if problems:  # the checks below combine values: only once each value is possible
         return problems
     if cfg.train.global_batch_size is not None and cfg.train.grad_accum is not None:

@@ -76,12 +76,17 @@ class PreemptionWatcher:
 WATCHER = PreemptionWatcher()
 
 
+SCHEDULER_ENV = ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST")
+"""Set inside a SLURM job / a Kubernetes pod (the kubelet sets it in every container)."""
+
+
 def watched_signals(signal_name: str, checkpoint_on_sigterm: bool) -> list[str]:
     """The configured signal, plus SIGTERM inside a SLURM job (preemption, scontrol requeue,
-    the time limit) when ``checkpoint_on_sigterm``. Outside SLURM, SIGTERM keeps its meaning
-    (the local launcher's Ctrl-C stops workers with it)."""
+    the time limit) or a Kubernetes pod (its deletion or eviction: the kubelet's SIGTERM
+    reaches the agent, which stops its workers with it) when ``checkpoint_on_sigterm``.
+    Elsewhere SIGTERM keeps its meaning (the local launcher's Ctrl-C stops workers with it)."""
     out = [signal_name] if signal_name else []
-    if checkpoint_on_sigterm and "SLURM_JOB_ID" in os.environ:
+    if checkpoint_on_sigterm and any(key in os.environ for key in SCHEDULER_ENV):
         out.append("TERM")
     return out
 

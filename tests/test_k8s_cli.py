@@ -1,0 +1,157 @@
+"""``dtrain k8s`` from the command line: the commands of docs/kubernetes.md, and every bad
+input of issue 27 as one line, exit 2, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from dtrain_cli.cli.app import app
+
+runner = CliRunner()
+IMAGE = "cluster.image=registry.example/team/train:1.0"
+GOOD = ["k8s", "recipe=gpt_tiny", IMAGE, "run.name=ok-1"]
+
+
+def test_dry_run_prints_the_configmap_and_the_jobset():
+    result = runner.invoke(
+        app,
+        [
+            "k8s",
+            "recipe=gpt_small",
+            "parallel.nnodes=4",
+            "cluster.gpus_per_node=8",
+            IMAGE,
+            "--dry-run",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    docs = list(yaml.safe_load_all(result.stdout))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "JobSet"]
+    name = docs[1]["metadata"]["name"]
+    assert name.startswith("gpt-small-")  # recipe-timestamp, made a DNS label
+    assert "warning: cluster.pvc is not set" in result.stderr
+
+
+def test_out_writes_the_file_kubectl_applies(tmp_path):
+    out = tmp_path / "job.yaml"
+    result = runner.invoke(app, [*GOOD, "cluster.queue=team-a", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ""
+    assert f"wrote {out}: kubectl apply -f {out}" in result.stderr
+    (_, jobset) = yaml.safe_load_all(out.read_text())
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+
+
+def test_help_names_the_guide():
+    result = runner.invoke(app, ["k8s", "--help"])
+    assert result.exit_code == 0 and "docs/kubernetes.md" in result.stdout
+    for command in ("status", "logs", "cancel"):
+        assert command in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["recipe=gpt_tiny"], "cluster.image is not set: the container image with dtrain"),
+        (
+            [IMAGE, "cluster.gpus_per_node=8", "dp=4"],
+            "cluster.gpus_per_node=8 but the plan runs 4 process(es) per node",
+        ),
+        ([IMAGE, "run.name=My_Run"], "run.name='My_Run': not a DNS label for the JobSet"),
+        (
+            [IMAGE, "parallel.nnodes=4", "dp=4", f"run.name={'a' * 60}"],
+            "60 characters; the pods' names",
+        ),
+        ([IMAGE, "cluster.queue=team-a;rm -rf /"], "cannot parse the value"),  # Hydra's
+        ([IMAGE, "cluster.queue='team-a;rm -rf /'"], "cluster.queue='team-a;rm -rf /': not a"),
+        ([IMAGE, "cluster.queue='team: a'"], "cluster.queue='team: a': not a DNS"),
+        (
+            ["cluster.image='train:1.0 && curl x | sh'"],
+            "cluster.image='train:1.0 && curl x | sh': not an image reference",
+        ),
+        (["cluster.image='{a: b}'"], "not an image reference"),
+        (["cluster.image='a\nb'"], "not an image reference"),
+        ([IMAGE, "dp=${oc.env:HOME}"], "parallel.dp=${oc.env:HOME}: the interpolation fails"),
+        ([IMAGE, "cluster.k8s_kind=pytorchjob"], "cluster.k8s_kind=pytorchjob: not allowed"),
+        ([IMAGE, "cluster.shm_size=lots"], "cluster.shm_size='lots': not a Kubernetes quantity"),
+        ([IMAGE, "cluster.namespace=Team_A"], "cluster.namespace='Team_A': not a DNS label"),
+        ([IMAGE, "cluster.pvc=runs/../x"], "cluster.pvc='runs/../x': not a DNS-1123 name"),
+        ([IMAGE, "cluster.run_root=runs"], "cluster.run_root='runs': not an absolute folder"),
+        (
+            [IMAGE, "parallel.nnodes=1:2", "dp=2", "cluster.k8s_kind=trainjob"],
+            "Kubeflow Trainer has no elastic TrainJob",
+        ),
+        ([IMAGE, "cluster.env={A-B: '1'}"], "cluster.env: 'A-B' is not a variable name"),
+        ([IMAGE, "cluster.rdzv_port=70000"], "cluster.rdzv_port=70000: must be in [0, 65535]"),
+        ([IMAGE, "cluster.gpus_per_node=-8"], "cluster.gpus_per_node=-8: must be in"),
+        ([IMAGE, "cluster.mem=lots"], "cluster.mem='lots': use a size such as 480G"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(args, message, tmp_path):
+    out = tmp_path / "job.yaml"
+    result = runner.invoke(app, ["k8s", "recipe=gpt_tiny", *args, "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert any(message in x for x in lines), lines
+    assert all(len(x) < 400 for x in lines)
+    assert not out.exists()
+
+
+def test_every_problem_is_reported_together():
+    result = runner.invoke(app, ["k8s", "run.name=Bad_Name", "cluster.gpus_per_node=8", "dp=4"])
+    assert result.exit_code == 2
+    errors = [x for x in result.output.splitlines() if x.startswith("error:")]
+    assert len(errors) == 2  # the name and the image; the GPU check needs a plan first
+    assert "not a DNS label" in errors[0] and "cluster.image is not set" in errors[1]
+
+
+def test_dry_run_with_submit_is_refused():
+    result = runner.invoke(app, [*GOOD, "--dry-run", "--submit"])
+    assert result.exit_code == 2 and "choose" in result.output
+
+
+def guide_commands() -> list[list[str]]:
+    """The ``dtrain`` lines of docs/kubernetes.md's bash blocks (the cluster's own commands
+    are in ``text`` blocks)."""
+    import re
+    import shlex
+
+    from tests.conftest import REPO
+
+    text = (REPO / "docs" / "kubernetes.md").read_text()
+    out = []
+    for block in re.findall(r"^```bash\n(.*?)^```", text, re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            if line.startswith("dtrain "):
+                out.append(shlex.split(line.split("  #")[0])[1:])
+    return out
+
+
+def test_the_guide_has_its_commands():
+    assert len(guide_commands()) >= 4
+
+
+@pytest.mark.parametrize("argv", guide_commands(), ids=" ".join)
+def test_every_command_of_the_guide_runs(argv, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    assert "error:" not in result.output
+    if "--out" in argv:
+        assert (tmp_path / argv[argv.index("--out") + 1]).is_file()
+
+
+def test_the_example_site_file_gives_a_valid_manifest():
+    from tests.k8s_schema import problems
+
+    args = ["k8s", "recipe=gpt_small", "cluster=example_k8s", "parallel.nnodes=2", "run.name=x"]
+    result = runner.invoke(app, [*args, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    configmap, jobset = yaml.safe_load_all(result.stdout)
+    assert problems(configmap) == problems(jobset) == []
+    assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    ctr = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert ctr["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8, "memory": "480Gi"}

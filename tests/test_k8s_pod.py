@@ -1,0 +1,48 @@
+"""What a pod does before training: the run dir from the mounted ConfigMap
+(``dtrain agent --init-from``), and SIGTERM taken as the preemption signal in a pod."""
+
+from __future__ import annotations
+
+from dtrain_cli.launch.k8s.pod import init_run_dir
+from dtrain_cli.runtime.preemption import watched_signals
+
+
+def configmap(tmp_path, plan: str = "plan: 1\n"):
+    source = tmp_path / "etc-dtrain"
+    source.mkdir(exist_ok=True)
+    (source / "config.yaml").write_text("config: 1\n")
+    (source / "plan.yaml").write_text(plan)
+    return source
+
+
+def test_the_first_pod_writes_the_files_and_a_restart_finds_them(tmp_path):
+    source, run_dir = configmap(tmp_path), tmp_path / "runs" / "exp"
+    assert init_run_dir(run_dir, source) == []
+    assert (run_dir / "plan.yaml").read_text() == "plan: 1\n"
+    assert (run_dir / "logs").is_dir()
+    assert sorted(p.name for p in run_dir.iterdir()) == ["config.yaml", "logs", "plan.yaml"]
+    assert init_run_dir(run_dir, source) == []  # the next pod, or a restart: the same files
+
+
+def test_a_run_dir_of_another_run_is_refused(tmp_path):
+    run_dir = tmp_path / "runs" / "exp"
+    assert init_run_dir(run_dir, configmap(tmp_path)) == []
+    (problem,) = init_run_dir(run_dir, configmap(tmp_path, plan="plan: 2\n"))
+    assert problem.startswith(f"{run_dir / 'plan.yaml'} differs from ")
+    assert "holds another run; choose another run.name" in problem
+    assert (run_dir / "plan.yaml").read_text() == "plan: 1\n"  # left as it was
+
+
+def test_a_missing_configmap_file_is_one_line(tmp_path):
+    (problem,) = init_run_dir(tmp_path / "runs" / "exp", tmp_path / "nothing")
+    assert problem.startswith(f"--init-from {tmp_path / 'nothing'}: cannot read config.yaml")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_sigterm_is_a_preemption_in_a_pod_as_under_slurm(monkeypatch):
+    for key in ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(key, raising=False)
+    assert watched_signals("USR1", True) == ["USR1"]  # a laptop: SIGTERM keeps its meaning
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # the kubelet sets it
+    assert watched_signals("USR1", True) == ["USR1", "TERM"]
+    assert watched_signals("USR1", False) == ["USR1"]  # cluster.checkpoint_on_sigterm=false
