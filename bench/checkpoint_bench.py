@@ -43,7 +43,7 @@ def _worker(rank: int, port: int, shape: dict, rounds: int, out: str) -> None:
     from dtrain_cli.models.gpt import GPTConfig as ModelConfig
     from dtrain_cli.models.gpt_net import GPT
     from dtrain_cli.models.losses import cross_entropy as lm_loss
-    from dtrain_cli.runtime.checkpoint import CheckpointManager
+    from dtrain_cli.runtime.state.dcp import CheckpointManager
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank))

@@ -27,7 +27,7 @@ class HFWorkload(Workload):
         from transformers import AutoConfig, AutoModelForCausalLM
 
         from dtrain_cli.config.schema import DataConfig
-        from dtrain_cli.runtime.data import BatchLayout, SampleStream, open_splits
+        from dtrain_cli.runtime.data.stream import BatchLayout, SampleStream, open_splits
 
         self.imported_at = time.time()
         self.args = args

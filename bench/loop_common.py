@@ -3,7 +3,7 @@ torchrun loop and the peers (Lightning Fabric, the Lightning Trainer, accelerate
 SAME model class, data, optimizer and schedule as ``dtrain launch``.
 
 The model is ``dtrain_cli.models.gpt_net.GPT`` seeded like dtrain seeds it; the data is the
-global sample stream of ``dtrain_cli.runtime.data`` cut into per-rank micro-batches by
+global sample stream of ``dtrain_cli.runtime.data.stream`` cut into per-rank micro-batches by
 ``BatchLayout`` (what dtrain's data-parallel ranks read); AdamW with decay only on
 matrices, linear warmup then cosine, global-norm clipping. Each program prints one JSON
 line on rank 0 (:func:`result_record`) with the time of the timed steps, the time from
@@ -110,7 +110,7 @@ class Workload:
         from dtrain_cli.models.gpt import GPTConfig as ModelConfig
         from dtrain_cli.models.gpt_net import GPT
         from dtrain_cli.models.losses import cross_entropy as lm_loss
-        from dtrain_cli.runtime.data import BatchLayout, SampleStream, open_splits
+        from dtrain_cli.runtime.data.stream import BatchLayout, SampleStream, open_splits
 
         self.imported_at = time.time()
         self.args = args

@@ -34,13 +34,11 @@ from typing import Any
 import yaml
 
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.preemption import EXIT_PREEMPTED, SIGNAL_NAMES
+from dtrain_cli.rundir import env
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.protocol import EXIT_PREEMPTED, SIGNAL_NAMES
 
 __all__ = ["EXIT_PREEMPTED", "SIGNAL_NAMES", "ScriptRun", "current"]
-
-RUN_DIR_ENV = "DTRAIN_RUN_DIR"
-PLAN_ENV = "DTRAIN_PLAN"
-CONFIG_ENV = "DTRAIN_CONFIG"
 
 
 @dataclass
@@ -79,7 +77,7 @@ class ScriptRun:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return RunDir(self.run_dir).checkpoints
 
     @property
     def preemption_signal(self) -> str:
@@ -99,11 +97,10 @@ class ScriptRun:
 
 def current() -> ScriptRun | None:
     """The run, when this process was started by ``dtrain run``; else None."""
-    run_dir = os.environ.get(RUN_DIR_ENV)
-    if not run_dir:
+    path = env.run_dir()
+    if path is None:
         return None
-    path = Path(run_dir)
-    plan = Plan.load(os.environ.get(PLAN_ENV) or path / "plan.yaml")
-    config_path = path / "config.yaml"
-    config = yaml.safe_load(config_path.read_text()) if config_path.is_file() else {}
+    run = RunDir(path)
+    plan = Plan.load(env.plan_file() or run.plan)
+    config = yaml.safe_load(run.config.read_text()) if run.config.is_file() else {}
     return ScriptRun(path, plan, config or {}, int(os.environ.get("RANK", "0")))

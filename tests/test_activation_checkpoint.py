@@ -19,7 +19,7 @@ from dtrain_cli.models import model_spec
 from dtrain_cli.models.losses import cross_entropy
 from dtrain_cli.plan.build import Resources, build_plan
 from dtrain_cli.plan.layout import checkpointed_layers, part_activations
-from dtrain_cli.runtime.activation_checkpoint import (
+from dtrain_cli.runtime.parallel.activation_checkpoint import (
     SavedTensorMeter,
     apply_activation_checkpointing,
 )

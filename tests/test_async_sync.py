@@ -220,7 +220,7 @@ def test_diloco_killed_worker_resumes_exactly(diloco8, tmp_path_factory):
 
 
 def test_shards_are_whole_tensors_balanced_by_size() -> None:
-    from dtrain_cli.runtime.param_server import assign_shards
+    from dtrain_cli.runtime.sync.param_server import assign_shards
 
     sizes = [100, 10, 60, 40, 1, 1]
     shards = assign_shards(sizes, 2)

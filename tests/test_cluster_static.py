@@ -13,7 +13,11 @@ from dtrain_cli.cli.app import app
 from dtrain_cli.config.compose import compose_config
 from dtrain_cli.launch.cluster_env import Facts, Request, expand_nodelist, static_checks
 from dtrain_cli.launch.multinode import NodeArgs, apply_node_args, parse_endpoint, parse_nnodes
-from dtrain_cli.runtime.preemption import PreemptionWatcher, signal_number, watched_signals
+from dtrain_cli.runtime.components.preemption import (
+    PreemptionWatcher,
+    signal_number,
+    watched_signals,
+)
 
 runner = CliRunner()
 HOSTS = {"node1": ["10.0.0.1"], "node2": ["10.0.0.2"], "localhost": ["127.0.0.1"]}

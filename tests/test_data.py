@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from dtrain_cli.config.schema import DataConfig
+from dtrain_cli.corpus.prepare import prepare_corpus
 from dtrain_cli.models.gpt import GPTConfig as ModelConfig
-from dtrain_cli.runtime.data import (
+from dtrain_cli.runtime.data.stream import (
     BatchLayout,
     SampleStream,
     TokenWindows,
     open_splits,
-    prepare_corpus,
 )
 
 

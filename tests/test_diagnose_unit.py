@@ -104,7 +104,7 @@ def test_hang_report_names_behind_waiting_and_missing_ranks(tmp_path):
 
 
 def test_spike_detector_needs_history_and_a_threshold():
-    from dtrain_cli.runtime.numerics import SpikeDetector
+    from dtrain_cli.runtime.components.numerics import SpikeDetector
 
     spikes = SpikeDetector(threshold=3.0, window=50)
     assert not spikes.is_spike(100.0)  # no history yet
@@ -114,7 +114,7 @@ def test_spike_detector_needs_history_and_a_threshold():
 
 
 def test_stragglers_are_ranks_above_the_median_by_the_factor():
-    from dtrain_cli.runtime.train_metrics import find_stragglers
+    from dtrain_cli.runtime.components.metrics import find_stragglers
 
     assert find_stragglers([100, 104, 98, 350], 1.5) == [3]
     assert find_stragglers([100, 104, 98, 140], 1.5) == []

@@ -15,7 +15,7 @@ from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.launch.multinode import nnodes_override, parse_nnodes
 from dtrain_cli.plan.build import Resources, build_plan
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.elastic import Membership
+from dtrain_cli.runtime.components.membership import Membership
 
 CPU = Resources(num_gpus=0, num_cpus=2)
 runner = CliRunner()

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dtrain_cli.launch.k8s.pod import init_run_dir
-from dtrain_cli.runtime.preemption import watched_signals
+from dtrain_cli.runtime.components.preemption import watched_signals
 
 
 def configmap(tmp_path, plan: str = "plan: 1\n"):

@@ -373,7 +373,11 @@ def _complete(words: str) -> list[str]:
 
 
 def test_completion_offers_recipes_options_and_keys():
-    assert _complete("dtrain plan recipe=gpt_") == ["recipe=gpt_1b", "recipe=gpt_small", "recipe=gpt_tiny"]
+    assert _complete("dtrain plan recipe=gpt_") == [
+        "recipe=gpt_1b",
+        "recipe=gpt_small",
+        "recipe=gpt_tiny",
+    ]
     assert _complete("dtrain launch precision=") == [
         "precision=bf16",
         "precision=fp16",

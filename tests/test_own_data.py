@@ -16,8 +16,8 @@ import pytest
 from dtrain_cli.config.compose import compose_config, config_from_yaml, config_to_yaml
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DataConfig
-from dtrain_cli.runtime.custom_data import build_custom
-from dtrain_cli.runtime.hf_data import load_tokenizer, prepare_hf
+from dtrain_cli.corpus.custom import build_custom
+from dtrain_cli.corpus.hf import load_tokenizer, prepare_hf
 from tests.conftest import REPO, Run, cache_dir, run_dtrain
 
 # the user's module (tests/own_data.py) on the import path, as PYTHONPATH puts it
@@ -211,8 +211,8 @@ def test_custom_dataset_refusals(target, kwargs, message):
 def _batches(source, workers: int, dp_rank: int = 0):
     import torch
 
-    from dtrain_cli.runtime.data import BatchLayout
-    from dtrain_cli.runtime.loader import Batches
+    from dtrain_cli.runtime.data.loader import Batches
+    from dtrain_cli.runtime.data.stream import BatchLayout
 
     layout = BatchLayout(micro_batch_size=3, grad_accum=2, dp=2, dp_rank=dp_rank)
     data = DataConfig(num_workers=workers, prefetch_factor=2 if workers else None)
@@ -223,7 +223,7 @@ def _batches(source, workers: int, dp_rank: int = 0):
 def test_workers_and_restarts_give_the_stream_samples(target):
     import torch
 
-    from dtrain_cli.runtime.data import SampleStream
+    from dtrain_cli.runtime.data.stream import SampleStream
 
     source = build_custom(DataConfig(source="custom", _target_=target, kwargs={"n": 40}))["train"]
     order = [(s, k) for s in range(4) for k in range(2)]

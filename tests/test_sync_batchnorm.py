@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from dtrain_cli.runtime.sync_batchnorm import CPUSyncBatchNorm, apply_sync_batchnorm
+from dtrain_cli.runtime.parallel.sync_batchnorm import CPUSyncBatchNorm, apply_sync_batchnorm
 
 WORLD = 2
 

@@ -13,7 +13,8 @@ without starting torch. Layout::
 
 A checkpoint becomes visible only by the rename of its finished temporary folder, after
 every rank wrote and the manifest is on disk; so a crash at any point leaves the previous
-checkpoint the newest complete one.
+checkpoint the newest complete one. A checkpoint's config.yaml and plan.yaml keep the run
+dir's names (:class:`~dtrain_cli.rundir.layout.RunDir` of the checkpoint folder).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from dtrain_cli.rundir.layout import RunDir
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 MANIFEST = "manifest.json"
@@ -44,7 +47,7 @@ def step_dir_name(step: int) -> str:
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    return RunDir(Path(run_dir)).checkpoints
 
 
 @dataclass
@@ -185,7 +188,7 @@ def resolve(ckpt: Path, warn: Any = None) -> tuple[Path, Path]:
     if STEP_DIR.match(ckpt.name) and ckpt.parent.name == "checkpoints":
         verify(ckpt)
         return ckpt.parent.parent, ckpt
-    if (ckpt / "plan.yaml").is_file() or checkpoints_dir(ckpt).is_dir():
+    if RunDir(ckpt).plan.is_file() or checkpoints_dir(ckpt).is_dir():
         found = newest_complete(ckpt, warn)
         if found is None:
             raise CheckpointError(f"{ckpt}: no complete checkpoint in {checkpoints_dir(ckpt)}")

@@ -29,9 +29,9 @@ def export_model(ckpt: Path, out: Path, fmt: str = "safetensors") -> list[Path]:
     import torch.distributed.checkpoint as dcp
 
     from dtrain_cli.checkpoint.catalog import CheckpointError, read_meta
+    from dtrain_cli.checkpoint.safe_load import SafeLoadPlanner
     from dtrain_cli.config.compose import config_from_yaml
     from dtrain_cli.models import model_spec
-    from dtrain_cli.runtime.safe_load import SafeLoadPlanner
 
     cfg = config_from_yaml(ckpt / "config.yaml")
     spec = model_spec(cfg)

@@ -16,14 +16,14 @@ Exit code 75 means preempted with a checkpoint saved.
 
 from __future__ import annotations
 
-import os
 import re
-import time
 from pathlib import Path
 
 import typer
 
 from dtrain_cli.cli.common import fail
+from dtrain_cli.rundir import env, protocol
+from dtrain_cli.rundir.layout import RunDir
 
 
 def agent(
@@ -38,28 +38,28 @@ def agent(
     ),
 ) -> None:
     """Start this node's workers for an existing run dir (what `dtrain sbatch` jobs run)."""
-    os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    env.mark_launch_start()
     if init_from is not None:  # a Kubernetes pod: the run dir from the mounted ConfigMap
         from dtrain_cli.launch.k8s.pod import init_run_dir
 
         if problems := init_run_dir(run_dir.resolve(), init_from):
             fail(problems)
     from dtrain_cli.launch import worker_server
-    from dtrain_cli.runtime.preload import SCRIPT_FIRST, WORKER_FIRST
+    from dtrain_cli.launch.preload import SCRIPT_FIRST, WORKER_FIRST
 
     # imports torch on another core while we read the run dir (for your own script: torch,
     # not dtrain's trainer; plan.yaml's "script:" line says which, read without YAML)
     worker_server.start(first=SCRIPT_FIRST if is_script_run(run_dir) else WORKER_FIRST)
     from dtrain_cli.config.compose import config_from_yaml
     from dtrain_cli.launch.multinode import NodeArgs, apply_node_args, parse_nnodes
-    from dtrain_cli.launch.slurm import FINISHED
     from dtrain_cli.plan.plan import Plan
 
     run_dir = run_dir.resolve()
-    if not (run_dir / "plan.yaml").is_file() or not (run_dir / "config.yaml").is_file():
+    run = RunDir(run_dir)
+    if not run.is_run():
         fail([f"{run_dir}: not a run dir (no config.yaml/plan.yaml); see `dtrain sbatch`"])
-    cfg = config_from_yaml(run_dir / "config.yaml")
-    plan = Plan.load(run_dir / "plan.yaml")
+    cfg = config_from_yaml(run.config)
+    plan = Plan.load(run.plan)
     counts, problems = parse_nnodes(nnodes)
     planned = (plan.elastic.min_nnodes, plan.nnodes) if plan.elastic else (plan.nnodes,) * 2
     if counts is not None and counts != planned:
@@ -70,22 +70,20 @@ def agent(
         problems.append(f"--join: {run_dir} is not an elastic run (parallel.nnodes=MIN:MAX)")
     if join and node_rank is not None:
         problems.append("--join and --node-rank: a joining node has no rank of its own")
-    if not join and node_rank is None and os.environ.get("SLURM_NODEID", "").isdigit():
-        node_rank = int(os.environ["SLURM_NODEID"])
+    if not join and node_rank is None:
+        node_rank = env.scheduler_node_rank()
     problems += apply_node_args(cfg, NodeArgs(plan.nnodes, node_rank, rdzv_endpoint, rdzv_id))
     if problems:
         fail(problems)
     from dtrain_cli.cli.launch_cmd import start_workers
 
     start_workers(run_dir, cfg, plan, node_rank, join=join)  # exits non-zero on failure
-    (run_dir / "slurm").mkdir(exist_ok=True)
-    if not (run_dir / "slurm" / FINISHED).exists():
-        (run_dir / "slurm" / FINISHED).write_text(time.strftime("%c\n"))
+    protocol.mark_finished(run)
 
 
 def is_script_run(run_dir: Path) -> bool:
     try:
-        text = (run_dir / "plan.yaml").read_text()
+        text = RunDir(run_dir).plan.read_text()
     except OSError:
         return False
     return re.search(r"^script:[ \t]*$", text, re.MULTILINE) is not None

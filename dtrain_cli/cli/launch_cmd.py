@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import shutil
 import time
@@ -24,8 +23,11 @@ from dtrain_cli.cli.common import (
 )
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.launch.rundir import materialize, new_run_dir
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.preemption import EXIT_PREEMPTED
+from dtrain_cli.rundir import env, protocol
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
 
 
 def launch(
@@ -39,7 +41,7 @@ def launch(
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Same on every node; run name."),
 ) -> None:
     """Train: compose the recipe, save config.yaml + plan.yaml in a new run dir, start workers."""
-    os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    env.mark_launch_start()
     from dtrain_cli.launch.signals import watch_interrupt
 
     watch_interrupt()
@@ -101,7 +103,6 @@ def start_run(
         before_start(cfg, plan)
     if plan.script is None:  # a script's data is its own
         prepare_data(cfg)
-    from dtrain_cli.launch.rundir import materialize, new_run_dir
 
     path = (Path(cfg.run.root) / str(cfg.run.name)) if plan.nnodes > 1 else new_run_dir(cfg)
     # only what this start creates is removed; never a script's (its checkpoints may be there)
@@ -146,7 +147,7 @@ def rendezvous_problems(cfg: DtrainConfig, plan: Plan, node_rank: int | None) ->
 def prepare_data(cfg: DtrainConfig) -> None:
     """Tokenize/cache the corpus, or build and check a custom dataset, before the run dir
     exists: a problem found here leaves nothing behind."""
-    from dtrain_cli.runtime.data import prepare_corpus
+    from dtrain_cli.corpus.prepare import prepare_corpus
 
     try:
         prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
@@ -222,14 +223,8 @@ def start_workers(
 def remove_if_untrained(run_dir: Path, fresh: bool, fresh_root: bool = False) -> bool:
     """Remove a run dir this start created when no rank finished a training step; a run
     that trained keeps its logs. Returns whether it was removed."""
-    from dtrain_cli.runtime.metrics import FIRST_STEP_DONE
-
-    if not fresh or not run_dir.is_dir():
+    if not fresh or not run_dir.is_dir() or protocol.trained(RunDir(run_dir)):
         return False
-    for log_file in (run_dir / "logs").glob("rank_*.log"):
-        with contextlib.suppress(OSError):
-            if FIRST_STEP_DONE in log_file.read_text(errors="replace"):
-                return False
     shutil.rmtree(run_dir, ignore_errors=True)
     if fresh_root:
         with contextlib.suppress(OSError):

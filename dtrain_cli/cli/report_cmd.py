@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from dtrain_cli.cli.common import console, fail
+from dtrain_cli.rundir.layout import RunDir
 
 
 def report(
@@ -26,7 +27,7 @@ def report(
         fail([str(exc)])
     from dtrain_cli.report.plots import report_plots
 
-    folder = out or run_dir / "report"
+    folder = out or RunDir(run_dir).report
     try:
         paths = report_plots(run, folder)
     except OSError as exc:

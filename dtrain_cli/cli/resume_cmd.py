@@ -15,6 +15,8 @@ import typer
 
 from dtrain_cli.cli.common import CKPT_HELP, CONFIG_DIR_HELP, complete_override, err_console, fail
 from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.rundir import env
+from dtrain_cli.rundir.layout import RunDir
 
 RESUME_OVERRIDES_HELP = (
     "Overrides for the continued run (key=value, +key=value, ~key, group=option): steps, "
@@ -45,12 +47,10 @@ def resume(
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
 ) -> None:
     """Continue a run from a checkpoint (the newest complete one of a run directory)."""
-    import os
-
     if problems := recipe_problems(list(overrides or [])):
         fail(problems)
 
-    os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    env.mark_launch_start()
     from dtrain_cli.launch import worker_server
 
     worker_server.start(overrides)
@@ -68,7 +68,7 @@ def resume(
         fail([str(exc)])
     run_dir = run_dir.resolve()
     try:
-        old = config_from_yaml(path / "config.yaml")
+        old = config_from_yaml(RunDir(path).config)  # the checkpoint's copy
         cfg = override_config(old, overrides or [], config_dir)
         problems = unsafe_resume_changes(old, cfg)
         if problems:
@@ -87,9 +87,10 @@ def resume(
         )
     for moved in catalog.set_aside_newer(run_dir, step):
         warn(f"newer checkpoint set aside (resuming from step {step}): {moved}")
-    (run_dir / "config.yaml").write_text(config_to_yaml(cfg))
-    plan.save(run_dir / "plan.yaml")
-    with open(run_dir / "resumes.jsonl", "a") as f:
+    run = RunDir(run_dir)
+    run.config.write_text(config_to_yaml(cfg))
+    plan.save(run.plan)
+    with open(run.resumes, "a") as f:
         f.write(
             json.dumps(
                 {

@@ -11,14 +11,12 @@ first ``*.py`` token, and everything from there is the script's own ``sys.argv``
 is ``dtrain launch``'s (:func:`dtrain_cli.cli.launch_cmd.start_run`): plan, run dir, the
 elastic agent with every variable torchrun sets, restarts, per-rank logs, the failing
 rank's traceback, Ctrl-C, preemption; only the workers run the script instead of the
-trainer (:mod:`dtrain_cli.runtime.script_worker`).
+trainer (:mod:`dtrain_cli.runtime.script.worker`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import time
 from pathlib import Path
 
 import typer
@@ -26,6 +24,7 @@ import typer
 from dtrain_cli.cli.common import CONFIG_DIR_HELP, fail
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir import env
 
 RUN_SETTINGS = {
     "allow_extra_args": True,
@@ -63,7 +62,7 @@ def run(
 
     Guide: docs/own-script.md
     """
-    os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
+    env.mark_launch_start()
     from dtrain_cli.launch.signals import watch_interrupt
 
     watch_interrupt()
@@ -87,7 +86,7 @@ def _run(
 
     takes_value = [name for name, has_value in LATE_OPTIONS.items() if has_value]
     tokens, script = split_script(args, bare_is_script=True, value_options=takes_value)
-    from dtrain_cli.runtime.preload import SCRIPT_FIRST
+    from dtrain_cli.launch.preload import SCRIPT_FIRST
 
     worker_server.start(tokens, SCRIPT_FIRST)  # imports torch on another core meanwhile
     overrides, late, problems = parse_late_options(tokens)
@@ -164,7 +163,7 @@ def cluster_check(cfg: DtrainConfig, plan: Plan) -> None:
     exit 1 (nothing started, no run dir) when a check fails."""
     from dtrain_cli.cli.validate_cmd import DEFAULT_SIZES, check_cluster, parse_size, show
     from dtrain_cli.launch import worker_server
-    from dtrain_cli.launch.local import worker_modules
+    from dtrain_cli.launch.preload import worker_modules
 
     worker_server.announce(worker_modules(Path(cfg.run.root), cfg, plan))  # server: ready
     lc = cfg.launcher

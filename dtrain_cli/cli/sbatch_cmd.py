@@ -36,6 +36,8 @@ from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.launch.slurm import SbatchJob
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir import env as launch_env
+from dtrain_cli.rundir.layout import RunDir
 
 # sbatch's own shorthands, on top of dtrain's (dp=, steps= ...)
 SBATCH_SHORTHANDS = {
@@ -169,15 +171,15 @@ def sbatch(
     try:
         if built.plan is not None:
             materialize(built.cfg, built.plan, run_dir)
-        (run_dir / "slurm").mkdir(parents=True, exist_ok=True)
-        path = run_dir / "slurm" / SCRIPT_NAME
+        RunDir(run_dir).slurm.mkdir(parents=True, exist_ok=True)
+        path = RunDir(run_dir).slurm / SCRIPT_NAME
         path.write_text(script)
     except FileExistsError as exc:
         fail([f"run.name={built.cfg.run.name}: {exc}"])
     except OSError as exc:
         undo(f"run dir {run_dir}: cannot create it ({exc})", 2)
     job_id = run_sbatch(path, undo)
-    (run_dir / "slurm" / "job_id").write_text(job_id + "\n")
+    RunDir(run_dir).slurm_job_id.write_text(job_id + "\n")
     err_console.print(f"submitted job {job_id}: {run_dir}", highlight=False, soft_wrap=True)
     print(job_id)
 
@@ -197,14 +199,15 @@ def submit_join(run_dir: Path, overrides: list[str], submit: bool) -> None:
         else:
             problems.append(f"{ov}: --join takes only nodes=K (the run's config decides the rest)")
     run_dir = run_dir.resolve()
-    if not (run_dir / "plan.yaml").is_file() or not (run_dir / "config.yaml").is_file():
+    run = RunDir(run_dir)
+    if not run.is_run():
         problems.append(f"--join {run_dir}: not a run dir (no config.yaml/plan.yaml)")
     if problems:
         fail(problems)
-    plan = Plan.load(run_dir / "plan.yaml")
+    plan = Plan.load(run.plan)
     if problems := join_problems(plan, nodes):
         fail(problems)
-    cfg = config_from_yaml(run_dir / "config.yaml")
+    cfg = config_from_yaml(run.config)
     job = join_job(cfg, plan, run_dir, nodes, sys.executable, Path.cwd().resolve())
     text = render(job)
     if not submit:
@@ -212,7 +215,7 @@ def submit_join(run_dir: Path, overrides: list[str], submit: bool) -> None:
         return
     if shutil.which("sbatch") is None:
         fail(["sbatch: not found on PATH; is this a SLURM login node? (--dry-run prints)"], 1)
-    path = run_dir / "slurm" / JOIN_SCRIPT
+    path = run.slurm / JOIN_SCRIPT
     try:
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
@@ -229,7 +232,8 @@ def submit_join(run_dir: Path, overrides: list[str], submit: bool) -> None:
 
 def run_sbatch(path: Path, on_error: Callable[[str, int], NoReturn]) -> str:
     """``sbatch --parsable PATH`` -> the job id; ``on_error(line, 1)`` when sbatch fails."""
-    env = {**os.environ, "DTRAIN_LAUNCH_T0": repr(time.time())}  # first step is timed from here
+    env = dict(os.environ)
+    launch_env.mark_launch_start(env, now=True)  # the first step is timed from here
     out = subprocess.run(
         ["sbatch", "--parsable", str(path)], capture_output=True, text=True, env=env
     )

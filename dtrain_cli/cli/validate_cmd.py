@@ -5,7 +5,7 @@
     dtrain sbatch --validate nodes=2 --submit                        # as a SLURM job
 
 Static checks (:mod:`dtrain_cli.launch.cluster_env`), then, when none failed, a live check
-(:mod:`dtrain_cli.runtime.collective_check`) in as many workers as a run would start,
+(:mod:`dtrain_cli.runtime.diagnostics.collective_check`) in as many workers as a run would start,
 through the same elastic agent and c10d rendezvous. Exit code 1 on any failure.
 """
 
@@ -22,6 +22,7 @@ import typer
 from rich.table import Table
 
 from dtrain_cli.cli.common import console, fail
+from dtrain_cli.rundir import env
 
 STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]fail[/]"}
 DEFAULT_SIZES = "1K,64K,1M,16M"
@@ -103,8 +104,8 @@ def check_cluster(
     Also what ``dtrain run --validate-cluster`` runs before the script."""
     from dtrain_cli.launch.cluster_env import FAIL, Request, gather_facts, static_checks
 
-    if node_rank is None and os.environ.get("SLURM_NODEID", "").isdigit():
-        node_rank = int(os.environ["SLURM_NODEID"])
+    if node_rank is None:
+        node_rank = env.scheduler_node_rank()
     facts = gather_facts()
     if backend == "auto":
         backend = "nccl" if facts.num_gpus else "gloo"
@@ -157,7 +158,7 @@ def run_live(req: Any, rdzv_id: str | None, timeout: float, sizes: list[int]) ->
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from dtrain_cli.runtime.collective_check import check_main
+    from dtrain_cli.launch.preload import CLUSTER_CHECK_ENTRY, entry_point
 
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
@@ -187,7 +188,7 @@ def run_live(req: Any, rdzv_id: str | None, timeout: float, sizes: list[int]) ->
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     args = (req.backend, timeout, sizes, str(req.run_dir), run_id, str(report_path), os.getpid())
     try:
-        results = elastic_launch(config, check_main)(*args)
+        results = elastic_launch(config, entry_point(CLUSTER_CHECK_ENTRY))(*args)
     except SignalException:  # a rank stopped the agent: some rank never arrived
         if report_path.is_file():
             return json.loads(report_path.read_text())

@@ -11,7 +11,6 @@ is laid out like the project: group folders (``model/``, ``data/`` ...) and a
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass, replace
@@ -32,8 +31,7 @@ from dtrain_cli.config.overrides import (
 )
 from dtrain_cli.config.schema import DataConfig, DtrainConfig, register_schema
 from dtrain_cli.config.targets import import_roots
-
-CONFIG_PATH_ENV = "DTRAIN_CONFIG_PATH"
+from dtrain_cli.rundir import env
 
 
 def _package_dir(name: str) -> Path:
@@ -55,7 +53,7 @@ def builtin_recipes_dir() -> Path:
 
 def user_config_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
     dirs = [Path(d) for d in extra]
-    dirs += [Path(d) for d in os.environ.get(CONFIG_PATH_ENV, "").split(os.pathsep) if d]
+    dirs += [Path(d) for d in env.config_path()]
     missing = [str(d) for d in dirs if not d.is_dir()]
     if missing:
         raise ConfigError([f"config dir {m!r} does not exist" for m in missing])

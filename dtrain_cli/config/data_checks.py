@@ -7,7 +7,7 @@ Run by every command that composes a config, before a run dir exists. Torch-free
 checked with ``pathlib``, a JSONL file's first record with ``json``, a tokenizer's vocabulary
 with ``tokenizers`` when installed; a ``data._target_`` is imported (that is the user's module)
 and must be a class or a callable. Whether the built object is a map-style dataset is checked
-when the launcher builds it (:mod:`dtrain_cli.runtime.custom_data`), before workers start.
+when the launcher builds it (:mod:`dtrain_cli.corpus.custom`), before workers start.
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ class LoggingConfig:
 @dataclass
 class DebugConfig:
     """When a run goes wrong: hangs, mismatched collectives, stragglers, diverging
-    replicas, profiles (:mod:`dtrain_cli.runtime.watchdog` and its neighbours)."""
+    replicas, profiles (:mod:`dtrain_cli.runtime.diagnostics.watchdog` and its neighbours)."""
 
     collective_timeout_s: float = 300.0
     """A step (or a collective) taking longer: every rank's stack goes to ``logs/hang/``,

@@ -9,7 +9,7 @@ seconds, and a rank killed by a signal gets the time the agent noticed it; so th
 *lost* its peer (``Connection reset by peer``, a collective timeout) is often blamed for the
 peer's death. Here a rank killed by a signal, or failing with an error of its own, is the
 cause; a rank whose error is a lost connection or a timeout followed it. The step and the
-precise time come from the workers' notes (:mod:`dtrain_cli.runtime.failure_notes`).
+precise time come from the workers' notes (:mod:`dtrain_cli.rundir.notes`).
 Torch-free: the inputs are the agent's ``ProcessFailure`` objects (duck-typed).
 """
 

@@ -6,7 +6,7 @@
            for 10 s; stacks in runs/<run>/logs/hang/
 
 Reads the ``logs/hang/rank_<k>.json`` records the workers' watchdogs wrote
-(:mod:`dtrain_cli.runtime.watchdog`). Torch-free.
+(:mod:`dtrain_cli.runtime.diagnostics.watchdog`). Torch-free.
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-HANG_DIR = Path("logs") / "hang"
+from dtrain_cli.rundir.layout import RunDir
 
 
 def clear(run_dir: Path) -> None:
     """Before workers start: records of an earlier attempt are stale."""
-    shutil.rmtree(run_dir / HANG_DIR, ignore_errors=True)
+    shutil.rmtree(RunDir(run_dir).hang, ignore_errors=True)
 
 
 def read_records(run_dir: Path) -> dict[int, dict[str, Any]]:
     out: dict[int, dict[str, Any]] = {}
-    for path in sorted((run_dir / HANG_DIR).glob("rank_*.json")):
+    for path in sorted(RunDir(run_dir).hang.glob("rank_*.json")):
         try:
             record = json.loads(path.read_text())
             out[int(record["rank"])] = record
@@ -79,4 +79,4 @@ def hang_report(run_dir: Path, world_size: int) -> str | None:
             f"no rank made progress for {timeout:g} s at step(s) "
             f"{', '.join(map(str, steps))} ({where})"
         )
-    return f"hang: {'; '.join(parts)}; stacks in {run_dir / HANG_DIR}/"
+    return f"hang: {'; '.join(parts)}; stacks in {RunDir(run_dir).hang}/"

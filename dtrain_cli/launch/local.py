@@ -3,7 +3,7 @@
 c10d rendezvous, ``max_restarts`` from the plan, and the workers started from a fork
 server that imported torch, the runtime and what the plan needs before step 1
 (:mod:`.worker_server`, the default ``start_method=forkserver``). ``fork`` forks them
-from the agent after it imported the same once (:mod:`dtrain_cli.runtime.preload`);
+from the agent after it imported the same once (:mod:`dtrain_cli.launch.preload`);
 ``spawn`` starts fresh interpreters. Nothing here initializes CUDA before a fork.
 
 The workers get the launcher's start-up milestones (composed, agent ready; epoch seconds)
@@ -20,24 +20,16 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.launch import failures, hang_report
+from dtrain_cli.launch.preload import WORKER_ENTRY, entry_point, worker_modules
 from dtrain_cli.launch.signals import forward_signal, interrupted, no_orphans
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime import preemption
-from dtrain_cli.runtime.failure_notes import read_notes
-
-
-def worker_modules(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> list[str]:
-    from dtrain_cli.checkpoint.catalog import has_checkpoint
-    from dtrain_cli.launch.script import script_preload
-
-    if plan.script is not None:
-        return script_preload(plan)
-    from dtrain_cli.runtime.preload import modules_before_first_step
-
-    return modules_before_first_step(cfg, plan, resuming=has_checkpoint(run_dir))
+from dtrain_cli.rundir import protocol
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.notes import read_notes
 
 
 def prepare_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
@@ -56,15 +48,17 @@ def prepare_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
             importlib.import_module(name)
 
 
-HANG_EXIT_CODE = 124
-"""A worker's watchdog ended the run (dtrain_cli.runtime.watchdog.EXIT_HANG)."""
-
-
-@dataclass
+@dataclass(kw_only=True)
 class LaunchResult:
     ok: bool
     exit_code: int
     message: str = ""
+
+
+QUIET_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+"""The agent's own logs repeat what dtrain reports (the failing rank and its error, "Received
+2 death signal" on Ctrl-C). Its modules set their own levels, so the parent's level does not
+reach them: the parent swallows what they propagate."""
 
 
 def launch_local(
@@ -79,33 +73,71 @@ def launch_local(
     ``launcher.rdzv_endpoint`` under ``launcher.rdzv_id``; ``node_rank`` 0 hosts the
     rendezvous store (worker ranks are assigned by the rendezvous, as with torchrun);
     a node that ``join``s a running elastic run never hosts it."""
-    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
-    from dtrain_cli.launch.script import script_entry, script_failure
+    from dtrain_cli.launch.script import script_entry
 
     milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
     if plan.script is None:  # your own script needs neither the trainer nor the corpus
-        from dtrain_cli.runtime.data import prepare_corpus
-        from dtrain_cli.runtime.worker import worker_main  # here: forked workers inherit it
+        from dtrain_cli.corpus.prepare import prepare_corpus
 
+        worker = entry_point(WORKER_ENTRY)  # here: forked workers inherit it
         # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
         prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
-    # The agent's own logs repeat what dtrain reports (the failing rank and its error, "Received
-    # 2 death signal" on Ctrl-C). Its modules set their own levels, so the parent's level does
-    # not reach them: the parent swallows what they propagate.
-    for name in (
-        "torch.distributed.elastic",
-        "torch.distributed.launcher",
-        "torch.multiprocessing",
-    ):
+    for name in QUIET_LOGGERS:
         quiet = logging.getLogger(name)
         quiet.setLevel(logging.CRITICAL)
         quiet.handlers = [logging.NullHandler()]
         quiet.propagate = False
     os.environ.setdefault("OMP_NUM_THREADS", str(plan.threads_per_proc))
+    config = launch_config(run_dir, cfg, plan, node_rank, join)
+    if plan.script is not None:  # your own script (dtrain run train.py)
+        entry, args = script_entry(run_dir, plan, config.signals_to_handle)
+    else:
+        entry, args = worker, (str(run_dir), milestones)
+    run = RunDir(run_dir)
+    if not join:  # a joining node's records are the running group's, not this start's
+        protocol.clear_preempted(run)
+        hang_report.clear(run_dir)
+    milestones["agent_ready"] = time.time()
+    if interrupted():  # a Ctrl-C during start-up that an import swallowed
+        return LaunchResult(
+            ok=False,
+            exit_code=protocol.EXIT_INTERRUPTED,
+            message="stopped by SIGINT before the workers started",
+        )
+    try:
+        with forward_signal(cfg.cluster.signal), no_orphans(plan.script is not None):
+            elastic_launch(config, entry)(*args)
+    except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick
+        return failed_result(exc, run_dir, plan, since=milestones["agent_ready"])
+    except RendezvousClosedError:  # an elastic node (re)joining a run that has ended
+        where = f"{cfg.launcher.rdzv_endpoint} (id {config.run_id})"
+        return LaunchResult(ok=False, exit_code=1, message=f"the run at {where} has already ended")
+    except SignalException as exc:
+        if (marker := protocol.read_preempted(run)) is not None:
+            return preempted_result(marker, run_dir)
+        return LaunchResult(
+            ok=False,
+            exit_code=128 + int(exc.sigval),
+            message=f"stopped by {exc.sigval.name}; workers terminated",
+        )
+    if (marker := protocol.read_preempted(run)) is not None:
+        return preempted_result(marker, run_dir)
+    return LaunchResult(ok=True, exit_code=0)
+
+
+def launch_config(
+    run_dir: Path, cfg: DtrainConfig, plan: Plan, node_rank: int | None, join: bool
+) -> Any:
+    """torch's ``LaunchConfig`` for this node: c10d rendezvous, restarts, start method,
+    and for an elastic run the membership timings."""
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs
+    from torch.distributed.launcher.api import LaunchConfig
+
     lc = cfg.launcher
     elastic = {}
     if plan.elastic is not None:  # a lost node is dropped after node_timeout_s (heartbeats)
@@ -120,7 +152,8 @@ def launch_local(
             "keep_alive_interval": beat,
             "keep_alive_max_attempt": max(1, lc.node_timeout_s // beat),
         }
-    config = LaunchConfig(
+    hosting = {"is_host": node_rank == 0} if node_rank is not None and plan.nnodes > 1 else {}
+    return LaunchConfig(
         min_nodes=plan.elastic.min_nnodes if plan.elastic else plan.nnodes,
         max_nodes=plan.nnodes,
         nproc_per_node=plan.nproc_per_node,
@@ -130,66 +163,45 @@ def launch_local(
         rdzv_configs={
             "timeout": lc.rdzv_timeout_s,
             "join_timeout": lc.rdzv_timeout_s,  # what c10d reads ("timeout" is etcd's)
-            **({"is_host": node_rank == 0} if node_rank is not None and plan.nnodes > 1 else {}),
+            **hosting,
             **({"is_host": False} if join else {}),
             **elastic,
         },
         max_restarts=plan.max_restarts,
         monitor_interval=lc.monitor_interval_s,
         start_method=plan.start_method,
-        logs_specs=DefaultLogsSpecs(log_dir=str(run_dir / "logs" / "elastic")),
+        logs_specs=DefaultLogsSpecs(log_dir=str(RunDir(run_dir).agent_logs)),
         **({"role": "default"} if plan.script else {}),  # ROLE_NAME as torchrun sets it
     )
-    if plan.script is not None:  # your own script (dtrain run train.py)
-        entry, args = script_entry(run_dir, plan, config.signals_to_handle)
+
+
+def failed_result(exc: Any, run_dir: Path, plan: Plan, since: float) -> LaunchResult:
+    """A watchdog's hang report (stuck where), or the first failure in time with its cause
+    (:mod:`.failures`; your script's own last lines, as python printed them)."""
+    from dtrain_cli.launch.script import script_failure
+
+    if (hang := hang_report.hang_report(run_dir, plan.world_size)) is not None:
+        return LaunchResult(ok=False, exit_code=protocol.EXIT_HANG, message=hang)
+    local_ranks = list(range(plan.world_size)) if plan.nnodes == 1 else None
+    notes = read_notes(run_dir, since=since)
+    failed = failures.from_agent(exc.failures, notes, local_ranks)
+    if plan.script is not None:
+        code, text = script_failure(failed, run_dir, plan)
     else:
-        entry, args = worker_main, (str(run_dir), milestones)
-    if not join:  # a joining node's records are the running group's, not this start's
-        preemption.clear_marker(run_dir)
-        hang_report.clear(run_dir)
-    milestones["agent_ready"] = time.time()
-    if interrupted():  # a Ctrl-C during start-up that an import swallowed
-        return LaunchResult(False, 130, "stopped by SIGINT before the workers started")
-    try:
-        with forward_signal(cfg.cluster.signal), no_orphans(plan.script is not None):
-            elastic_launch(config, entry)(*args)
-    except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick
-        if (hang := hang_report.hang_report(run_dir, plan.world_size)) is not None:
-            return LaunchResult(False, HANG_EXIT_CODE, hang)  # a watchdog fired: stuck where
-        local_ranks = list(range(plan.world_size)) if plan.nnodes == 1 else None
-        notes = read_notes(run_dir, since=milestones["agent_ready"])
-        failed = failures.from_agent(exc.failures, notes, local_ranks)
-        if plan.script is not None:  # the script's own last lines, as python printed them
-            code, text = script_failure(failed, run_dir, plan)
-        else:
-            code, text = failures.describe(failed)
-        return LaunchResult(False, code, text)
-    except RendezvousClosedError:  # an elastic node (re)joining a run that has ended
-        return LaunchResult(
-            False, 1, f"the run at {lc.rdzv_endpoint} (id {config.run_id}) has already ended"
-        )
-    except SignalException as exc:
-        if (marker := preemption.read_marker(run_dir)) is not None:
-            return preempted_result(marker, run_dir)
-        return LaunchResult(
-            False, 128 + int(exc.sigval), f"stopped by {exc.sigval.name}; workers terminated"
-        )
-    if (marker := preemption.read_marker(run_dir)) is not None:
-        return preempted_result(marker, run_dir)
-    return LaunchResult(True, 0)
+        code, text = failures.describe(failed)
+    return LaunchResult(ok=False, exit_code=code, message=text)
 
 
 def preempted_result(marker: dict, run_dir: Path) -> LaunchResult:
+    code = protocol.EXIT_PREEMPTED
     if marker.get("by") == "script":
-        return LaunchResult(
-            False,
-            preemption.EXIT_PREEMPTED,
+        text = (
             f"preempted: rank {marker.get('rank')}'s script saved its checkpoint and exited "
-            f"{preemption.EXIT_PREEMPTED}; a requeued SLURM job (or running it again) continues",
+            f"{code}; a requeued SLURM job (or running it again) continues"
         )
-    return LaunchResult(
-        False,
-        preemption.EXIT_PREEMPTED,
-        f"preempted: checkpoint saved at step {marker.get('step')}; the run continues from it "
-        f"(requeued SLURM job, or `dtrain resume --ckpt {shlex.quote(str(run_dir))}`)",
-    )
+    else:
+        text = (
+            f"preempted: checkpoint saved at step {marker.get('step')}; the run continues from "
+            f"it (requeued SLURM job, or `dtrain resume --ckpt {shlex.quote(str(run_dir))}`)"
+        )
+    return LaunchResult(ok=False, exit_code=code, message=text)

@@ -22,9 +22,8 @@ from dtrain_cli.config.compose import config_to_yaml
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import name_problems
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.preemption import signal_number
-
-LAUNCH_FILE = "launch.json"
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.protocol import signal_number
 
 
 @dataclass
@@ -107,41 +106,45 @@ def join_run_dir(cfg: DtrainConfig, plan: Plan, wait_s: float = 60.0) -> Path:
     """The run dir all nodes of one multi-node launch share. The first node creates it
     (``launch.json`` created with O_EXCL decides who), the others wait for its
     ``plan.yaml`` and check it matches theirs. Raises FileExistsError / ValueError."""
-    path = (Path(cfg.run.root) / str(cfg.run.name)).resolve()
-    (path / "logs").mkdir(parents=True, exist_ok=True)
+    run = RunDir((Path(cfg.run.root) / str(cfg.run.name)).resolve())
+    run.logs.mkdir(parents=True, exist_ok=True)
     marker = {"rdzv_id": cfg.launcher.rdzv_id, "nnodes": plan.nnodes}
     config_text = config_to_yaml(cfg)
     try:
-        fd = os.open(path / LAUNCH_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        fd = os.open(run.launch_record, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
-        return _check_joined(path, marker, config_text, wait_s)
-    if (path / "plan.yaml").exists():  # a run from before multi-node launches wrote one
+        return _check_joined(run, marker, config_text, wait_s)
+    if run.plan.exists():  # a run from before multi-node launches wrote one
         os.close(fd)
-        raise FileExistsError(f"{path} already holds a run; choose another run.name/--rdzv-id")
+        raise FileExistsError(f"{run.path} already holds a run; choose another run.name/--rdzv-id")
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(marker))
-    (path / ".config.yaml.tmp").write_text(config_text)
-    (path / ".config.yaml.tmp").replace(path / "config.yaml")
-    plan.save(path / ".plan.yaml.tmp")
-    (path / ".plan.yaml.tmp").replace(path / "plan.yaml")
-    return path
+    tmp = run.config.with_name(".config.yaml.tmp")
+    tmp.write_text(config_text)
+    tmp.replace(run.config)
+    tmp = run.plan.with_name(".plan.yaml.tmp")
+    plan.save(tmp)
+    tmp.replace(run.plan)
+    return run.path
 
 
-def _check_joined(path: Path, marker: dict, config_text: str, wait_s: float) -> Path:
+def _check_joined(run: RunDir, marker: dict, config_text: str, wait_s: float) -> Path:
     deadline = time.monotonic() + wait_s
-    while not (path / "plan.yaml").exists():
+    while not run.plan.exists():
         if time.monotonic() > deadline:
-            raise FileExistsError(f"{path}: another node started this run but wrote no plan.yaml")
+            raise FileExistsError(
+                f"{run.path}: another node started this run but wrote no {run.plan.name}"
+            )
         time.sleep(0.05)
-    theirs = json.loads((path / LAUNCH_FILE).read_text() or "{}")
+    theirs = json.loads(run.launch_record.read_text() or "{}")
     if theirs != marker:
         raise FileExistsError(
-            f"{path} already holds a run (rendezvous id {theirs.get('rdzv_id')!r}); "
+            f"{run.path} already holds a run (rendezvous id {theirs.get('rdzv_id')!r}); "
             "choose another run.name/--rdzv-id"
         )
-    if (path / "config.yaml").read_text() != config_text:
+    if run.config.read_text() != config_text:
         raise ValueError(
-            f"{path}/config.yaml differs from this node's config: every node must run the "
+            f"{run.config} differs from this node's config: every node must run the "
             "same recipe and overrides"
         )
-    return path
+    return run.path

@@ -1,8 +1,9 @@
-"""The run directory: ``runs/<recipe>-<timestamp>/`` with the resolved config and plan.
+"""A new run directory: ``runs/<recipe>-<timestamp>/`` with the resolved config and plan.
 
-runs/gpt_small-20261129-101500/
-  config.yaml  plan.yaml  metrics.jsonl  summary.json
-  logs/rank_<k>.log  tb/  checkpoints/
+    dtrain launch recipe=gpt_small      # -> runs/gpt_small-20261201-101500/config.yaml, plan.yaml
+
+What the directory holds is :mod:`dtrain_cli.rundir` (:class:`RunDir`); the launcher makes
+one here and the workers read it.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from pathlib import Path
 from dtrain_cli.config.compose import config_to_yaml
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir.layout import RunDir
 
 
 def new_run_dir(cfg: DtrainConfig) -> Path:
+    """``run.root/run.name``, or ``<recipe>-<timestamp>`` (``-1``, ``-2`` ... if taken)."""
     root = Path(cfg.run.root)
     name = cfg.run.name or f"{cfg.run.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = root / name
@@ -28,10 +31,10 @@ def new_run_dir(cfg: DtrainConfig) -> Path:
 
 def materialize(cfg: DtrainConfig, plan: Plan, path: Path | None = None) -> Path:
     """Create the run dir and write config.yaml + plan.yaml; returns the absolute path."""
-    path = (path or new_run_dir(cfg)).resolve()
-    if (path / "plan.yaml").exists():
-        raise FileExistsError(f"{path} already holds a run; choose another run.name")
-    (path / "logs").mkdir(parents=True, exist_ok=True)
-    (path / "config.yaml").write_text(config_to_yaml(cfg))
-    plan.save(path / "plan.yaml")
-    return path
+    run = RunDir((path or new_run_dir(cfg)).resolve())
+    if run.plan.exists():
+        raise FileExistsError(f"{run.path} already holds a run; choose another run.name")
+    run.logs.mkdir(parents=True, exist_ok=True)
+    run.config.write_text(config_to_yaml(cfg))
+    plan.save(run.plan)
+    return run.path

@@ -4,7 +4,7 @@
 
 The same elastic agent, rendezvous, restarts, signal forwarding and run dir as a recipe's
 launch (:mod:`.local`); only the workers' entry differs. ``forkserver`` (default) and
-``fork``: torch's function entry, :func:`dtrain_cli.runtime.script_worker.script_main`,
+``fork``: torch's function entry, :func:`dtrain_cli.runtime.script.worker.script_main`,
 in workers forked with torch imported (the first step comes sooner than under torchrun).
 ``spawn``: a fresh ``python -u`` per rank, as torchrun starts it.
 """
@@ -18,21 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import dtrain_cli
+from dtrain_cli.launch.preload import SCRIPT_ENTRY, SCRIPT_MODULE, entry_point
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir.layout import RunDir
 
-# Modules a typical DDP script imports before its first step (a speed-up only: the fork
-# server imports them while the launcher composes; a script that uses none loses nothing).
-SCRIPT_PRELOAD = [
-    "dtrain_cli.runtime.script_worker",
-    "torch.distributed",
-    "torch.nn.parallel",
-    "torch.utils.data",
-]
 TAIL_LINES = 12
-
-
-def script_preload(plan: Plan) -> list[str]:
-    return SCRIPT_PRELOAD + (["torch._dynamo"] if plan.world_size > 1 else [])
 
 
 def script_entry(
@@ -49,9 +39,7 @@ def script_entry(
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals_to_handle  # as launch_agent will
     if plan.start_method == "spawn":
         return spawn_command(plan), ("-u", "-c", spawn_code(), str(run_dir))
-    from dtrain_cli.runtime.script_worker import script_main
-
-    return script_main, (str(run_dir), worker_server.env_changes())
+    return entry_point(SCRIPT_ENTRY), (str(run_dir), worker_server.env_changes())
 
 
 def spawn_command(plan: Plan) -> str:
@@ -68,7 +56,7 @@ def spawn_code() -> str:
     paths = [str(Path(dtrain_cli.__file__).parent.parent), str(Path(yaml.__file__).parents[1])]
     return (
         f"import sys; extra = [p for p in {paths!r} if p not in sys.path]; "
-        "sys.path.extend(extra); import dtrain_cli.runtime.script_worker as w; "
+        f"sys.path.extend(extra); import {SCRIPT_MODULE} as w; "
         "[sys.path.remove(p) for p in extra]; w.main()"
     )
 
@@ -97,7 +85,7 @@ def script_failure(failed: list[Any], run_dir: Path, plan: Plan) -> tuple[int, s
 def failure_tail(run_dir: Path, rank: int) -> str | None:
     """The failing rank's last line (the exception, or what it printed last), then its
     last traceback (or last lines) from ``logs/rank_<k>.log``."""
-    path = run_dir / "logs" / f"rank_{rank}.log"
+    path = RunDir(run_dir).rank_log(rank)
     try:
         text = path.read_text(errors="replace")
         for _ in range(5):  # the log's last lines may still be on their way (a loaded machine)

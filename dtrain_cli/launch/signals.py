@@ -7,7 +7,7 @@ or as children of its fork server).
 SLURM's ``--signal=B:USR1@N`` reaches the batch shell, which passes it to ``srun``, which
 passes it to each node's agent (this process); by default USR1 would kill the agent and
 orphan the workers. Here the agent keeps running and forwards the signal to its children,
-whose :mod:`dtrain_cli.runtime.preemption` watcher sets the flag the trainer acts on.
+whose :mod:`dtrain_cli.runtime.components.preemption` watcher sets the flag the trainer acts on.
 A worker that got the signal directly too (SLURM signals every process of a step) just
 sets its flag twice.
 """
@@ -21,9 +21,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
-from dtrain_cli.runtime.preemption import signal_number
+from dtrain_cli.launch.preload import SCRIPT_MODULE
+from dtrain_cli.rundir.protocol import signal_number
 
-SCRIPT_WORKER = b"dtrain_cli.runtime.script_worker"
+SCRIPT_WORKER = SCRIPT_MODULE.encode()
 """In the command line of a ``dtrain run`` worker started with ``start_method=spawn``."""
 
 

@@ -14,8 +14,9 @@ srun's exit code, unless ``slurm/FINISHED`` says the run completed.
 
 Elastic runs (``parallel.nnodes=MIN:MAX``): the job asks for ``--nodes=MIN-MAX`` (SLURM
 starts it with as many as it can give at once) and ``--no-kill``, and srun runs with
-``--kill-on-bad-exit=0``, so a lost node's task ends alone and the agents left re-rendezvous
-without it (:mod:`dtrain_cli.runtime.elastic`). The job succeeds on the run's own record
+``--kill-on-bad-exit=0``, so a lost node's task ends alone and the agents left
+re-rendezvous without it (:mod:`dtrain_cli.runtime.components.membership`). The job
+succeeds on the run's own record
 (``slurm/FINISHED``, which ``dtrain agent`` writes when its workers completed the run), not
 on srun's exit code (the lost task's). Each attempt writes its rendezvous to
 ``slurm/rendezvous``; ``dtrain sbatch --join RUN_DIR`` submits nodes that join it
@@ -37,12 +38,17 @@ from pathlib import Path
 
 from dtrain_cli.config.schema import ClusterConfig, DtrainConfig
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.preemption import MARKER, SIGNAL_NAMES
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.protocol import SIGNAL_NAMES
 
 SCRIPT_NAME = "job.sbatch"
-FINISHED = "FINISHED"
-RENDEZVOUS = "rendezvous"
-"""``slurm/rendezvous``: ``host:port id`` of the elastic job's current attempt."""
+SHELL_RUN = RunDir(Path("$RUN_DIR"))
+"""The run dir's files as the job script names them (``$RUN_DIR/slurm/FINISHED``...)."""
+FINISHED = SHELL_RUN.slurm_finished
+RENDEZVOUS = SHELL_RUN.slurm_rendezvous
+"""``host:port id`` of the elastic job's current attempt (`dtrain sbatch --join` reads it)."""
+PREEMPTED = SHELL_RUN.preempted
+RENDEZVOUS_TMP = RENDEZVOUS.with_name(f".{RENDEZVOUS.name}.tmp")
 TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^\d+-\d+$|^(UNLIMITED|INFINITE)$")
 MEM_RE = re.compile(r"^\d+[KMGT]?$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -250,7 +256,7 @@ def render_sbatch(job: SbatchJob) -> str:
     sig = c.signal.upper().removeprefix("SIG")
     port = str(c.rdzv_port) if c.rdzv_port else "$((20000 + SLURM_JOB_ID % 20000))"
     node_cmd = " ".join(q(a) for a in job.node_command)
-    script_path = q(str(job.run_dir / "slurm" / SCRIPT_NAME))
+    script_path = q(str(RunDir(job.run_dir).slurm / SCRIPT_NAME))
     lines = [
         "#!/bin/bash",
         f"# dtrain sbatch: {comment_text(job.summary)}",
@@ -260,7 +266,7 @@ def render_sbatch(job: SbatchJob) -> str:
         "",
         'echo "dtrain: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on'
         ' $SLURM_JOB_NODELIST"',
-        f'if [ -e "$RUN_DIR/slurm/{FINISHED}" ]; then',
+        f'if [ -e "{FINISHED}" ]; then',
         '  echo "dtrain: $RUN_DIR already finished; not running it again"',
         "  exit 0",
         "fi",
@@ -272,13 +278,13 @@ def render_sbatch(job: SbatchJob) -> str:
         f"trap 'forward {sig}' {sig}",
         # the run's own record of a preemption (rank 0 writes it once the checkpoint is
         # complete); one left from an earlier attempt must not requeue this one
-        f'rm -f "$RUN_DIR/{MARKER}"',
+        f'rm -f "{PREEMPTED}"',
         'RDZV_ID="dtrain-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"',
     ]
     if job.min_nnodes is not None:  # where `dtrain sbatch --join` jobs find this attempt
         lines += [
-            f'echo "$RDZV_HOST:$RDZV_PORT $RDZV_ID" > "$RUN_DIR/slurm/.{RENDEZVOUS}.tmp" &&'
-            f' mv "$RUN_DIR/slurm/.{RENDEZVOUS}.tmp" "$RUN_DIR/slurm/{RENDEZVOUS}"',
+            f'echo "$RDZV_HOST:$RDZV_PORT $RDZV_ID" > "{RENDEZVOUS_TMP}" &&'
+            f' mv "{RENDEZVOUS_TMP}" "{RENDEZVOUS}"',
         ]
     # elastic: a task that ends (a lost node) ends alone; the agents left go on without it
     kill = (
@@ -296,8 +302,8 @@ def render_sbatch(job: SbatchJob) -> str:
         "done",
         # the run's own record: an agent whose workers completed the run wrote FINISHED (an
         # elastic job's srun reports the lost node's task)
-        f'if [ "$rc" -eq 0 ] || [ -e "$RUN_DIR/slurm/{FINISHED}" ]; then',
-        f'  [ -e "$RUN_DIR/slurm/{FINISHED}" ] || date > "$RUN_DIR/slurm/{FINISHED}"'
+        f'if [ "$rc" -eq 0 ] || [ -e "{FINISHED}" ]; then',
+        f'  [ -e "{FINISHED}" ] || date > "{FINISHED}"'
         "  # a requeue of a finished run exits at once",
         '  echo "dtrain: finished"',
         "  exit 0",
@@ -307,7 +313,7 @@ def render_sbatch(job: SbatchJob) -> str:
         # requeue on the marker, not on srun's code: srun reports the first task that ended
         # (a node that exited 75 first gets the others killed: 143)
         lines += [
-            f'if [ -e "$RUN_DIR/{MARKER}" ] && [ ! -e "$RUN_DIR/slurm/{FINISHED}" ]; then',
+            f'if [ -e "{PREEMPTED}" ] && [ ! -e "{FINISHED}" ]; then',
             f'  if [ "${{SLURM_RESTART_COUNT:-0}}" -lt {c.max_requeues} ]; then',
             '    echo "dtrain: checkpoint saved (srun exited with $rc); requeueing job'
             ' $SLURM_JOB_ID"',

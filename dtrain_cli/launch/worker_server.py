@@ -12,7 +12,7 @@ the rendezvous store's threads by then.
 Which modules a worker needs before its first step beyond torch and the runtime depends on
 the plan (``torch._dynamo`` for DDP, DCP to resume, pipelining...), and the plan does not
 exist when the server starts: the server's preload module,
-:mod:`dtrain_cli.runtime.server_preload`, imports the worker entry point and then waits
+:mod:`dtrain_cli.launch.server_preload`, imports the worker entry point and then waits
 for the list :func:`announce` writes.
 """
 
@@ -27,15 +27,11 @@ import signal
 import tempfile
 from multiprocessing import forkserver
 
-from dtrain_cli.runtime.preemption import STEP_SIGNALS
-from dtrain_cli.runtime.preload import (
-    FIRST_IMPORTS_ENV,
-    LAUNCHER_PID_ENV,
-    PRELOAD_FILE_ENV,
-    WORKER_FIRST,
-)
+from dtrain_cli.launch.preload import WORKER_FIRST
+from dtrain_cli.rundir import env
+from dtrain_cli.rundir.protocol import STEP_SIGNALS
 
-BASE_PRELOAD = ["dtrain_cli.runtime.server_preload"]  # it imports the worker, then waits
+BASE_PRELOAD = ["dtrain_cli.launch.server_preload"]  # it imports the worker, then waits
 
 _preload_file: str | None = None  # where the server waits for the list; None once written
 _running = False
@@ -58,9 +54,7 @@ def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FI
     fd, path = tempfile.mkstemp(prefix="dtrain-preload-", suffix=".json")
     os.close(fd)
     os.unlink(path)  # the server waits for this path to appear
-    os.environ[PRELOAD_FILE_ENV] = path
-    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
-    os.environ[FIRST_IMPORTS_ENV] = ",".join(first)
+    env.set_preload(path, os.getpid(), first)
     # The server and multiprocessing's resource tracker (started with it) must survive the
     # signals a scheduler sends to every process of a job step (SLURM's USR1...): both are
     # started with them ignored (an ignored signal stays ignored across exec).
@@ -69,8 +63,7 @@ def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FI
         multiprocessing.get_context("forkserver").set_forkserver_preload(BASE_PRELOAD)
         forkserver.ensure_running()
     finally:  # the server has them; the agent and workers need not
-        del os.environ[PRELOAD_FILE_ENV], os.environ[LAUNCHER_PID_ENV]
-        del os.environ[FIRST_IMPORTS_ENV]
+        env.clear_preload()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     _preload_file = path

@@ -1,5 +1,5 @@
 """The conv + BatchNorm classifier of :mod:`.cnn`: the smallest model where BatchNorm
-statistics matter (synchronized BatchNorm: :mod:`dtrain_cli.runtime.sync_batchnorm`)."""
+statistics matter (synchronized BatchNorm: :mod:`dtrain_cli.runtime.parallel.sync_batchnorm`)."""
 
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ class ModelSpec(ABC):
 
     def worker_modules(self) -> list[str]:
         """Modules the workers import to build this model, for the fork server to import
-        once before it forks them (:mod:`dtrain_cli.runtime.preload`; optional, a speed-up)."""
+        once before it forks them (:mod:`dtrain_cli.launch.preload`; optional, a speed-up)."""
         return []
 
     # -- runtime (imports torch) ---------------------------------------------------------------

@@ -201,7 +201,7 @@ def checkpointed_layers(lo: int, hi: int, mode: str) -> list[int]:
     """Global indices of the blocks in [lo, hi) that ``parallel.activation_checkpointing``
     checkpoints: full = all; selective = every other one, the 2nd, 4th, ... of the model
     (torchtitan's layer-wise selective AC, frequency 2); none = none. The runtime
-    (:mod:`dtrain_cli.runtime.activation_checkpoint`) applies exactly these."""
+    (:mod:`dtrain_cli.runtime.parallel.activation_checkpoint`) applies exactly these."""
     if mode == "full":
         return list(range(lo, hi))
     if mode == "selective":

@@ -15,15 +15,26 @@ from typing import Any
 
 import yaml
 
-# Mesh axes, outermost first: tp innermost so its ranks are neighbours (same node,
-# fastest links), pp outermost (point-to-point, least bandwidth-hungry).
-MESH_DIM_NAMES = ("pp", "dp", "tp")
+from dtrain_cli.plan.dims import MESH_DIM_NAMES, ParallelDims
+
+__all__ = ["MESH_DIM_NAMES", "ParallelDims", "Plan"]
 
 
 @dataclass
 class MeshPlan:
     dim_names: list[str]
+    """Outermost first: tp innermost so its ranks are neighbours (same node, fastest
+    links), pp outermost (point-to-point, least bandwidth-hungry)."""
     shape: list[int]
+    dp_replicate: int = 1
+    """HSDP: dp split into dp_replicate groups of dp/dp_replicate shards (1: not split)."""
+
+    @property
+    def dims(self) -> ParallelDims:
+        sizes = dict(zip(self.dim_names, self.shape, strict=True))
+        return ParallelDims(
+            pp=sizes["pp"], dp=sizes["dp"], tp=sizes["tp"], dp_replicate=self.dp_replicate
+        )
 
     @property
     def size(self) -> int:
@@ -252,6 +263,11 @@ class Plan:
     """param_server / diloco only: roles and bytes per role."""
     elastic: ElasticPlan | None = None
     """``parallel.nnodes=MIN:MAX``: the layout at every admissible node count."""
+
+    @property
+    def dims(self) -> ParallelDims:
+        """Which parallelisms this layout turns on (dp_enabled, tp_enabled, ...)."""
+        return self.mesh.dims
 
     def for_world_size(self, world_size: int) -> Plan:
         """This plan at the size the elastic agent started (the full plan when it is

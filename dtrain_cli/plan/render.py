@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Group
 from rich.table import Table
 
 from dtrain_cli.plan.layout import plural
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir import env
+from dtrain_cli.rundir.layout import RunDir
 
 MAX_RANK_ROWS = 16
 
@@ -177,13 +181,17 @@ def render_script(plan: Plan, rdzv_endpoint: str, rdzv_timeout_s: int) -> Table:
                 "env (each rank)",
                 f"RANK=0..{n - 1} LOCAL_RANK=0..{local - 1} WORLD_SIZE={n} "
                 f"LOCAL_WORLD_SIZE={local} GROUP_RANK=<node> ROLE_RANK ROLE_WORLD_SIZE={n} "
-                f"MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT "
+                f"MASTER_ADDR MASTER_PORT {env.RESTART_COUNT} "
                 f"TORCHELASTIC_MAX_RESTARTS={plan.max_restarts} TORCHELASTIC_RUN_ID "
-                f"OMP_NUM_THREADS={plan.threads_per_proc} DTRAIN_RUN_DIR DTRAIN_PLAN",
+                f"OMP_NUM_THREADS={plan.threads_per_proc} {env.RUN_DIR} {env.PLAN}",
             ),
             ("rendezvous", f"c10d at {rdzv_endpoint}, timeout {rdzv_timeout_s} s"),
             ("restarts", f"{plan.max_restarts} (the whole group restarts when a rank fails)"),
-            ("logs", "RUN_DIR/logs/rank_<k>.log (every rank's stdout and stderr)"),
+            (
+                "logs",
+                f"{RunDir(Path('RUN_DIR')).rank_log(0).with_name('rank_<k>.log')} "
+                "(every rank's stdout and stderr)",
+            ),
         ],
     )
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dtrain_cli.rundir.layout import RunDir
+
 
 class RunDirError(ValueError):
     """Not a run dir, or nothing to read (one line for the CLI, exit 2)."""
@@ -39,12 +41,13 @@ def load_run(path: Path) -> RunData:
     """A folder ``dtrain launch`` made (plan.yaml + metrics.jsonl); RunDirError otherwise."""
     if not path.is_dir():
         raise RunDirError(f"{path}: no such folder; give a run dir such as runs/<run>")
-    if not (path / "plan.yaml").is_file():
+    run = RunDir(path)
+    if not run.plan.is_file():
         raise RunDirError(
-            f"{path}: not a run dir (no plan.yaml); give a folder `dtrain launch` made, "
-            "such as runs/<run>"
+            f"{path}: not a run dir (no {run.plan.name}); give a folder `dtrain launch` "
+            "made, such as runs/<run>"
         )
-    metrics = path / "metrics.jsonl"
+    metrics = run.metrics
     if not metrics.is_file():
         raise RunDirError(f"{path}: no metrics.jsonl yet (the run logged no step)")
     records = []
@@ -58,9 +61,9 @@ def load_run(path: Path) -> RunData:
     if not any(r.get("kind") == "train" for r in records):
         raise RunDirError(f"{metrics}: no training step logged")
     summary: dict[str, Any] = {}
-    if (path / "summary.json").is_file():
+    if run.summary.is_file():
         try:
-            summary = json.loads((path / "summary.json").read_text())
+            summary = json.loads(run.summary.read_text())
         except ValueError:
             summary = {}
     return RunData(path, records, summary)

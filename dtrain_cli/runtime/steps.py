@@ -21,9 +21,9 @@ from dtrain_cli.models import ModelSpec
 from dtrain_cli.models.losses import resolve_loss
 from dtrain_cli.plan.layout import V_SHAPED
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.loader import Batches
-from dtrain_cli.runtime.parallelize import ParallelModel, gradient_sync
-from dtrain_cli.runtime.precision import Precision
+from dtrain_cli.runtime.data.loader import Batches
+from dtrain_cli.runtime.parallel.parallelize import ParallelModel, gradient_sync
+from dtrain_cli.runtime.state.precision import Precision
 
 
 def forward_loss_fn(spec: ModelSpec, plan: Plan, roots: list[str]) -> Any:

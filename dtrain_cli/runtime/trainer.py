@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -25,26 +24,29 @@ from rich.console import Console
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime import faults, preemption
-from dtrain_cli.runtime.checkpointer import Checkpointer
-from dtrain_cli.runtime.data import BatchLayout, open_splits
-from dtrain_cli.runtime.data_parallel import DataParallelSync
-from dtrain_cli.runtime.distributed import DistContext
-from dtrain_cli.runtime.dtensors import local_tensor
-from dtrain_cli.runtime.elastic import Membership
-from dtrain_cli.runtime.loader import Batches
-from dtrain_cli.runtime.metrics import FIRST_STEP_DONE, MetricsSink, startup_phases
-from dtrain_cli.runtime.numerics import NumericsPolicy
-from dtrain_cli.runtime.optim import Optimizers
-from dtrain_cli.runtime.parallelize import parallelize
-from dtrain_cli.runtime.precision import Precision
-from dtrain_cli.runtime.profiling import Profiler
-from dtrain_cli.runtime.replica import ReplicaChecker
+from dtrain_cli.rundir import env, protocol
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.runtime.components import preemption
+from dtrain_cli.runtime.components.checkpointer import Checkpointer
+from dtrain_cli.runtime.components.membership import Membership
+from dtrain_cli.runtime.components.metrics import TrainMetrics
+from dtrain_cli.runtime.components.numerics import NumericsPolicy
+from dtrain_cli.runtime.components.profiling import Profiler
+from dtrain_cli.runtime.components.replica import ReplicaChecker
+from dtrain_cli.runtime.components.sinks import MetricsSink, startup_phases
+from dtrain_cli.runtime.components.validator import Validator
+from dtrain_cli.runtime.data.loader import Batches
+from dtrain_cli.runtime.data.stream import BatchLayout, open_splits
+from dtrain_cli.runtime.diagnostics import faults
+from dtrain_cli.runtime.diagnostics.watchdog import Watchdog
+from dtrain_cli.runtime.parallel.data_parallel import DataParallelSync
+from dtrain_cli.runtime.parallel.dtensors import local_tensor
+from dtrain_cli.runtime.parallel.mesh import DistContext
+from dtrain_cli.runtime.parallel.parallelize import parallelize
+from dtrain_cli.runtime.state.optim import Optimizers
+from dtrain_cli.runtime.state.precision import Precision
 from dtrain_cli.runtime.steps import LocalStep, PipelineStep
-from dtrain_cli.runtime.sync_modes import ModeSync
-from dtrain_cli.runtime.train_metrics import TrainMetrics
-from dtrain_cli.runtime.validator import Validator
-from dtrain_cli.runtime.watchdog import Watchdog
+from dtrain_cli.runtime.sync.modes import ModeSync
 
 log = logging.getLogger("dtrain")
 
@@ -254,14 +256,19 @@ class Trainer:
         return {"params": params, "optimizer": self.optimizers.state_bytes()}
 
     def _mark_first_step(self) -> None:
+        """The run trained: rank 0 says so in the run dir (the launcher keeps a dir that
+        trained), every rank logs its start-up breakdown."""
         self.times["first_step_done"] = time.time()
-        t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
-        phases = " · ".join(f"{k} {v:.2f}" for k, v in startup_phases(self.times, t0).items())
+        t0 = env.launch_started_at()
+        phases = startup_phases(self.times, t0)
         took = self.times["first_step_done"] - t0
-        log.info("%s %.2f s after launch (%s)", FIRST_STEP_DONE, took, phases)
+        if self.ctx.rank == 0:
+            protocol.write_first_step(RunDir(self.run_dir), {"step": self.step, "after_s": took})
+        shown = " · ".join(f"{k} {v:.2f}" for k, v in phases.items())
+        log.info("first step done %.2f s after launch (%s)", took, shown)
 
     def _summary(self, wall: float) -> dict[str, Any]:
-        t0 = float(os.environ.get("DTRAIN_LAUNCH_T0", "nan"))
+        t0 = env.launch_started_at()
         startup = {k: round(v - t0, 3) for k, v in self.times.items()}
         est = self.plan.estimates
         steps_run = self.step - self.metrics.first_step + 1
@@ -297,7 +304,7 @@ class Trainer:
             **self.mode_extra,
         }
         if self.ctx.is_logging_rank:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            RunDir(self.run_dir).summary.write_text(json.dumps(summary, indent=2))
             if self.sink:
                 self.sink.print_summary(summary, self.run_dir)
         return summary

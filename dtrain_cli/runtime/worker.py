@@ -22,17 +22,20 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from dtrain_cli.config.compose import config_from_yaml
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime import collective_debug, preemption
-from dtrain_cli.runtime.distributed import (
+from dtrain_cli.rundir import env, protocol
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.notes import write_note
+from dtrain_cli.runtime.components import preemption
+from dtrain_cli.runtime.diagnostics import collective_debug
+from dtrain_cli.runtime.diagnostics.interrupt import InterruptGuard, restore_default_signals
+from dtrain_cli.runtime.diagnostics.logs import make_console, setup_logging
+from dtrain_cli.runtime.diagnostics.watchdog import enable_flight_recorder, process_group_timeout_s
+from dtrain_cli.runtime.parallel.mesh import (
     init_distributed,
     mesh_coordinates,
     shutdown_distributed,
 )
-from dtrain_cli.runtime.failure_notes import write_note
-from dtrain_cli.runtime.interrupt import InterruptGuard
-from dtrain_cli.runtime.metrics import make_console, setup_logging
 from dtrain_cli.runtime.trainer import Trainer
-from dtrain_cli.runtime.watchdog import enable_flight_recorder, process_group_timeout_s
 
 log = logging.getLogger("dtrain")
 
@@ -48,18 +51,17 @@ def worker_main(
     """One rank's run. ``launcher_milestones``: epoch times the launcher recorded before
     this worker started (config composed, agent ready), for the start-up breakdown."""
     started = time.time()
-    server = sys.modules.get("dtrain_cli.runtime.server_preload")
-    if server is not None:  # forked from the fork server, which ignores some signals
-        server.restore_worker_signals()
+    restore_default_signals()  # forked from the fork server (it ignores some) or the agent
     # Ctrl-C reaches every process of the terminal's group; the launcher reports it once,
     # so a worker ends quietly (its finally blocks close the progress bar), no traceback
     # (within seconds even when the main thread waits in C code: a store, a collective)
     InterruptGuard(grace_s=2.0, finish_s=5.0).install(_stop_quietly)
     path = Path(run_dir)
-    os.environ["DTRAIN_RUN_DIR"] = str(path)  # where a fault drill notes what it did
+    run = RunDir(path)
+    env.set_run_dir(path)  # where a fault drill notes what it did
     # an elastic plan carries a layout per node count: the one for the size started
-    plan = Plan.load(path / "plan.yaml").for_world_size(int(os.environ["WORLD_SIZE"]))
-    cfg = config_from_yaml(path / "config.yaml")
+    plan = Plan.load(run.plan).for_world_size(int(os.environ["WORLD_SIZE"]))
+    cfg = config_from_yaml(run.config)
     for root in reversed(cfg.run.import_roots):  # the user's _target_ modules, as planned
         if root not in sys.path:
             sys.path.insert(0, root)
@@ -70,7 +72,7 @@ def worker_main(
     if plan.elastic is not None and rank == 0:
         # the agent stops a group with SIGTERM before a scale-up: that group checkpoints
         # (preemption) and its marker is stale once this group runs
-        preemption.clear_marker(path)
+        protocol.clear_preempted(run)
     preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
     collective_debug.enable(cfg.debug.check_collectives)
     enable_flight_recorder(plan.backend, cfg.debug.collective_timeout_s)
@@ -81,7 +83,7 @@ def worker_main(
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))
     if ctx.role == "server":  # sync.mode=param_server: this rank serves a parameter shard
-        from dtrain_cli.runtime.param_server import serve
+        from dtrain_cli.runtime.sync.param_server import serve
 
         try:
             return serve(cfg, plan, ctx, path)

@@ -31,7 +31,7 @@ from dtrain_cli.launch.k8s.job import (
     K8sJob,
     agent_args,
 )
-from dtrain_cli.runtime.preemption import EXIT_PREEMPTED
+from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
 
 RUN_VOLUME, FILES_VOLUME, SHM_VOLUME = "runs", "rundir-files", "dshm"
 SLURM_MEMORY_UNITS = {"K": "Ki", "M": "Mi", "G": "Gi", "T": "Ti", "": "Mi"}

@@ -1,0 +1,174 @@
+"""``data=hf``: local JSONL / Parquet / text files, tokenized once into the token-file cache.
+
+    dtrain launch data=hf data.path=corpus.jsonl data.tokenizer=/models/my-tok model.vocab_size=8192
+
+The launcher reads the files with the ``datasets`` library (``load_dataset("json" | "parquet" |
+"text", data_files=...)``, no hub), tokenizes the ``data.text_field`` of every record with a
+local tokenizer folder (``tokenizer.json`` through ``tokenizers``, or any ``AutoTokenizer``
+folder) or byte-level tokens, separates records with the tokenizer's end-of-text token and
+writes ``train.bin``/``val.bin`` like the other corpora (keyed by the files' identity, the
+tokenizer and the split). Workers then read :class:`~dtrain_cli.runtime.data.stream.TokenWindows`,
+so every layout sees the same global sample stream and a resume continues it exactly.
+The Hugging Face packages are optional and imported here only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dtrain_cli.config.data_checks import HF_EXTRA, hf_data_files, hf_format, vocab_problem
+from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.config.schema import DataConfig
+
+META = "meta.json"
+EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
+
+
+@dataclass
+class TextTokenizer:
+    ident: str
+    """What the cache key depends on: the tokenizer's files (or ``bytes``)."""
+    vocab_size: int
+    eos_id: int | None
+    encode_batch: Callable[[list[str]], list[list[int]]]
+    separator: list[int]
+    """Tokens put between two records (the end-of-text token; byte-level: a blank line)."""
+
+
+def _need(module: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError([f"data.source=hf needs the '{module}' package: {HF_EXTRA}"]) from None
+
+
+def _folder_ident(path: Path) -> str:
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    return "\n".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+
+
+def _eos_from_config(path: Path, token_to_id: Callable[[str], int | None]) -> int | None:
+    names: list[str] = []
+    config = path / "tokenizer_config.json"
+    if config.is_file():
+        eos = json.loads(config.read_text()).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if isinstance(eos, str):
+            names.append(eos)
+    for name in [*names, *EOS_NAMES]:
+        tid = token_to_id(name)
+        if tid is not None:
+            return tid
+    return None
+
+
+def load_tokenizer(folder: str | None) -> TextTokenizer:
+    """The tokenizer of ``data.tokenizer``; byte-level (vocab 256) when unset."""
+    if not folder:
+        return TextTokenizer(
+            "bytes", 256, None, lambda texts: [list(t.encode()) for t in texts], [10, 10]
+        )
+    path = Path(folder).expanduser().resolve()
+    ident = f"{path}\n{_folder_ident(path)}"
+    if (path / "tokenizer.json").is_file():
+        tokenizers = _need("tokenizers")
+        tok = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+
+        def encode(texts: list[str]) -> list[list[int]]:
+            return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
+
+        eos = _eos_from_config(path, tok.token_to_id)
+        size = tok.get_vocab_size(with_added_tokens=True)
+    else:
+        transformers = _need("transformers")
+        auto = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+        def encode(texts: list[str]) -> list[list[int]]:
+            return auto(texts, add_special_tokens=False)["input_ids"]
+
+        eos, size = auto.eos_token_id, len(auto)
+    return TextTokenizer(ident, size, eos, encode, [] if eos is None else [eos])
+
+
+def _texts(data: DataConfig, files: list[Path], fmt: str, cache: Path) -> Iterable[list[str]]:
+    """Batches of the records' text, in file order."""
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never the hub
+    datasets = _need("datasets")
+    datasets.disable_progress_bars()
+    kwargs = {"sample_by": "document"} if fmt == "text" else {}
+    ds = datasets.load_dataset(
+        fmt,
+        data_files=[str(f) for f in files],
+        split="train",
+        cache_dir=str(cache / "hf_datasets"),
+        **kwargs,
+    )
+    field = "text" if fmt == "text" else data.text_field
+    if field not in ds.column_names:
+        raise ConfigError(
+            [
+                f"data.text_field={data.text_field}: not a column of {data.path} "
+                f"(columns: {', '.join(ds.column_names)})"
+            ]
+        )
+    for batch in ds.select_columns([field]).iter(batch_size=1024):
+        yield [t if isinstance(t, str) else "" for t in batch[field]]
+
+
+def prepare_hf(data: DataConfig, cache: Path, vocab_size: int | None) -> dict[str, Path]:
+    """Tokenize (once) and return the token file of each split."""
+    try:
+        files = hf_data_files(data)
+    except FileNotFoundError as exc:
+        raise ConfigError([str(exc)]) from None
+    fmt = hf_format(data, files)
+    tok = load_tokenizer(data.tokenizer)
+    if vocab_size is not None and tok.vocab_size > vocab_size:
+        raise ConfigError([vocab_problem(vocab_size, tok.vocab_size, str(data.tokenizer))])
+    ident = "\n".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+    ident += f"\n{fmt}:{data.text_field}:{data.val_fraction}\n{tok.ident}"
+    out_dir = cache / f"hf-{hashlib.sha1(ident.encode()).hexdigest()[:16]}"
+    paths = {split: out_dir / f"{split}.bin" for split in ("train", "val")}
+    if (out_dir / META).is_file() and all(p.exists() for p in paths.values()):
+        return paths
+    parts: list[np.ndarray] = []
+    sep = np.asarray(tok.separator, dtype=np.int64)
+    for texts in _texts(data, files, fmt, cache):
+        for ids in tok.encode_batch(texts):
+            if parts and len(sep):
+                parts.append(sep)
+            parts.append(np.asarray(ids, dtype=np.int64))
+    dtype = token_dtype(tok.vocab_size)
+    tokens = np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype=dtype)
+    n_val = max(2, int(len(tokens) * data.val_fraction))
+    if len(tokens) < 2 * n_val:
+        raise ConfigError([f"data.path={data.path}: only {len(tokens)} tokens after tokenizing"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from dtrain_cli.corpus.prepare import write_atomic
+
+    write_atomic(paths["train"], tokens[:-n_val])
+    write_atomic(paths["val"], tokens[-n_val:])
+    meta = {"dtype": dtype, "vocab_size": tok.vocab_size, "tokens": len(tokens)}
+    tmp = out_dir / f".{META}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, out_dir / META)  # last: marks the cache entry complete
+    return paths
+
+
+def token_dtype(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+def cached_dtype(paths: dict[str, Path]) -> str:
+    """The dtype :func:`prepare_hf` wrote the token files with."""
+    meta = paths["train"].parent / META
+    return str(json.loads(meta.read_text())["dtype"])

@@ -1,0 +1,133 @@
+"""Token corpora, prepared once by the launcher before any worker starts (numpy only).
+
+    python -m dtrain_cli.corpus.prepare     # the built-in corpus into the cache
+
+- ``builtin``: Python's own standard-library ``.py`` files (present wherever Python is),
+  byte-level tokens (vocab 256), cached as a memory-mapped token file.
+- ``text``: a user file or folder, read the same way.
+- ``tokens``: pre-tokenized ``.bin`` files (nanoGPT layout: ``train.bin``/``val.bin``).
+- ``synthetic``: random tokens from the seed; no I/O.
+- ``hf``: local JSONL/Parquet/text files through ``datasets``, any local tokenizer
+  (:mod:`.hf`), cached as token files like ``text``.
+- ``custom``: your map-style dataset from ``data._target_`` (:mod:`.custom`); the
+  launcher builds it once to check it, each worker builds its own.
+
+Workers read the token files through :mod:`dtrain_cli.runtime.data.stream`. Torch-free:
+the launcher prepares data without importing torch's training stack.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+
+from dtrain_cli.config.schema import DataConfig
+from dtrain_cli.rundir import env
+
+SPLITS = ("train", "val")
+_CHECKED: set[str] = set()  # custom datasets this process already built and checked
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    return Path(cfg.cache_dir or env.cache_root() or Path.home() / ".cache" / "dtrain")
+
+
+def _text_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+    raise FileNotFoundError(f"data.path={path}: no such file or folder")
+
+
+def _source_files(cfg: DataConfig) -> list[Path]:
+    if cfg.source == "builtin":
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        return sorted(stdlib.glob("*.py"))
+    return _text_files(Path(cfg.path or ""))
+
+
+def write_atomic(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    array.tofile(tmp)
+    os.replace(tmp, path)
+
+
+def prepare_corpus(
+    cfg: DataConfig, seed: int = 0, vocab_size: int | None = None
+) -> dict[str, Path]:
+    """Tokenize (once) and return the token file of each split. Safe to call concurrently.
+    ``hf``/``custom`` problems (tokenizer larger than ``vocab_size``, a target that builds no
+    map-style dataset) raise :class:`~dtrain_cli.config.errors.ConfigError`."""
+    if cfg.source == "tokens":
+        return _token_files(cfg)
+    if cfg.source == "shapes":  # drawn in memory by each worker (runtime/shapes.py)
+        return {}
+    if cfg.source == "hf":
+        from dtrain_cli.corpus.hf import prepare_hf
+
+        return prepare_hf(cfg, cache_root(cfg), vocab_size)
+    if cfg.source == "custom":  # built here once to check it; each worker builds its own
+        from dtrain_cli.corpus.custom import build_custom
+
+        key = repr(cfg)
+        if key not in _CHECKED:
+            build_custom(cfg)
+            _CHECKED.add(key)
+        return {}
+    if cfg.source == "synthetic":
+        key = f"synthetic-{cfg.synthetic_tokens}-{seed}-{cfg.val_fraction}"
+        files: list[Path] = []
+    else:
+        files = _source_files(cfg)
+        if not files:
+            raise FileNotFoundError(f"data.source={cfg.source}: no files found")
+        ident = "\n".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
+        key = f"{cfg.source}-{hashlib.sha1(f'{ident}{cfg.val_fraction}'.encode()).hexdigest()[:16]}"
+    out_dir = cache_root(cfg) / key
+    paths = {split: out_dir / f"{split}.bin" for split in SPLITS}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.source == "synthetic":
+        rng = np.random.default_rng(seed)
+        tokens = rng.integers(0, 256, size=cfg.synthetic_tokens, dtype=np.uint16)
+    else:
+        raw = b"\n\n".join(p.read_bytes() for p in files)
+        tokens = np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
+    n_val = max(2, int(len(tokens) * cfg.val_fraction))
+    write_atomic(paths["train"], tokens[:-n_val])
+    write_atomic(paths["val"], tokens[-n_val:])
+    return paths
+
+
+def _token_files(cfg: DataConfig) -> dict[str, Path]:
+    path = Path(cfg.path or "")
+    if path.is_dir():
+        paths = {split: path / f"{split}.bin" for split in SPLITS}
+        missing = [str(p) for p in paths.values() if not p.exists()]
+        if missing:
+            raise FileNotFoundError(f"data.path={path}: missing {', '.join(missing)}")
+        return paths
+    if not path.is_file():
+        raise FileNotFoundError(f"data.path={path}: no such file or folder")
+    # One file: split it like text, into the cache.
+    tokens = np.memmap(path, dtype=cfg.token_dtype, mode="r")
+    key = hashlib.sha1(f"{path.resolve()}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    out_dir = cache_root(cfg) / f"tokens-{key}"
+    paths = {split: out_dir / f"{split}.bin" for split in SPLITS}
+    if not all(p.exists() for p in paths.values()):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        n_val = max(2, int(len(tokens) * cfg.val_fraction))
+        write_atomic(paths["train"], np.asarray(tokens[:-n_val]))
+        write_atomic(paths["val"], np.asarray(tokens[-n_val:]))
+    return paths
+
+
+if __name__ == "__main__":  # prepare the built-in corpus
+    print(prepare_corpus(DataConfig()), file=sys.stderr)

@@ -1,0 +1,82 @@
+"""Imported only by the workers' fork server, as its preload module.
+
+It imports the worker entry point (torch and the runtime) at once, then waits for the
+launcher to name the modules the plan needs before the first step
+(:func:`dtrain_cli.launch.worker_server.announce`), imports them, and returns; the server
+then serves the agent's requests for workers. Everything here is a speed-up: a module
+that fails to import is left to the worker, and a launcher that exits stops the wait.
+
+The server also ignores the signals a scheduler sends to every process of a job step
+(SLURM's preemption ``USR1``, ``TERM``...): the agent learns its workers' exit codes
+through the server, so the server must outlive them; the agent handles those signals.
+Workers forked from it set the default dispositions first thing
+(:func:`dtrain_cli.runtime.diagnostics.interrupt.restore_default_signals`), before
+installing their own handlers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import signal
+import time
+
+from dtrain_cli.launch.preload import WORKER_FIRST
+from dtrain_cli.rundir import env
+from dtrain_cli.rundir.protocol import STEP_SIGNALS
+
+WAIT_S = 600.0
+_SERVER_PID = os.getpid()
+
+
+def _ignored_by_the_server(signum: int, frame: object) -> None:
+    """The server ignores the signal; a worker forked from it that gets the signal before
+    it set its own handlers (the agent stopping a group that just started, Ctrl-C) acts as
+    the default disposition would: a worker must never ignore it."""
+    if os.getpid() == _SERVER_PID:
+        return
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def shield_server_from_step_signals() -> None:
+    """The launcher started the server with these signals ignored (and so the resource
+    tracker, through exec); here the server ignores them by a handler that its workers
+    do not inherit as "ignored". A terminal's Ctrl-C reaches the server too, perhaps while
+    it imports torch: the launcher stops (and it stops the server); no KeyboardInterrupt
+    traceback from here."""
+    for sig in (*STEP_SIGNALS, signal.SIGINT):
+        signal.signal(sig, _ignored_by_the_server)
+
+
+def import_announced_modules(path: str | None, launcher: int) -> None:
+    if not path or not launcher:
+        return
+    deadline = time.monotonic() + WAIT_S
+    while not os.path.exists(path):
+        if os.getppid() != launcher:  # the launcher is gone (killed before it could say)
+            raise SystemExit(0)
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
+    try:
+        with open(path) as f:
+            modules = json.load(f)
+        os.unlink(path)
+    except (OSError, ValueError):
+        return
+    for name in modules:
+        with contextlib.suppress(Exception):  # the worker imports it again and reports
+            importlib.import_module(name)
+
+
+shield_server_from_step_signals()
+_file, _launcher, _first = env.take_preload(WORKER_FIRST)
+# while the launcher composes: the worker entry point (dtrain's, or your script's)
+for _name in _first:
+    importlib.import_module(_name)
+import_announced_modules(_file, _launcher)

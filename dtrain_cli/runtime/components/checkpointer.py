@@ -1,0 +1,178 @@
+"""The loop's checkpointing component: what a checkpoint holds, when to save, resume.
+
+    dtrain launch recipe=gpt_tiny checkpoint.every_steps=50 checkpoint.every_minutes=30
+    dtrain resume --ckpt runs/<run>
+
+``maybe_save(step, ...)`` decides its own cadence: the plan's save steps (every N, the
+end), a vote at a logging step (time since the last save, a preemption stop), or an
+explicit request. The time vote is read on every rank and summed in the logging
+all-reduce (:mod:`.train_metrics`), so every rank saves at the same step. ``rollback``
+restores the newest complete checkpoint's model and optimizer but keeps the step and the
+data position: the loop moves past the data it trained on since (:mod:`.numerics`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dtrain_cli.checkpoint.catalog import newest_complete
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.runtime.components.sinks import truncate_metrics
+from dtrain_cli.runtime.data.stream import BatchLayout
+from dtrain_cli.runtime.parallel.data_parallel import DataParallelSync
+from dtrain_cli.runtime.parallel.mesh import DistContext
+from dtrain_cli.runtime.parallel.parallelize import ParallelModel
+from dtrain_cli.runtime.state.dcp import CheckpointManager
+from dtrain_cli.runtime.state.optim import Optimizers
+from dtrain_cli.runtime.state.precision import Precision
+
+log = logging.getLogger("dtrain")
+
+
+class Checkpointer:
+    def __init__(
+        self,
+        cfg: DtrainConfig,
+        plan: Plan,
+        ctx: DistContext,
+        run_dir: Path,
+        pm: ParallelModel,
+        optimizers: Optimizers,
+        precision: Precision,
+        layout: BatchLayout,
+        dp_sync: DataParallelSync,
+        mode_sync: Any = None,
+    ) -> None:
+        self.plan, self.ctx, self.run_dir = plan, ctx, run_dir
+        self.pm, self.optimizers, self.precision = pm, optimizers, precision
+        self.layout, self.dp_sync = layout, dp_sync
+        self.mode_sync = mode_sync  # param_server / diloco state (runtime/sync_modes.py)
+        self.loaded_sync: dict[str, Any] = {}
+        self.manager = CheckpointManager(
+            run_dir, ctx.rank, cfg.checkpoint.keep_last, cfg.checkpoint.async_save
+        )
+        self.save_steps = set(plan.checkpoint.steps)
+        self.every_s = 60.0 * plan.checkpoint.every_minutes
+        self.resumed_from: str | None = None
+
+    # -- what a checkpoint holds ------------------------------------------------------------
+    def model_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        out: dict[str, Any] = {}
+        for part in self.pm.parts:
+            out.update(get_model_state_dict(part))
+        return out
+
+    def state(self, step: int) -> dict[str, Any]:
+        """DCP state dicts keyed by full-model names, so any layout (dp, tp, pp) loads any
+        other."""
+        samples = self.layout.step_start(step)
+        state: dict[str, Any] = {
+            "model": self.model_state(),
+            "optim": self.optimizers.state_dict(),
+            "train": {
+                "step": torch.tensor(step),
+                "samples_seen": torch.tensor(samples),
+                "tokens_seen": torch.tensor(samples * self.plan.batch.seq_len),
+                "lr_step": torch.tensor(self.optimizers.lr_step),
+            },
+        }
+        if self.precision.scaler is not None:
+            state["scaler"] = self.precision.scaler.state_dict()
+        if self.mode_sync is not None and (sync_state := self.mode_sync.state()):
+            state["sync"] = sync_state
+        return state
+
+    def _restore(self, path: Path, step: int) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        state = self.state(step)
+        self.manager.load(path, state)
+        for part in self.pm.parts:
+            set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
+        self.optimizers.load_state_dict(state["optim"])
+        if self.precision.scaler is not None and "scaler" in state:
+            self.precision.scaler.load_state_dict(state["scaler"])
+        self.optimizers.lr_step = int(state["train"]["lr_step"])
+        self.loaded_sync = state.get("sync", {})
+        return state["train"]
+
+    def resume(self) -> int:
+        """The step to start from: the newest complete checkpoint's (after ``dtrain resume``,
+        and when the elastic agent restarted the workers after a failure), else 0."""
+        path = newest_complete(self.run_dir, warn=log.warning)
+        if path is None:  # a restart before the first checkpoint starts over: so do metrics
+            if self.ctx.is_logging_rank:
+                truncate_metrics(RunDir(self.run_dir).metrics, 0)
+            return 0
+        train = self._restore(path, 0)
+        step = int(train["step"])
+        self.layout.base_step, self.layout.base_samples = step, int(train["samples_seen"])
+        self.dp_sync.on_resume(step)
+        if self.mode_sync is not None:
+            self.mode_sync.after_load(self.loaded_sync, step)
+        self.resumed_from = path.name
+        if self.ctx.is_logging_rank:
+            truncate_metrics(RunDir(self.run_dir).metrics, step)
+        log.info("resumed from %s: step %d, %d samples seen", path, step, self.layout.base_samples)
+        return step
+
+    def rollback(self, step: int) -> int | None:
+        """Model, optimizer and LR position from the newest complete checkpoint; the step
+        and data position stay (the data since that checkpoint is skipped). Returns the
+        checkpoint's step, or None when there is none. Every rank calls it together."""
+        self.manager.wait()
+        path = newest_complete(self.run_dir, warn=log.warning)
+        if path is None:
+            return None
+        train = self._restore(path, step)
+        return int(train["step"])
+
+    # -- when to save ---------------------------------------------------------------------
+    def time_vote(self) -> bool:
+        """This rank thinks a time-based save is due (summed over ranks at a logging step)."""
+        return bool(self.every_s) and time.monotonic() - self.manager.last_save_time >= (
+            self.every_s
+        )
+
+    def maybe_save(self, step: int, meta: dict[str, Any], asked: bool = False) -> bool:
+        """Save at the plan's steps or when ``asked`` (a vote, a preemption stop)."""
+        if not asked and step not in self.save_steps:
+            self.manager.poll()
+            return False
+        self.save(step, meta)
+        self.manager.poll()
+        return True
+
+    def save(self, step: int, meta: dict[str, Any]) -> None:
+        self.dp_sync.average_now()
+        if self.mode_sync is not None:  # param_server: the latest parameters, servers' state
+            self.mode_sync.before_save(step)
+        samples = self.layout.step_start(step)
+        info = {
+            "step": step,
+            "samples_seen": samples,
+            "tokens_seen": samples * self.plan.batch.seq_len,
+            **meta,
+            "world_size": self.plan.world_size,
+            "mesh": dict(zip(self.plan.mesh.dim_names, self.plan.mesh.shape, strict=True)),
+            "model": self.pm.spec.config_dict(),
+        }
+        run = RunDir(self.run_dir)  # the checkpoint keeps both under the run dir's names
+        files = {path.name: path.read_text() for path in (run.config, run.plan)}
+        self.manager.save(step, self.state(step), info, files)
+
+    def close(self) -> None:
+        self.manager.close()
+
+    @property
+    def save_stall_s(self) -> list[float]:
+        return self.manager.save_stall_s

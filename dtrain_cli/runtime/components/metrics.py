@@ -1,0 +1,253 @@
+"""The loop's metrics component: the window of steps between logging steps, the one small
+all-reduce of a logging step, tokens/s, busy time, and what goes to ``metrics.jsonl``.
+
+    dtrain launch recipe=gpt_tiny logging.every=10
+
+Per step only host timers run and the step's loss tensor is kept (no host sync). At a
+logging step one all-reduce over WORLD carries ``[loss sum, save votes, stop votes]``,
+then three slots per rank (each rank fills its own: time per step, data wait, compute =
+step - data wait - exposed DDP communication) and what other components add
+(:meth:`TrainMetrics.log_step`); the loss sum comes from the ranks whose loss counts once
+per dp replica (last pipeline stage, tp rank 0). Stragglers: a rank whose own time
+(compute + data wait) is above ``debug.straggler_factor`` x the median is named in the
+log and in ``metrics.jsonl`` (``stragglers``); ``summary.json`` has per-rank medians.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime.components.sinks import MetricsSink
+from dtrain_cli.runtime.diagnostics.watchdog import COLLECTIVES
+from dtrain_cli.runtime.parallel.data_parallel import DataParallelSync
+from dtrain_cli.runtime.parallel.mesh import DistContext
+
+log = logging.getLogger("dtrain")
+
+NUM_VOTES = 3  # loss sum, save votes, stop votes
+RANK_SLOTS = ("step_ms", "data_ms", "compute_ms")
+
+
+def find_stragglers(own_ms: list[float], factor: float, min_gap_ms: float = 1.0) -> list[int]:
+    """Ranks whose own time per step is above ``factor`` x the median of the other ranks'
+    (and above it by more than ``min_gap_ms``, so that tiny steps do not name noise)."""
+    out = []
+    for r, value in enumerate(own_ms):
+        others = own_ms[:r] + own_ms[r + 1 :]
+        if not others:
+            continue
+        median = float(np.median(others))
+        if value > factor * median and value - median > min_gap_ms:
+            out.append(r)
+    return out
+
+
+@dataclass
+class Reduced:
+    """What every rank learned at a logging step (the same on every rank)."""
+
+    loss: float
+    save: bool
+    stop: bool
+    extra: list[float]
+
+
+class TrainMetrics:
+    def __init__(
+        self,
+        plan: Plan,
+        ctx: DistContext,
+        every: int,
+        start_step: int,
+        reports_loss: bool,
+        sink: MetricsSink | None,
+        dp_sync: DataParallelSync,
+        batches: Any,
+        straggler_factor: float,
+        rank_times: bool = True,
+    ) -> None:
+        self.plan, self.ctx, self.every, self.sink = plan, ctx, every, sink
+        self.reports_loss, self.dp_sync = reports_loss, dp_sync
+        self.batches, self.straggler_factor = batches, straggler_factor
+        self.rank_times = rank_times
+        self._wait0 = 0.0
+        self.rank_rows: list[list[float]] = []  # per logging step: 3 values per rank
+        self.straggler_counts: dict[int, int] = {}
+        self.last_window: list[torch.Tensor] = []
+        self.first_step = start_step + 1
+        self.losses: list[torch.Tensor] = []
+        self.window_steps = self.loss_steps = 0
+        self.train_start = self.window_start = time.perf_counter()
+        self.tokens_per_s: list[float] = []
+        self.busy_s = self.step_wall_s = 0.0
+        self.last_loss = float("nan")
+        self._wall0 = self._cpu0 = 0.0
+
+    def is_logging_step(self, step: int) -> bool:
+        """``step``: the number of steps done once the step about to run completes."""
+        return step % self.every == 0 or step == self.plan.steps
+
+    # -- per step: host timers only ---------------------------------------------------------
+    def step_begins(self) -> None:
+        self._wall0, self._cpu0 = time.perf_counter(), time.process_time()
+
+    def step_ends(self, step: int, loss: torch.Tensor | None) -> None:
+        """``loss`` None: a skipped step (numerics policy), not in the logged loss."""
+        if step > self.first_step:  # busy vs wall per step, after the warm-up step
+            self.busy_s += time.process_time() - self._cpu0
+            self.step_wall_s += time.perf_counter() - self._wall0
+        if loss is not None:
+            self.losses.append(loss)
+            self.loss_steps += 1
+        self.window_steps += 1
+
+    def restart_clock(self) -> None:
+        """After validation or a save: keep them out of tokens/s."""
+        self.window_start = time.perf_counter()
+        self._wait0 = self.batches.wait_s
+
+    def own_times(self, comm_exposed_ms: float) -> list[float]:
+        """This rank's [step, data wait, compute] ms per step over the window."""
+        n = max(1, self.window_steps)
+        step_ms = 1000 * (time.perf_counter() - self.window_start) / n
+        data_ms = 1000 * (self.batches.wait_s - self._wait0) / n
+        return [step_ms, data_ms, max(0.0, step_ms - data_ms - comm_exposed_ms)]
+
+    # -- logging steps ---------------------------------------------------------------------
+    def log_step(
+        self,
+        step: int,
+        norm: torch.Tensor | None,
+        save_vote: bool,
+        stop_vote: bool,
+        extra: list[float] | None = None,
+    ) -> Reduced:
+        """The logging step's one all-reduce (SUM over WORLD): the loss, the votes, and
+        ``extra`` slots other components fill (each rank its own slots, zeros elsewhere)."""
+        extra = extra or []
+        world, k = self.ctx.world_size, len(RANK_SLOTS)
+        comm = self.dp_sync.step_times()
+        slots = [0.0] * (k * world if self.rank_times else 0)
+        if self.rank_times:
+            r = self.ctx.rank
+            slots[k * r : k * r + k] = self.own_times(comm.get("comm_exposed_ms", 0.0))
+        window = torch.zeros(NUM_VOTES + len(slots) + len(extra), device=self.ctx.device)
+        if self.reports_loss and self.losses:
+            window[0] = torch.stack(self.losses).sum()
+        window[1], window[2] = float(save_vote), float(stop_vote)
+        window[NUM_VOTES:] = torch.tensor([*slots, *extra], device=self.ctx.device)
+        with COLLECTIVES.enter("all_reduce", step, "logging"):
+            dist.all_reduce(window, op=dist.ReduceOp.SUM)  # over all ranks: see reports_loss
+        values = window.tolist()
+        loss_sum, save_votes, stop_votes = values[:NUM_VOTES]
+        ranks = values[NUM_VOTES : NUM_VOTES + len(slots)]
+        self.last_loss = (
+            loss_sum / (self.loss_steps * self.plan.batch.dp) if self.loss_steps else float("nan")
+        )
+        stragglers = self.note_ranks(step, ranks) if self.rank_times else []
+        per_rank = {f"rank_{n}": ranks[i::k] for i, n in enumerate(RANK_SLOTS)} if ranks else {}
+        now = time.perf_counter()
+        elapsed = now - self.window_start  # the record written below counts in the next window
+        tps = self.plan.batch.tokens_per_step * self.window_steps / elapsed
+        if step - self.window_steps >= self.first_step:  # first window: warm-up costs
+            self.tokens_per_s.append(tps)
+        self.step_ms = 1000 * elapsed / self.window_steps
+        data_wait_ms = 1000 * (self.batches.wait_s - self._wait0) / self.window_steps
+        if self.sink:
+            self.sink.log(
+                step,
+                {
+                    "loss": self.last_loss,
+                    "lr": self.plan.lr.lr_at(step - 1),
+                    "grad_norm": float(norm) if norm is not None else float("nan"),
+                    f"{self.plan.batch.unit}_per_s": tps,
+                    "step_time_ms": self.step_ms,
+                    "data_wait_ms": data_wait_ms,  # this rank's, per step of the window
+                    **comm,
+                    **per_rank,
+                    **({"stragglers": stragglers} if self.rank_times else {}),
+                },
+            )
+        self.last_window = list(self.losses)
+        self.losses.clear()
+        self.window_steps, self.loss_steps, self.window_start = 0, 0, now
+        self._wait0 = self.batches.wait_s
+        return Reduced(
+            self.last_loss,
+            save_votes > 0,
+            stop_votes > 0 and step < self.plan.steps,
+            values[NUM_VOTES + len(slots) :],
+        )
+
+    def note_ranks(self, step: int, ranks: list[float]) -> list[int]:
+        """Per-rank times of this window (the same on every rank): stragglers named."""
+        k = len(RANK_SLOTS)
+        if step - self.window_steps >= self.first_step:  # not the warm-up window
+            self.rank_rows.append(ranks)
+        own = [ranks[i * k + 1] + ranks[i * k + 2] for i in range(len(ranks) // k)]
+        slow = find_stragglers(own, self.straggler_factor)
+        for r in slow:
+            median = float(np.median(own[:r] + own[r + 1 :]))
+            self.straggler_counts[r] = self.straggler_counts.get(r, 0) + 1
+            log.warning(
+                "straggler at step %d: rank %d takes %.1f ms/step of its own (compute %.1f, "
+                "data wait %.1f) vs the others' median %.1f (x%.1f; debug.straggler_factor=%g)",
+                step,
+                r,
+                own[r],
+                ranks[r * k + 2],
+                ranks[r * k + 1],
+                median,
+                own[r] / median if median else float("inf"),
+                self.straggler_factor,
+            )
+        return slow
+
+    def rank_summary(self) -> dict[str, Any]:
+        """Per-rank medians over the logging windows after the warm-up."""
+        if not self.rank_rows:
+            return {}
+        rows = np.array(self.rank_rows)
+        k = len(RANK_SLOTS)
+        out: dict[str, Any] = {
+            f"rank_{name}_median": [round(float(v), 3) for v in np.median(rows[:, i::k], axis=0)]
+            for i, name in enumerate(RANK_SLOTS)
+        }
+        out["stragglers"] = {str(r): n for r, n in sorted(self.straggler_counts.items())}
+        return out
+
+    def log(self, step: int, values: dict[str, float], kind: str) -> None:
+        if self.sink:
+            self.sink.log(step, values, kind=kind)
+
+    # -- the summary -------------------------------------------------------------------------
+    def median_tokens_per_s(self) -> float:
+        return float(np.median(self.tokens_per_s)) if self.tokens_per_s else float("nan")
+
+    def bubble_report(self) -> dict[str, Any]:
+        """Measured idle fraction per pipeline stage (1 - CPU busy time / step wall time,
+        averaged over the stage's ranks) next to the theory. On CUDA, host CPU time does not
+        measure kernels, so only the theory is reported."""
+        pipe = self.plan.pipeline
+        if pipe is None:
+            return {}
+        idle = 1.0 - self.busy_s / self.step_wall_s if self.step_wall_s > 0 else float("nan")
+        rows: list[Any] = [None] * self.plan.world_size
+        dist.all_gather_object(rows, (self.ctx.mesh["pp"].get_local_rank(), idle))
+        per_rank: dict[int, list[float]] = {}
+        for pp_rank, value in rows:
+            per_rank.setdefault(pp_rank, []).append(value)
+        measured = [round(float(np.mean(v)), 4) for _, v in sorted(per_rank.items())]
+        report: dict[str, Any] = {"bubble_theory": round(pipe.bubble, 4)}
+        if self.ctx.device.type == "cpu":
+            report["bubble_measured_per_pp_rank"] = measured
+            report["bubble_measured"] = round(float(np.mean(measured)), 4)
+        return report

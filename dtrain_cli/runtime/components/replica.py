@@ -1,0 +1,155 @@
+"""Replica checks: data-parallel replicas must hold bit-identical parameters.
+
+    dtrain launch recipe=gpt_small dp=4 debug.replica_check_every=50
+    dtrain launch recipe=gpt_small dp=4 debug.replica_check_every=50 debug.replica_check_grads=true
+
+``maybe_check(step)`` every ``debug.replica_check_every`` steps, after the optimizer step:
+one int64 per parameter (the sum of its bit patterns: any changed bit changes it) and,
+when asked, per gradient after the reduce, gathered over the dp group; the first rank and
+parameter that differ from dp rank 0 are named and the run stops (:class:`ReplicaError`).
+Sharded (fsdp) and locally stepping (local SGD) replicas are not compared.
+``summary()`` at the end: the sum and sum of squares of the full model's parameters
+(layout-invariant; what tests and ``dtrain compare`` read) and, with
+``debug.replica_check_at_end``, a sha256 of every parameter gathered over the dp group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime.diagnostics.watchdog import COLLECTIVES
+from dtrain_cli.runtime.parallel.dtensors import full_tensor, local_tensor
+from dtrain_cli.runtime.parallel.mesh import DistContext
+from dtrain_cli.runtime.parallel.parallelize import ParallelModel
+
+log = logging.getLogger("dtrain")
+
+
+class ReplicaError(RuntimeError):
+    """Data-parallel replicas hold different parameters (or gradients)."""
+
+
+BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def param_name(name: str) -> str:
+    """A parameter's name in the model, without the wrappers' prefixes (DDP, compile)."""
+    return name.replace("_orig_mod.", "").removeprefix("module.")
+
+
+def fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """The sum of a tensor's bit patterns as int64 (exact: any changed bit changes it)."""
+    t = local_tensor(t).detach().contiguous()
+    return t.view(BITS[t.element_size()]).to(torch.int64).sum()
+
+
+class ReplicaChecker:
+    def __init__(self, cfg: DtrainConfig, plan: Plan, ctx: DistContext, pm: ParallelModel) -> None:
+        self.plan, self.ctx, self.pm = plan, ctx, pm
+        dbg = cfg.debug
+        self.every, self.grads, self.at_end = (
+            dbg.replica_check_every,
+            dbg.replica_check_grads,
+            dbg.replica_check_at_end,
+        )
+        self.checks = 0
+        replicated = plan.strategy != "fsdp" and not (
+            cfg.sync.mode in ("local_sgd", "diloco")
+            or (cfg.sync.mode == "param_server" and cfg.sync.max_staleness > 0)
+        )
+        if self.every and plan.batch.dp > 1 and not replicated:
+            log.warning(
+                "debug.replica_check_every: not checked (strategy=%s, sync.mode=%s: dp ranks "
+                "do not hold replicas at every step)",
+                plan.strategy,
+                cfg.sync.mode,
+            )
+        self.active = bool(self.every) and plan.batch.dp > 1 and replicated
+
+    def maybe_check(self, step: int) -> None:
+        """After the optimizer step of ``step``, before gradients are zeroed."""
+        if not self.active or step % self.every:
+            return
+        named = [(param_name(n), p) for part in self.pm.parts for n, p in part.named_parameters()]
+        rows = [fingerprint(p) for _, p in named]
+        labels = [n for n, _ in named]
+        if self.grads:
+            with_grad = [(n, p) for n, p in named if p.grad is not None]
+            rows += [fingerprint(p.grad) for _, p in with_grad]
+            labels += [f"gradient of {n}" for n, _ in with_grad]
+        mine = torch.stack(rows).to(self.ctx.device)
+        dp = self.plan.batch.dp
+        outs = [torch.empty_like(mine) for _ in range(dp)]
+        with COLLECTIVES.enter("all_gather", step, "replica check"):
+            dist.all_gather(outs, mine, group=self.ctx.dp_group)
+        gathered = torch.stack(outs)
+        self.checks += 1
+        differ = (gathered != gathered[0]).cpu()
+        if not bool(differ.any()):
+            return
+        dp_rank, index = (int(i) for i in differ.nonzero()[0])
+        rank = dist.get_global_rank(self.ctx.dp_group, dp_rank)
+        base = dist.get_global_rank(self.ctx.dp_group, 0)
+        raise ReplicaError(
+            f"step {step}: data-parallel replicas differ: rank {rank} (dp rank {dp_rank}) "
+            f"holds another {labels[index]} than rank {base} (dp rank 0); "
+            f"{int(differ.any(dim=0).sum())} of {len(labels)} tensors differ"
+        )
+
+    def not_applicable(self) -> str | None:
+        """Why the end-of-run replica check does not apply to this layout (None: it does)."""
+        if self.plan.strategy == "fsdp" and self.plan.batch.dp > 1:
+            return "not applicable: fsdp shards the parameters over dp (no replicas to compare)"
+        return None
+
+    def digests(self) -> list[str]:
+        """sha256 of this rank's parameter bytes (local shards: the same tp shard / pp stage
+        across the dp group), gathered over the dp group. FSDP (dp > 1) has no replicas:
+        each dp rank holds another shard, so the digest is of the full parameters and there
+        is nothing to compare."""
+        h = hashlib.sha256()
+        sharded = self.not_applicable() is not None
+        for p in self.pm.parameters():
+            t = full_tensor(p) if sharded else local_tensor(p)  # collective under FSDP
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+        if sharded:
+            return [h.hexdigest()]
+        out: list[str | None] = [None] * self.plan.batch.dp
+        dist.all_gather_object(out, h.hexdigest(), group=self.ctx.dp_group)
+        return [str(d) for d in out]
+
+    def moments(self) -> tuple[float, float]:
+        """Sum and sum of squares of the full model's parameters, whatever the layout."""
+        sums = torch.zeros(2, dtype=torch.float64, device=self.ctx.device)
+        counts_once = self.ctx.dp_rank == 0 and self.ctx.mesh["tp"].get_local_rank() == 0
+        for p in self.pm.parameters():
+            full = full_tensor(p)  # collective under TP
+            if counts_once:
+                full = full.detach().double()
+                sums += torch.stack([full.sum(), full.square().sum()])
+        dist.all_reduce(sums)
+        return float(sums[0]), float(sums[1])
+
+    def summary(self) -> dict[str, Any]:
+        """param_sum / param_sq_sum always (one small all-reduce); the full digest only
+        with ``debug.replica_check_at_end``."""
+        out: dict[str, Any] = {}
+        if self.at_end:
+            digests, why = self.digests(), self.not_applicable()
+            out = {
+                "param_digest": digests[0],
+                "replicas_identical": None if why else len(set(digests)) == 1,
+                "replicas_check": why,
+            }
+        param_sum, param_sq_sum = self.moments()
+        out = {"param_sum": param_sum, "param_sq_sum": param_sq_sum, **out}
+        if self.active:
+            out["replica_checks"] = self.checks
+        return out

@@ -1,0 +1,57 @@
+"""Logging, set up once per process: every rank to its file, rank 0 also to the console.
+
+Every rank logs to ``<run>/logs/rank_<k>.log``; rank 0 also to the console, through the
+same rich console as its progress bar. A record with ``extra={"console": False}`` goes to
+the file only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from dtrain_cli.rundir.layout import RunDir
+
+log = logging.getLogger("dtrain")
+QUIET = {"console": False}
+"""``extra=`` of a record for the rank's file only."""
+
+
+class _ConsoleHandler(logging.Handler):
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info:  # tracebacks go to the rank's file; the launcher reports the error
+            return
+        if not getattr(record, "console", True):  # the rank's file only (logging.progress=off)
+            return
+        self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
+
+
+def setup_logging(run_dir: Path, rank: int, console: Console | None) -> None:
+    """Every rank to ``logs/rank_<k>.log`` (its first line names the rank's process id,
+    so a user can find rank k's process); rank 0 also to the console."""
+    run = RunDir(run_dir)
+    run.logs.mkdir(parents=True, exist_ok=True)
+    log.handlers.clear()
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    file_handler = logging.FileHandler(run.rank_log(rank))
+    file_handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(message)s"))
+    log.addHandler(file_handler)
+    if console is not None:
+        handler = _ConsoleHandler(console)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+    log.info("rank %d pid %d on %s", rank, os.getpid(), socket.gethostname(), extra=QUIET)
+
+
+def make_console(is_logging_rank: bool) -> Console | None:
+    return Console(file=sys.stdout) if is_logging_rank else None

@@ -1,0 +1,132 @@
+"""Apply the plan's parallelism to a freshly built model: ``apply_<technique>`` functions.
+
+Fixed order (as in torchtitan): pipeline split -> tensor parallel -> activation
+checkpointing (:mod:`.activation_checkpoint`) -> synchronized BatchNorm -> compile -> data
+parallel last (:mod:`.data_parallel`). Each technique takes
+its sub-mesh by name (``ctx.mesh["tp"]``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.models import ModelSpec, model_spec
+from dtrain_cli.plan.plan import Plan
+from dtrain_cli.runtime.parallel.data_parallel import apply_data_parallel
+from dtrain_cli.runtime.parallel.mesh import DistContext
+
+
+@dataclass
+class ParallelModel:
+    """What this rank runs: its model part(s) and, with pp > 1, the pipeline schedule."""
+
+    parts: list[nn.Module]
+    stage_ids: list[int]
+    num_stages: int
+    spec: ModelSpec
+    schedule: Any | None = None
+
+    @property
+    def has_first_stage(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.num_stages - 1 in self.stage_ids
+
+    def train(self, mode: bool = True) -> None:
+        for part in self.parts:
+            part.train(mode)
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters() if p.requires_grad]
+
+
+def build_model(spec: ModelSpec, seed: int, device: torch.device) -> nn.Module:
+    """The same weights on every rank for the same seed, whatever the layout: built on the
+    CPU from a seeded RNG (so CUDA and CPU runs start alike), then moved."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = spec.build("cpu")
+    return model.to(device)
+
+
+def apply_compile(model: nn.Module, spec: ModelSpec, cfg: DtrainConfig) -> nn.Module:
+    """``torch.compile`` each block the model's spec names (off by default: no gain for tiny
+    models on CPU); a model without blocks is compiled whole."""
+    if not cfg.train.compile:
+        return model
+    blocks = spec.blocks(model)
+    if not blocks:
+        model.compile()
+    for block in blocks:
+        block.compile()  # in place: parameter names (and checkpoints) stay the same
+    return model
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Skip the gradient all-reduce on non-final micro-steps of an accumulation."""
+    if enabled:
+        yield
+    elif isinstance(model, DDP):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -> ParallelModel:
+    """Build the model through its spec (:mod:`dtrain_cli.models`) and apply the layout."""
+    spec = model_spec(cfg)
+    model = build_model(spec, cfg.train.seed, ctx.device)
+    pipe = plan.pipeline
+    # pipelining (torch._dynamo) and DTensor cost about a second to import: only when used
+    if pipe is not None:
+        from dtrain_cli.runtime.parallel.pipeline import build_schedule, stages_of_rank
+
+        stage_ids = stages_of_rank(pipe, ctx.mesh["pp"].get_local_rank())
+        parts: list[nn.Module] = [spec.pipeline_stage(model, pipe.stages[s]) for s in stage_ids]
+        del model
+    else:
+        stage_ids, parts = [0], [model]
+    if ctx.mesh["tp"].size() > 1:
+        for part in parts:
+            spec.apply_tensor_parallel(part, ctx.mesh["tp"])
+    if cfg.parallel.activation_checkpointing != "none":
+        from dtrain_cli.runtime.parallel.activation_checkpoint import apply_activation_checkpointing
+
+        for part, s in zip(parts, stage_ids, strict=True):
+            first = pipe.stages[s].layers[0] if pipe is not None else 0
+            blocks = spec.blocks(part)
+            apply_activation_checkpointing(
+                part, blocks, cfg.parallel.activation_checkpointing, first
+            )
+    if spec.wants_sync_batchnorm() and ctx.mesh["dp"].size() > 1:
+        from dtrain_cli.runtime.parallel.sync_batchnorm import apply_sync_batchnorm
+
+        parts = [apply_sync_batchnorm(p, ctx.dp_group, ctx.device) for p in parts]
+    schedule = pipe.schedule if pipe is not None else None
+    parts = [
+        apply_data_parallel(apply_compile(p, spec, cfg), spec, cfg, ctx, schedule) for p in parts
+    ]
+    pm = ParallelModel(parts, stage_ids, pipe.num_stages if pipe else 1, spec)
+    if pipe is not None:
+        pm.schedule = build_schedule(
+            parts, stage_ids, pipe, ctx.device, ctx.mesh["pp"].get_group(), loss_fn
+        )
+    return pm

@@ -1,0 +1,103 @@
+"""``init_process_group`` in your own script: a rank that never arrives is named.
+
+    dtrain run dp=2 launcher.rdzv_timeout_s=60 -- train.py
+
+Under torchrun a rank that hangs before ``init_process_group`` (or never calls it) leaves
+the others waiting in the process group's store barrier for its timeout (30 minutes by
+default) with a message that names no rank. In a ``dtrain run`` worker with torch already
+imported, :func:`install` wraps ``torch.distributed.init_process_group``: each rank first
+marks its arrival in the agent's store (the c10d store every worker reaches through
+``MASTER_ADDR``/``MASTER_PORT``, under this restart attempt's prefix) and waits up to
+``launcher.rdzv_timeout_s`` for all ``WORLD_SIZE`` ranks, then calls the real function on
+that attempt's namespace of the store (``env://`` as torch does it, but a restarted group
+cannot read the addresses an earlier attempt left in the store: gloo then connects to a
+dead rank, or hangs). A rank that did not come within that time is named in the error
+(``RuntimeError: init_process_group: rank(s) 1 of 2 did not arrive within 60 s``), which
+the launcher shows. Scripts that pass their own ``store`` or ``init_method`` other than
+``env://`` are left alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+from dtrain_cli.rundir import env
+
+PREFIX = "dtrain/script_arrival"
+POLL_S = 0.2
+
+
+def install(timeout_s: float) -> None:
+    """Wrap ``init_process_group`` (only when torch.distributed is already imported: a
+    spawn worker's fresh interpreter is left as torchrun leaves it)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not hasattr(dist, "init_process_group"):
+        return
+    real = dist.init_process_group
+    if getattr(real, "_dtrain_arrival", False):
+        return
+
+    @functools.wraps(real)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        bound = inspect.signature(real).bind(*args, **kwargs)
+        given = bound.arguments
+        if given.get("store") is None and given.get("init_method") in (None, "env://"):
+            store = attempt_store(timeout_s)
+            if store is not None:
+                wait_for_all_ranks(store, timeout_s)
+                # env:// on this attempt's own namespace of the agent's store: a restarted
+                # group must not read the addresses the previous attempt left there
+                given["init_method"] = None
+                given["store"] = store
+                if given.get("rank", -1) == -1:
+                    given["rank"] = int(os.environ["RANK"])
+                if given.get("world_size", -1) == -1:
+                    given["world_size"] = int(os.environ["WORLD_SIZE"])
+        return real(*bound.args, **bound.kwargs)
+
+    init_process_group._dtrain_arrival = True  # type: ignore[attr-defined]
+    dist.init_process_group = init_process_group
+    dist.distributed_c10d.init_process_group = init_process_group
+
+
+def attempt_store(timeout_s: float) -> Any:
+    """This restart attempt's namespace of the agent's store (None: no agent store)."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    torchrun = os.environ
+    if torchrun.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    try:
+        host, port = torchrun["MASTER_ADDR"], int(torchrun["MASTER_PORT"])
+        int(torchrun["RANK"]), int(torchrun["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None  # not the agent's layout: the real function reports what is missing
+    client = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(timeout_s, 1)))
+    return PrefixStore(f"{PREFIX}/attempt_{env.restart_count()}", client)
+
+
+def wait_for_all_ranks(store: Any, timeout_s: float) -> None:
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store.set(f"arrived/rank_{rank}", "1")
+    if world <= 1:
+        return
+    keys = [f"arrived/rank_{r}" for r in range(world)]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if store.check(keys):
+            return
+        time.sleep(POLL_S)
+    missing = [r for r in range(world) if not store.check([f"arrived/rank_{r}"])]
+    if not missing:
+        return
+    names = ", ".join(map(str, missing))
+    raise RuntimeError(
+        f"init_process_group: rank(s) {names} of {world} did not arrive within "
+        f"{timeout_s:g} s (launcher.rdzv_timeout_s); see logs/rank_{missing[0]}.log"
+    )
