@@ -32,7 +32,10 @@ def agent(
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Same on every node."),
     join: bool = typer.Option(False, "--join", help="Join a running elastic run (no rank)."),
 ) -> None:
-    """Start this node's workers for an existing run dir (what `dtrain sbatch` jobs run)."""
+    """Start this node's workers for an existing run dir (what `dtrain sbatch` jobs run).
+
+    Guide: docs/clusters.md
+    """
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
     from dtrain_cli.launch import worker_server
     from dtrain_cli.runtime.preload import SCRIPT_FIRST, WORKER_FIRST

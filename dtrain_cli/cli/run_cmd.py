@@ -55,7 +55,14 @@ def run(
         False, "--validate-cluster", help="Run the live collective check first."
     ),
 ) -> None:
-    """Run your own training script on every rank: [OVERRIDES] [--] SCRIPT.py|-m MODULE [ARGS]."""
+    """Run your own training script on every rank: [OVERRIDES] [--] SCRIPT.py|-m MODULE [ARGS].
+
+    The script runs under dtrain's own python; launcher.python=PATH runs it under another's.
+
+    A script gets no hang limit: debug.collective_timeout_s watches dtrain's trainer only.
+
+    Guide: docs/own-script.md
+    """
     os.environ.setdefault("DTRAIN_LAUNCH_T0", repr(time.time()))
     from dtrain_cli.launch.signals import watch_interrupt
 
