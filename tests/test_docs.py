@@ -24,7 +24,7 @@ from conftest import cache_dir
 from doc_commands import NOT_RUN, REPO, RUN, Command, anchors, doc_commands, doc_files, links
 
 COMMANDS = doc_commands()
-IN_PROCESS = ("plan", "launch", "run", "sbatch", "advise", "recipes", "env", "--help")
+IN_PROCESS = ("plan", "launch", "run", "sbatch", "advise", "recipes", "env", "--help", "k8s")
 NEEDS_A_RUN = ("resume", "checkpoints", "export", "report", "compare")
 
 # Each distinct (folder, command) once: the README repeats a guide's command on purpose.
@@ -33,6 +33,8 @@ RUNNABLE: list[Command] = []
 for _c in COMMANDS:
     key = (_c.cwd, _c.argv)
     runs_here = _c.expected is None and not _c.placeholder and _c.argv[0] in IN_PROCESS
+    if _c.argv[0] == "k8s":  # only what prints or writes a manifest: the rest needs a cluster
+        runs_here = runs_here and bool({"--dry-run", "--out"} & set(_c.argv))
     if runs_here and key not in _seen:
         _seen.add(key)
         RUNNABLE.append(_c)
