@@ -51,7 +51,10 @@ def advise(
         False, "--allow-cross-node-tp", help="Also rank layouts whose tp group spans nodes."
     ),
 ) -> None:
-    """Rank every parallel layout for this model on this hardware by estimated throughput."""
+    """Rank every parallel layout for this model on this hardware by estimated throughput.
+
+    Guide: docs/parallelism.md
+    """
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.config.errors import ConfigError
     from dtrain_cli.config.validate import config_problems

@@ -37,7 +37,10 @@ def agent(
         None, "--init-from", help="Copy config.yaml, plan.yaml from here first (k8s pods)."
     ),
 ) -> None:
-    """Start this node's workers for an existing run dir (what `dtrain sbatch` jobs run)."""
+    """Start this node's workers for an existing run dir (what `dtrain sbatch` jobs run).
+
+    Guide: docs/clusters.md
+    """
     env.mark_launch_start()
     if init_from is not None:  # a Kubernetes pod: the run dir from the mounted ConfigMap
         from dtrain_cli.launch.k8s.pod import init_run_dir

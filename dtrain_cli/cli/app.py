@@ -39,7 +39,8 @@ OVERRIDE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
 app = typer.Typer(
     name="dtrain",
-    help="Declarative distributed PyTorch training: a YAML recipe in, a resumable run out.",
+    help="Declarative distributed PyTorch training: a YAML recipe in, a resumable run out."
+    "\n\nGuides: README.md (the quick start), then docs/ (one guide per task).",
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},  # every command inherits it
     pretty_exceptions_enable=False,

@@ -24,7 +24,10 @@ def checkpoints(
     run_dir: Path = typer.Argument(..., help="A run directory."),
     verify: bool = typer.Option(False, "--verify", help="Also check every file's sha256."),
 ) -> None:
-    """Table of checkpoints: step, time, size, complete?, loss. Exit 1 if one is bad."""
+    """Table of checkpoints: step, time, size, complete?, loss. Exit 1 if one is bad.
+
+    Guide: docs/checkpoints.md
+    """
     from dtrain_cli.checkpoint import catalog
 
     if not run_dir.is_dir():

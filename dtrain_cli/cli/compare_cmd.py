@@ -25,7 +25,10 @@ def compare(
     ),
     rows: int = typer.Option(20, "--rows", help="Table rows shown around the first divergence."),
 ) -> None:
-    """Train losses of runs step by step: max relative difference, first divergent step."""
+    """Train losses of runs step by step: max relative difference, first divergent step.
+
+    Guide: docs/debugging.md
+    """
     from dtrain_cli.report.runs import RunDirError, compare_runs, load_run, rel_diff
 
     if len(runs) < 2:

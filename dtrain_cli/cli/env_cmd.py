@@ -78,7 +78,10 @@ def environment() -> dict[str, Any]:
 def env(
     as_json: bool = typer.Option(False, "--json", help="One JSON object."),
 ) -> None:
-    """Versions, devices, backends and distributed env vars, as one pasteable block."""
+    """Versions, devices, backends and distributed env vars, as one pasteable block.
+
+    Guide: docs/debugging.md
+    """
     info = environment()
     if as_json:
         typer.echo(json.dumps(info, indent=2))

@@ -20,7 +20,10 @@ def export(
     ),
 ) -> None:
     """Write the trained model for use outside dtrain: one safetensors file (+ a JSON model
-    config), or a Hugging Face folder that from_pretrained loads."""
+    config), or a Hugging Face folder that from_pretrained loads.
+
+    Guide: docs/checkpoints.md
+    """
     from dtrain_cli.checkpoint import catalog
     from dtrain_cli.checkpoint.export import FORMATS
 

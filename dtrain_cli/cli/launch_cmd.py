@@ -40,7 +40,10 @@ def launch(
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="node0 host:port."),
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Same on every node; run name."),
 ) -> None:
-    """Train: compose the recipe, save config.yaml + plan.yaml in a new run dir, start workers."""
+    """Train: compose the recipe, save config.yaml + plan.yaml in a new run dir, start workers.
+
+    Guide: docs/configuration.md
+    """
     env.mark_launch_start()
     from dtrain_cli.launch.signals import watch_interrupt
 

@@ -35,7 +35,10 @@ def plan(
     ),
 ) -> None:
     """Compose the config and print the plan: layout, batch, LR, checkpoints, estimates.
-    With a script (``dtrain plan dp=4 -- train.py``): what ``dtrain run`` would start."""
+    With a script (``dtrain plan dp=4 -- train.py``): what ``dtrain run`` would start.
+
+    Guide: docs/configuration.md
+    """
     from dtrain_cli.cli.script_args import split_script
 
     if fmt not in FORMATS:

@@ -14,7 +14,10 @@ from dtrain_cli.config.errors import ConfigError
 def recipes(
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
 ) -> None:
-    """List recipes (built-in and from config folders) with their descriptions."""
+    """List recipes (built-in and from config folders) with their descriptions.
+
+    Guide: docs/configuration.md
+    """
     from dtrain_cli.config.compose import list_recipes, recipe_description
 
     try:

@@ -18,7 +18,10 @@ def report(
     run_dir: Path = typer.Argument(..., help="A run directory (runs/<run>)."),
     out: Path | None = typer.Option(None, "--out", help="Folder for the PNGs (RUN/report/)."),
 ) -> None:
-    """Plot a run: loss and val loss, LR, tokens/s, step-time breakdown, per-rank times."""
+    """Plot a run: loss and val loss, LR, tokens/s, step-time breakdown, per-rank times.
+
+    Guide: docs/debugging.md
+    """
     from dtrain_cli.report.runs import RunDirError, load_run, summary_text
 
     try:

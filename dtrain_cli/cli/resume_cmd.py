@@ -46,7 +46,10 @@ def resume(
     ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
 ) -> None:
-    """Continue a run from a checkpoint (the newest complete one of a run directory)."""
+    """Continue a run from a checkpoint (the newest complete one of a run directory).
+
+    Guide: docs/checkpoints.md
+    """
     if problems := recipe_problems(list(overrides or [])):
         fail(problems)
 

@@ -131,7 +131,10 @@ def sbatch(
     ),
 ) -> None:
     """Write the run's SLURM batch script: print it (--dry-run) or submit it (--submit).
-    Your own script: ``dtrain sbatch nodes=2 dp=8 -- train.py --epochs 3``."""
+    Your own script: ``dtrain sbatch nodes=2 dp=8 -- train.py --epochs 3``.
+
+    Guide: docs/clusters.md
+    """
     from dtrain_cli.cli.script_args import split_script
     from dtrain_cli.launch.rundir import materialize
     from dtrain_cli.launch.slurm import SCRIPT_NAME, render_sbatch

@@ -57,7 +57,10 @@ def validate_cluster(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """Check env, devices, ports, SLURM and the run dir; then rendezvous + collectives live."""
+    """Check env, devices, ports, SLURM and the run dir; then rendezvous + collectives live.
+
+    Guide: docs/clusters.md
+    """
     problems = range_problems(nnodes, nproc_per_node, node_rank, timeout)
     if problems:
         fail(problems)
