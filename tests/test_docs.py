@@ -132,9 +132,6 @@ def test_every_documented_error_is_what_dtrain_prints(tmp_path, monkeypatch, cmd
 
 # The Kubernetes guide comes with the k8s branch; until it is merged its link is allowed
 # to point at nothing (then it is checked as any other).
-PENDING = {"docs/kubernetes.md"}
-
-
 def test_every_relative_link_points_at_a_file_and_heading():
     bad = []
     for path in doc_files():
@@ -143,10 +140,8 @@ def test_every_relative_link_points_at_a_file_and_heading():
                 continue
             file, _, anchor = target.partition("#")
             dest = (path.parent / file).resolve() if file else path
-            rel = str(dest.relative_to(REPO)) if dest.is_relative_to(REPO) else str(dest)
             if not dest.exists():
-                if rel not in PENDING:
-                    bad.append(f"{path.relative_to(REPO)}:{line}: {target}: no such file")
+                bad.append(f"{path.relative_to(REPO)}:{line}: {target}: no such file")
             elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
                 bad.append(f"{path.relative_to(REPO)}:{line}: {target}: no such heading")
     assert not bad, "\n".join(bad)
@@ -167,7 +162,7 @@ def test_every_command_help_names_its_guide(name):
     guides = re.findall(r"Guides?: *([\w./-]+\.md)", text)
     assert guides, f"dtrain {name or ''} --help names no guide:\n{result.output}"
     for doc in re.findall(r"[\w./-]+\.md\b", text):
-        assert (REPO / doc).exists() or doc in PENDING, f"dtrain {name} --help: {doc} missing"
+        assert (REPO / doc).exists(), f"dtrain {name} --help: {doc} missing"
 
 
 def test_run_dir_lines_are_the_ones_test_docs_launch_runs():
@@ -206,6 +201,6 @@ def test_repository_paths_in_the_docs_exist():
         for span in re.findall(r"`([^`\s]+)`", path.read_text()):
             span = span.split("::")[0].rstrip(".,:;")  # tests/x.py::test_y: the file
             named = span.split("/")[0] in tops and "/" in span and not re.search(r"[<*{$]", span)
-            if named and not (REPO / span).exists() and span not in PENDING:
+            if named and not (REPO / span).exists():
                 bad.append(f"{path.relative_to(REPO)}: {span}")
     assert not bad, "\n".join(bad)
