@@ -30,7 +30,6 @@ from dtrain_cli.config.compose import compose_config  # noqa: E402
 from dtrain_cli.config.schema import DtrainConfig  # noqa: E402
 from dtrain_cli.plan.advise import (  # noqa: E402
     SCHEDULES,
-    STRATEGIES,
     Advice,
     Layout,
     Verdict,
@@ -39,6 +38,7 @@ from dtrain_cli.plan.advise import (  # noqa: E402
     candidates,
 )
 from dtrain_cli.plan.advise_compare import CLOSE  # noqa: E402
+from dtrain_cli.strategies import names as strategy_names  # noqa: E402
 
 CASES_FILE = Path(__file__).resolve().with_name("published_cases.yaml")
 BASE_RECIPE = "gpt_1b"
@@ -184,7 +184,7 @@ def published_layouts(case: Case, cfg: DtrainConfig) -> list[Layout]:
         for lay in candidates(cfg, case.gpus, dp_max=case.dp, tp_max=case.tp)
         if (lay.dp, lay.tp, lay.pp) == (case.dp, case.tp, case.pp)
     ]
-    strategies = [case.strategy] if case.strategy else list(STRATEGIES)
+    strategies = [case.strategy] if case.strategy else list(strategy_names())
     acs = [case.ac or "none"]
     micros = [case.micro_batch] if case.micro_batch else sorted({x.micro_batch_size for x in lays})
     if case.pp == 1:

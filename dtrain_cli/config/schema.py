@@ -63,8 +63,12 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     strategy: str = "ddp"
-    """How the dp axis holds state: ddp (replicated) | zero1 (optimizer state sharded,
-    ZeroRedundancyOptimizer) | fsdp (params, grads and optimizer state sharded, FSDP2)."""
+    """How the dp axis holds state (``dtrain_cli/strategies/``): ddp (replicated) | zero1
+    (optimizer state sharded, ZeroRedundancyOptimizer) | fsdp (params, grads and optimizer
+    state sharded, FSDP2) | hsdp (fsdp within a shard group, replicas across groups)."""
+    dp_shard: int | None = None
+    """hsdp: the dp ranks one shard group spans (default: one node's); dp/dp_shard groups
+    replicate the model."""
     nproc_per_node: int | None = None
     """Processes per node; default dp*tp*pp / nnodes."""
     nnodes: int = 1

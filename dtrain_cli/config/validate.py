@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+from dtrain_cli import strategies, sync_modes
 from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.k8s_fields import k8s_field_problems
 from dtrain_cli.config.schema import DtrainConfig
@@ -18,10 +19,10 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.source": ("builtin", "text", "tokens", "synthetic", "shapes", "hf", "custom"),
     "data.token_dtype": ("uint8", "uint16", "int32"),
     "data.format": ("auto", "json", "parquet", "text"),
-    "parallel.strategy": ("ddp", "zero1", "fsdp"),
+    "parallel.strategy": strategies.names(),  # the registries: dtrain_cli/strategies/
     "parallel.activation_checkpointing": ("none", "selective", "full"),
     "comm.compression": ("none", "fp16", "bf16", "powersgd"),
-    "sync.mode": ("sync", "local_sgd", "param_server", "diloco"),
+    "sync.mode": sync_modes.names(),  # dtrain_cli/sync_modes/
     "optim.name": ("adamw", "sgd"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "optim.decay": ("cosine", "linear", "constant"),

@@ -59,16 +59,15 @@ def entry_point(path: str) -> Callable[..., Any]:
 def modules_before_first_step(cfg: DtrainConfig, plan: Plan, resuming: bool) -> list[str]:
     """Importable module names, cheapest first; importing them is optional (a speed-up)."""
     from dtrain_cli.models import model_spec
+    from dtrain_cli.strategies import strategy_for
 
     dims = plan.dims
     mods = list(WORKER_FIRST)
     if dims.dp_enabled or cfg.train.compile:
         # DistributedDataParallel's constructor touches torch._dynamo (about 1 s)
         mods.append("torch._dynamo")
-    if dims.dp_enabled and plan.strategy == "fsdp":
-        mods.append("torch.distributed.fsdp")
-    if dims.dp_enabled and plan.strategy == "zero1":
-        mods.append("torch.distributed.optim")
+    if dims.dp_enabled:
+        mods.extend(strategy_for(plan.strategy).worker_modules)
     if dims.tp_enabled:
         mods.extend(TENSOR_PARALLEL_MODULES)
     if dims.pp_enabled:

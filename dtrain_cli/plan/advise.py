@@ -26,10 +26,10 @@ from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.models import model_spec
 from dtrain_cli.plan.build import Resources, build_plan
 from dtrain_cli.plan.steptime import GIB, StepEstimate, estimate_step
+from dtrain_cli.strategies import names, strategy_for
 
 MAX_BUBBLE = 0.5
 SCHEDULES = (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2), ("zbv", 2))
-STRATEGIES = ("ddp", "zero1", "fsdp")
 CHECKPOINTING = ("none", "selective", "full")
 MAX_MICRO_CHOICES = 6
 
@@ -79,7 +79,7 @@ class Layout:
 
     def simplicity(self) -> int:
         """Lower is simpler: the tie-break between layouts of equal throughput."""
-        cost = {"ddp": 0, "zero1": 1, "fsdp": 2}[self.strategy]
+        cost = strategy_for(self.strategy).simplicity
         cost += 3 * (self.tp > 1) + 4 * (self.pp > 1)
         return cost + {"none": 0, "selective": 1, "full": 2}[self.activation_checkpointing]
 
@@ -157,7 +157,7 @@ def candidates(
             if len(micros) > MAX_MICRO_CHOICES:  # the smallest (memory, pipeline micro-
                 half = MAX_MICRO_CHOICES // 2  # batches) and the largest (fewer steps)
                 micros = micros[:half] + micros[-half:]
-            strategies = STRATEGIES if dp > 1 else ("ddp",)
+            strategies = names() if dp > 1 else names()[:1]  # the registry, simplest first
             schedules = SCHEDULES if pp > 1 else ((None, 1),)
             for strategy in strategies:
                 for sched, v in schedules:
@@ -306,7 +306,7 @@ def nothing_fits(cfg: DtrainConfig, advice: Advice, verdicts: list[Verdict]) -> 
                 if best.layout.activation_checkpointing == "full"
                 else ", activation checkpointing"
             )
-            + ("" if best.layout.strategy == "fsdp" else ", parallel.strategy=fsdp")
+            + ("" if strategy_for(best.layout.strategy).shards_params else f", {_sharding()}")
         )
     first: dict[tuple[int, int, int], str] = {}  # each (dp, tp, pp) with its first reason
     for v in verdicts:
@@ -341,6 +341,12 @@ def explain(advice: Advice) -> None:
             )
             if plain := short.get(dataclasses.replace(lay, activation_checkpointing="none")):
                 bits.append(f"needed: without it {plain.estimate.memory.total / GIB:.1f} GiB")
-        if lay.strategy != "ddp" and (ddp := short.get(dataclasses.replace(lay, strategy="ddp"))):
-            bits.append(f"ddp would need {ddp.estimate.memory.total / GIB:.1f} GiB")
+        plain = names()[0]  # the simplest strategy (replicated)
+        if lay.strategy != plain and (alone := short.get(dataclasses.replace(lay, strategy=plain))):
+            bits.append(f"{plain} would need {alone.estimate.memory.total / GIB:.1f} GiB")
         v.why = "; ".join(bits)
+
+
+def _sharding() -> str:
+    """The first registered strategy that shards the parameters, as an override."""
+    return f"parallel.strategy={next(n for n in names() if strategy_for(n).shards_params)}"

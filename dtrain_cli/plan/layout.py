@@ -1,29 +1,16 @@
-"""Batch split and model-parallel layout of a plan: micro-batches, tensor-parallel checks,
-pipeline stages and schedule constraints. Pure; each function appends to ``problems``."""
+"""Batch split and model-parallel layout of a plan: micro-batches, pipeline stages and
+schedule constraints, activations per part. Pure; each function returns its result with
+the problems it found (one line each)."""
 
 from __future__ import annotations
 
 import math
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.mesh.schedules import SINGLE_STAGE, SPLIT_BACKWARD, V_SHAPED
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 from dtrain_cli.plan.plan import BatchPlan, PipelinePlan, StagePlan
 
-# Schedules of torch.distributed.pipelining, by dtrain name.
-SCHEDULES = {
-    "gpipe": "GPipe",
-    "1f1b": "1F1B",
-    "interleaved_1f1b": "Interleaved1F1B",
-    "looped_bfs": "LoopedBFS",
-    "interleaved_zb": "InterleavedZeroBubble",
-    "zbv": "ZBVZeroBubble",
-    "dualpipev": "DualPipeV",
-}
-SINGLE_STAGE = {"gpipe", "1f1b"}  # one stage per rank
-V_SHAPED = {"zbv", "dualpipev"}  # exactly two stages per rank, placed in a V
-# Zero-bubble schedules split backward into input and weight passes and set weight
-# gradients themselves: DDP's autograd hooks never see them, so dp runs torch's replicate.
-SPLIT_BACKWARD = {"interleaved_zb", "zbv", "dualpipev"}
 BUBBLE_WARN = 0.25
 BYTES_PER_ACTIVATION = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -49,10 +36,11 @@ def largest_divisor(n: int, at_most: int) -> int:
     return max(divisors(n, min(at_most, 1024)))
 
 
-def batch_layout(cfg: DtrainConfig, facts: ModelFacts, problems: list[str]) -> BatchPlan:
+def batch_layout(cfg: DtrainConfig, facts: ModelFacts) -> tuple[BatchPlan, list[str]]:
     """global = micro * grad_accum * dp. An unset micro batch takes the whole per-rank share
     (no accumulation) or, with pp > 1, splits it into pipeline micro-batches."""
     tr, par = cfg.train, cfg.parallel
+    problems: list[str] = []
     dp = max(par.dp, 1)
     micro, accum = tr.micro_batch_size, tr.grad_accum
     global_batch = tr.global_batch_size
@@ -87,38 +75,39 @@ def batch_layout(cfg: DtrainConfig, facts: ModelFacts, problems: list[str]) -> B
             )
         accum = max(1, global_batch // per_step)
     seq = facts.tokens_per_sample
-    return BatchPlan(micro, accum, dp, global_batch, seq, global_batch * seq, facts.unit)
+    batch = BatchPlan(
+        micro_batch_size=micro,
+        grad_accum=accum,
+        dp=dp,
+        global_batch_size=global_batch,
+        seq_len=seq,
+        tokens_per_step=global_batch * seq,
+        unit=facts.unit,
+    )
+    return batch, problems
 
 
 def stage_layers(
-    num_layers: int,
-    num_stages: int,
-    split: list[int] | None,
-    pp: int,
-    problems: list[str],
-    label: str = "",
-) -> list[list[int]]:
+    num_layers: int, num_stages: int, split: list[int] | None, pp: int, label: str = ""
+) -> tuple[list[list[int]], list[str]]:
     """[first, last + 1) of the model's layers on each stage: even, or as given."""
     if split is not None:
         if len(split) != num_stages or sum(split) != num_layers or min(split) < 1:
-            problems.append(
+            return [], [
                 f"pipeline.layers_per_stage={split}: needs {num_stages} entries >= 1 "
                 f"(pp*virtual_stages) summing to {label or num_layers}"
-            )
-            return []
+            ]
         counts = split
     else:
         if num_layers % num_stages or num_layers < num_stages:
             where = f"pp={pp}" if num_stages == pp else f"pp*virtual_stages={num_stages}"
-            allowed = divisors(num_layers)
-            problems.append(
+            return [], [
                 f"{label or num_layers}: not divisible by {where}; stages must divide it "
-                f"({allowed}) or set pipeline.layers_per_stage"
-            )
-            return []
+                f"({divisors(num_layers)}) or set pipeline.layers_per_stage"
+            ]
         counts = [num_layers // num_stages] * num_stages
     starts = [sum(counts[:i]) for i in range(num_stages)]
-    return [[s, s + c] for s, c in zip(starts, counts, strict=True)]
+    return [[s, s + c] for s, c in zip(starts, counts, strict=True)], []
 
 
 def stage_to_pp_rank(stage: int, pp: int, v_shaped: bool) -> int:
@@ -129,57 +118,22 @@ def stage_to_pp_rank(stage: int, pp: int, v_shaped: bool) -> int:
 
 
 def pipeline_layout(
-    cfg: DtrainConfig,
-    spec: ModelSpec,
-    batch: BatchPlan,
-    problems: list[str],
-    batch_ok: bool = True,
-) -> PipelinePlan | None:
+    cfg: DtrainConfig, spec: ModelSpec, batch: BatchPlan, batch_ok: bool = True
+) -> tuple[PipelinePlan | None, list[str]]:
     """Stages and schedule; the micro-batch checks only when the batch split held (else
     they would be built on numbers the user never set)."""
-    par, pipe = cfg.parallel, cfg.pipeline
-    if par.pp <= 1:
-        return None
-    name, v, pp = pipe.schedule, pipe.virtual_stages, par.pp
-    if name in SINGLE_STAGE and v != 1:
-        problems.append(
-            f"pipeline.virtual_stages={v}: schedule {name} runs one stage per "
-            f"rank; use 1 or an interleaved schedule (interleaved_1f1b, ...)"
-        )
-    if name in V_SHAPED and v != 2:
-        problems.append(f"pipeline.virtual_stages={v}: schedule {name} needs exactly 2")
-    num_stages = pp * v
+    if cfg.parallel.pp <= 1:
+        return None, []
+    pipe = cfg.pipeline
     m_count = pipe.microbatches or batch.grad_accum
-    if batch_ok and batch.grad_accum % m_count:
-        problems.append(
-            f"pipeline.microbatches={m_count}: must divide the {batch.grad_accum} micro-batches "
-            f"each rank runs per step (global_batch / (micro_batch_size*dp))"
-        )
-    needs = {"1f1b": pp, "dualpipev": num_stages}.get(name)
-    if batch_ok and needs and m_count < needs:
-        problems.append(
-            f"pipeline.microbatches={m_count}: schedule {name} needs >= {needs}; lower "
-            f"train.micro_batch_size or raise train.global_batch_size"
-        )
-    if batch_ok and name in ("interleaved_1f1b", "interleaved_zb"):
-        rounds = max(1, m_count // pp)
-        if m_count % rounds:
-            problems.append(
-                f"pipeline.microbatches={m_count}: schedule {name} needs a "
-                f"multiple of {rounds} (rounds of pp={pp})"
-            )
+    problems = schedule_problems(cfg, batch, m_count, batch_ok)
     facts = spec.facts()
     if not facts.num_layers:  # the model's own problems() said why
-        return None
-    ranges = stage_layers(
-        facts.num_layers,
-        num_stages,
-        pipe.layers_per_stage,
-        pp,
-        problems,
-        spec.layers_label(facts.num_layers),
-    )
-    bubble = (pp - 1) / (v * m_count + pp - 1)
+        return None, problems
+    pp, v = cfg.parallel.pp, pipe.virtual_stages
+    num_stages = pp * v
+    label = spec.layers_label(facts.num_layers)
+    ranges, more = stage_layers(facts.num_layers, num_stages, pipe.layers_per_stage, pp, label)
     stages = []
     for i, (lo, hi) in enumerate(ranges):
         first, last = i == 0, i == num_stages - 1
@@ -189,12 +143,61 @@ def pipeline_layout(
         act, _ = part_activations(cfg, spec, batch.micro_batch_size, lo, hi, last)
         stages.append(
             StagePlan(
-                i, stage_to_pp_rank(i, pp, name in V_SHAPED), [lo, hi], first, last, params, act
+                stage=i,
+                pp_rank=stage_to_pp_rank(i, pp, pipe.schedule in V_SHAPED),
+                layers=[lo, hi],
+                embeddings=first,
+                head=last,
+                params=params,
+                activation_bytes=act,
             )
         )
-    return PipelinePlan(
-        name, num_stages, v, m_count, batch.grad_accum // max(m_count, 1), bubble, stages
+    plan = PipelinePlan(
+        schedule=pipe.schedule,
+        num_stages=num_stages,
+        virtual_stages=v,
+        microbatches=m_count,
+        calls_per_step=batch.grad_accum // max(m_count, 1),
+        bubble=(pp - 1) / (v * m_count + pp - 1),
+        stages=stages,
     )
+    return plan, problems + more
+
+
+def schedule_problems(
+    cfg: DtrainConfig, batch: BatchPlan, m_count: int, batch_ok: bool
+) -> list[str]:
+    """What the schedule needs of virtual stages and micro-batches."""
+    name, v, pp = cfg.pipeline.schedule, cfg.pipeline.virtual_stages, cfg.parallel.pp
+    problems = []
+    if name in SINGLE_STAGE and v != 1:
+        problems.append(
+            f"pipeline.virtual_stages={v}: schedule {name} runs one stage per "
+            f"rank; use 1 or an interleaved schedule (interleaved_1f1b, ...)"
+        )
+    if name in V_SHAPED and v != 2:
+        problems.append(f"pipeline.virtual_stages={v}: schedule {name} needs exactly 2")
+    if not batch_ok:
+        return problems
+    if batch.grad_accum % m_count:
+        problems.append(
+            f"pipeline.microbatches={m_count}: must divide the {batch.grad_accum} micro-batches "
+            f"each rank runs per step (global_batch / (micro_batch_size*dp))"
+        )
+    needs = {"1f1b": pp, "dualpipev": pp * v}.get(name)
+    if needs and m_count < needs:
+        problems.append(
+            f"pipeline.microbatches={m_count}: schedule {name} needs >= {needs}; lower "
+            f"train.micro_batch_size or raise train.global_batch_size"
+        )
+    if name in ("interleaved_1f1b", "interleaved_zb"):
+        rounds = max(1, m_count // pp)
+        if m_count % rounds:
+            problems.append(
+                f"pipeline.microbatches={m_count}: schedule {name} needs a "
+                f"multiple of {rounds} (rounds of pp={pp})"
+            )
+    return problems
 
 
 def checkpointed_layers(lo: int, hi: int, mode: str) -> list[int]:
@@ -251,59 +254,15 @@ def bubble_warning(pipe: PipelinePlan, pp: int) -> str | None:
     )
 
 
-def strategy_problems(cfg: DtrainConfig, problems: list[str], warnings: list[str]) -> None:
-    """Combinations of strategy, compression, sync mode and model that do not go together."""
+def strategy_problems(cfg: DtrainConfig) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of the strategy and the sync mode with this layout: each
+    registry entry says what it cannot combine with (:mod:`dtrain_cli.strategies`,
+    :mod:`dtrain_cli.sync_modes`)."""
+    from dtrain_cli.strategies import strategy_for
+
     par = cfg.parallel
-    strategy, comp, sync = par.strategy, cfg.comm.compression, cfg.sync.mode
-    if strategy != "fsdp" and (par.cpu_offload or not par.reshard_after_forward):
-        key = (
-            "parallel.cpu_offload=true"
-            if par.cpu_offload
-            else "parallel.reshard_after_forward=false"
-        )
-        problems.append(
-            f"{key}: an fsdp option, but parallel.strategy={strategy}; "
-            f"set parallel.strategy=fsdp or drop it"
-        )
     split = (
         cfg.pipeline.schedule if par.pp > 1 and cfg.pipeline.schedule in SPLIT_BACKWARD else None
     )
-    if strategy == "fsdp" and split and par.reshard_after_forward:
-        warnings.append(
-            f"parallel.reshard_after_forward=true: not under pipeline.schedule={split}, "
-            f"whose weight pass needs each stage's gathered parameters: they stay gathered "
-            f"from forward to backward (ZeRO-2)"
-        )
-    if comp != "none" and (strategy == "fsdp" or par.tp > 1 or split):
-        problems.append(
-            f"comm.compression={comp}: DDP communication hooks apply to strategy ddp/zero1 "
-            f"without tp or a zero-bubble schedule; this run uses strategy={strategy}, "
-            f"tp={par.tp}" + (f", pipeline.schedule={split}" if split else "")
-        )
-    if strategy == "zero1" and par.tp > 1:
-        problems.append(
-            "parallel.strategy=zero1: ZeroRedundancyOptimizer does not take "
-            "tensor-parallel (DTensor) parameters; use parallel.strategy=fsdp with tp"
-        )
-    elif strategy == "zero1" and split and par.dp > 1:
-        problems.append(
-            f"parallel.strategy=zero1: pipeline.schedule={split} computes weight gradients "
-            f"outside DDP's hooks; use parallel.strategy=fsdp or one of the schedules "
-            + ", ".join(s for s in SCHEDULES if s not in SPLIT_BACKWARD)
-        )
-    if sync == "local_sgd":
-        if par.pp > 1 or par.tp > 1 or strategy != "ddp":
-            problems.append(
-                f"sync.mode=local_sgd: needs strategy=ddp with tp=1 and pp=1 "
-                f"(got strategy={strategy}, tp={par.tp}, pp={par.pp})"
-            )
-        if comp != "none":
-            problems.append(
-                f"comm.compression={comp}: local SGD does not all-reduce "
-                f"gradients after warm-up; use comm.compression=none"
-            )
-        if cfg.sync.warmup_steps > cfg.train.steps:
-            warnings.append(
-                f"sync.warmup_steps={cfg.sync.warmup_steps} is longer than training "
-                f"(train.steps={cfg.train.steps}): every step is synchronous"
-            )
+    strategy = strategy_for(par.strategy)
+    return strategy.problems(cfg, split), strategy.warnings(cfg, split)

@@ -1,21 +1,26 @@
-"""Per-rank memory and communication estimates for each data-parallel strategy. Pure.
+"""Per-rank memory and communication estimates of a layout. Pure.
 
 Memory (fp32 master weights; the runtime measures the real bytes and the run summary
-shows both): ddp keeps everything on every rank; zero1 shards the optimizer state over
-dp; fsdp shards parameters, gradients and optimizer state (plus one gathered block).
-Communication: the gradient payload each rank contributes per step and the bytes a ring
-moves per rank for it (2 (n-1)/n x payload for an all-reduce). The model's own numbers
-(parameters, blocks, activations, FLOPs) come from its spec (:mod:`dtrain_cli.models`).
+shows both): what the strategy keeps per rank of the unsharded sizes
+(:meth:`dtrain_cli.strategies.base.Strategy.memory_bytes`). Communication: the gradient
+payload each rank contributes per step and the bytes a ring moves per rank for it (2
+(n-1)/n x payload for an all-reduce), as the strategy and the sync mode send it. The
+model's own numbers (parameters, blocks, activations, FLOPs) come from its spec
+(:mod:`dtrain_cli.models`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.mesh.dims import ParallelDims
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 from dtrain_cli.plan.layout import fsdp_reshards_after_forward, part_activations
 from dtrain_cli.plan.plan import BatchPlan, Estimates, PipelinePlan
+from dtrain_cli.strategies import strategy_for
+from dtrain_cli.sync_modes import mode_for
 
 
 def grad_payload_bytes(cfg: DtrainConfig, facts: ModelFacts) -> int:
@@ -34,33 +39,40 @@ def grad_payload_bytes(cfg: DtrainConfig, facts: ModelFacts) -> int:
 
 
 def comm_bytes_per_step(cfg: DtrainConfig, facts: ModelFacts, ddp: bool = False) -> int:
-    """Bytes sent per rank per step over the dp group (ring algorithms); ``ddp``: what
-    synchronous DDP would send, whatever sync.mode says."""
-    dp = cfg.parallel.dp
-    n = facts.num_params
-    mode = "sync" if ddp else cfg.sync.mode
-    if mode == "param_server":  # a worker's gradient push (plan/sync.py has both roles)
-        return 4 * n
-    if dp <= 1 or mode in ("local_sgd", "diloco"):
-        # local SGD / DiLoCo: a parameter (delta) all-reduce every `every` steps, amortized
-        if dp > 1:
-            return int(2 * (dp - 1) / dp * 4 * n / cfg.sync.every)
-        return 0
-    ring = (dp - 1) / dp
-    n_bytes = 4 * n / max(cfg.parallel.tp * cfg.parallel.pp, 1)
-    if cfg.parallel.strategy == "fsdp":
-        schedule = cfg.pipeline.schedule if cfg.parallel.pp > 1 else None
-        gathers = 2 if fsdp_reshards_after_forward(cfg, schedule) else 1  # fwd (+ bwd)
-        return int(ring * n_bytes * (gathers + 1))  # + reduce-scatter of gradients
-    payload = grad_payload_bytes(cfg, facts) / max(cfg.parallel.tp * cfg.parallel.pp, 1)
-    total = 2 * ring * payload
-    if cfg.parallel.strategy == "zero1":
-        total += ring * n_bytes  # updated parameter shards broadcast from their owners
-    return int(total)
+    """Bytes sent per rank per step over the dp group (ring algorithms): the strategy's
+    every-step synchronization, or what the sync mode sends instead; ``ddp``: what
+    synchronous DDP would send, whatever the config says."""
+    par = cfg.parallel
+    dims = ParallelDims(pp=par.pp, dp=max(par.dp, 1), tp=par.tp)
+    strategy = strategy_for("ddp" if ddp else par.strategy)
+    if not ddp:
+        dims = replace(dims, dp_replicate=strategy.dp_replicate(cfg, nproc_guess(cfg)))
+    model_parallel = max(par.tp * par.pp, 1)
+    schedule = cfg.pipeline.schedule if par.pp > 1 else None
+    strategy_bytes = strategy.comm_bytes_per_step(
+        param_bytes=4 * facts.num_params / model_parallel,
+        payload_bytes=grad_payload_bytes(cfg, facts) / model_parallel,
+        dims=dims,
+        gathers=2 if fsdp_reshards_after_forward(cfg, schedule) else 1,  # fwd (+ bwd)
+    )
+    if ddp:
+        return strategy_bytes
+    return mode_for(cfg.sync.mode).comm_bytes_per_step(cfg, facts, strategy_bytes)
+
+
+def nproc_guess(cfg: DtrainConfig) -> int:
+    """Processes per node as the plan derives them (for a strategy's per-node groups)."""
+    par = cfg.parallel
+    world = max(par.dp, 1) * par.tp * par.pp
+    return par.nproc_per_node or max(1, world // max(par.nnodes, 1))
 
 
 def estimate(
-    cfg: DtrainConfig, spec: ModelSpec, batch: BatchPlan, pipeline: PipelinePlan | None = None
+    cfg: DtrainConfig,
+    spec: ModelSpec,
+    batch: BatchPlan,
+    pipeline: PipelinePlan | None,
+    dims: ParallelDims,
 ) -> Estimates:
     """Per-rank memory (fp32 master weights) and FLOPs per token; estimates, not measurements.
     With pipeline stages, the rank holding the most parameters is the one that must fit."""
@@ -78,14 +90,13 @@ def estimate(
     else:
         per_rank = math.ceil((n / par.pp - whole) / par.tp + whole)
     optim_words = {"adamw": 2, "sgd": 1 if cfg.optim.momentum > 0 else 0}[cfg.optim.name]
-    params_b, grads_b = 4 * per_rank, 4 * per_rank
-    optim_b = 4 * optim_words * per_rank
-    if par.strategy in ("zero1", "fsdp"):
-        optim_b = math.ceil(optim_b / par.dp)
-    if par.strategy == "fsdp":
-        block = 4 * facts.params_per_layer
-        params_b = math.ceil(params_b / par.dp) + block  # shard + one gathered block
-        grads_b = math.ceil(grads_b / par.dp)
+    params_b, grads_b, optim_b = strategy_for(par.strategy).memory_bytes(
+        params=4 * per_rank,
+        grads=4 * per_rank,
+        optimizer=4 * optim_words * per_rank,
+        block=4 * facts.params_per_layer,
+        dims=dims,
+    )
     activations, recompute = rank_activations(cfg, spec, facts, batch, pipeline)
     return Estimates(
         num_params=n,

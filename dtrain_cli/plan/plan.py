@@ -15,12 +15,13 @@ from typing import Any
 
 import yaml
 
-from dtrain_cli.plan.dims import MESH_DIM_NAMES, ParallelDims
+from dtrain_cli.mesh.dims import MESH_DIM_NAMES, ParallelDims
+from dtrain_cli.sync_modes.base import ServerPlan, SyncPlan
 
-__all__ = ["MESH_DIM_NAMES", "ParallelDims", "Plan"]
+__all__ = ["MESH_DIM_NAMES", "ParallelDims", "Plan", "ServerPlan", "SyncPlan"]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MeshPlan:
     dim_names: list[str]
     """Outermost first: tp innermost so its ranks are neighbours (same node, fastest
@@ -52,7 +53,7 @@ class MeshPlan:
         return {name: out[name] for name in self.dim_names}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class BatchPlan:
     micro_batch_size: int
     grad_accum: int
@@ -65,7 +66,7 @@ class BatchPlan:
     """What throughput counts: tokens (language models) or samples."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LRPlan:
     base_lr: float
     base_batch_size: int
@@ -91,7 +92,7 @@ class LRPlan:
         return self.min_lr + (self.peak_lr - self.min_lr) * shape
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrecisionPlan:
     name: str
     autocast_dtype: str | None
@@ -100,7 +101,7 @@ class PrecisionPlan:
     param_dtype: str = "float32"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CheckpointPlan:
     every_steps: int
     every_minutes: float
@@ -111,7 +112,7 @@ class CheckpointPlan:
     """Steps saved by step count (and at the end); time-based saves come on top."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StagePlan:
     stage: int
     pp_rank: int
@@ -123,7 +124,7 @@ class StagePlan:
     activation_bytes: int
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PipelinePlan:
     schedule: str
     num_stages: int
@@ -137,32 +138,7 @@ class PipelinePlan:
     stages: list[StagePlan] = field(default_factory=list)
 
 
-@dataclass
-class ServerPlan:
-    rank: int
-    shard: int
-    params: int
-    """Parameters of this server's shard (whole tensors, balanced greedily by size)."""
-
-
-@dataclass
-class SyncPlan:
-    """How replicas synchronize when it is not one all-reduce per step (plan/sync.py)."""
-
-    mode: str
-    workers: list[int]
-    servers: list[ServerPlan] = field(default_factory=list)
-    max_staleness: int = 0
-    every: int = 1
-    outer_lr: float = 1.0
-    outer_momentum: float = 0.0
-    bytes_per_step: dict[str, dict[str, int]] = field(default_factory=dict)
-    """role -> {"sent": B, "received": B} per rank per optimizer step (amortized)."""
-    ddp_bytes_per_step: int = 0
-    """What synchronous DDP sends per rank per step on the same model, for comparison."""
-
-
-@dataclass
+@dataclass(kw_only=True)
 class Estimates:
     num_params: int
     params_per_rank: int
@@ -182,7 +158,7 @@ class Estimates:
     activation_checkpointing: str = "none"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ElasticSize:
     """The layout at one node count of an elastic run (``parallel.nnodes=MIN:MAX``)."""
 
@@ -194,7 +170,7 @@ class ElasticSize:
     threads_per_proc: int = 1
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ElasticPlan:
     min_nnodes: int
     max_nnodes: int
@@ -212,7 +188,7 @@ def _pipeline_from(d: dict[str, Any] | None) -> PipelinePlan | None:
     return PipelinePlan(**pipe)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ScriptPlan:
     """What every rank runs for ``dtrain run train.py`` (:mod:`dtrain_cli.plan.script`)."""
 
@@ -233,7 +209,7 @@ class ScriptPlan:
         return [*target, *self.args]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Plan:
     recipe: str
     model: str
@@ -342,9 +318,7 @@ class Plan:
         if d.get("script"):
             d["script"] = ScriptPlan(**d["script"])
         if d.get("sync"):
-            sync = dict(d["sync"])
-            sync["servers"] = [ServerPlan(**s) for s in sync.get("servers", [])]
-            d["sync"] = SyncPlan(**sync)
+            d["sync"] = SyncPlan.from_dict(d["sync"])
         if d.get("elastic"):
             el = dict(d["elastic"])
             el["sizes"] = [

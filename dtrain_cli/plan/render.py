@@ -115,7 +115,7 @@ def render_plan(plan: Plan) -> Group:
             ),
             (
                 "parameter bytes held"
-                + (f" (sharded over dp={b.dp})" if plan.strategy == "fsdp" and b.dp > 1 else ""),
+                + (f" (sharded over dp={plan.dims.dp_shard})" if _shards_params(plan) else ""),
                 _bytes(e.bytes_params),
             ),
             ("gradients", _bytes(e.bytes_grads)),
@@ -246,3 +246,9 @@ def _elastic_table(plan: Plan) -> Table:
         else:
             t.add_row(str(n), "-", "-", "-", f"refused: {reasons.get(n, '')}")
     return t
+
+
+def _shards_params(plan: Plan) -> bool:
+    from dtrain_cli.strategies import strategy_for
+
+    return strategy_for(plan.strategy).shards_params and plan.dims.dp_enabled

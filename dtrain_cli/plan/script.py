@@ -50,34 +50,35 @@ class ScriptSpec(ModelSpec):
         raise NotImplementedError("a script run builds its own model")
 
 
+class ScriptProblem(ValueError):
+    """One line: what is wrong with the script and what to do."""
+
+
 def script_plan(
-    cfg: DtrainConfig, problems: list[str], workdir: Path | None = None
-) -> ScriptPlan | None:
-    """The script every rank runs, checked; appends one line per problem."""
+    cfg: DtrainConfig, workdir: Path | None = None
+) -> tuple[ScriptPlan | None, list[str]]:
+    """The script every rank runs, checked, and the problems found (one line each)."""
     sc = cfg.script
     if not is_script(cfg):
         if cfg.launcher.python:
-            problems.append(
+            return None, [
                 f"launcher.python={cfg.launcher.python}: only your own script runs under "
                 "another interpreter (dtrain run ... -- train.py); dtrain's trainer runs "
                 "under dtrain's"
-            )
-        return None
+            ]
+        return None, []
     cwd = (workdir or Path.cwd()).resolve()
     if sc.path and sc.module:
-        problems.append(
+        return None, [
             f"script.path={sc.path} and script.module={sc.module}: set one "
             "(a file: dtrain run train.py; a module: dtrain run -m mypkg.train)"
-        )
-        return None
-    if sc.module:
-        file = module_file(sc.module, cwd, problems)
-    else:
-        file = script_file(str(sc.path), cwd, problems)
-    if file is None:
-        return None
-    python = interpreter(cfg.launcher.python, cwd, problems)
-    return ScriptPlan(
+        ]
+    try:
+        file = module_file(sc.module, cwd) if sc.module else script_file(str(sc.path), cwd)
+        python = interpreter(cfg.launcher.python, cwd)
+    except ScriptProblem as exc:
+        return None, [str(exc)]
+    plan = ScriptPlan(
         path=sc.path,
         module=sc.module,
         args=list(sc.args),
@@ -85,49 +86,48 @@ def script_plan(
         workdir=str(cwd),
         python=python,
     )
+    return plan, []
 
 
-def interpreter(python: str | None, cwd: Path, problems: list[str]) -> str | None:
+def interpreter(python: str | None, cwd: Path) -> str | None:
     """``launcher.python`` as an absolute path (a bare name looked up on PATH), checked."""
     if not python:
         return None
     found = shutil.which(python) if os.sep not in python else str(cwd / python)
     if not found or not os.path.isfile(found):
-        problems.append(
+        raise ScriptProblem(
             f"launcher.python={python}: not found; give the path of a python executable "
             "(e.g. launcher.python=/path/to/venv/bin/python)"
         )
-        return None
     if not os.access(found, os.X_OK):
-        problems.append(f"launcher.python={python}: not executable; check its permissions")
-        return None
+        raise ScriptProblem(f"launcher.python={python}: not executable; check its permissions")
     return os.path.abspath(found)  # a venv's python is a link: kept, so the venv applies
 
 
-def script_file(path: str, cwd: Path, problems: list[str]) -> str | None:
+def script_file(path: str, cwd: Path) -> str:
     full = Path(os.path.abspath(cwd / path))  # __file__ as python gives it (links kept)
     if not full.exists():
-        problems.append(f"script {path}: not found (looked in {cwd}); check the path")
-        return None
+        raise ScriptProblem(f"script {path}: not found (looked in {cwd}); check the path")
     if not full.is_file():
-        problems.append(f"script {path}: not a file; name the .py file to run")
-        return None
+        raise ScriptProblem(f"script {path}: not a file; name the .py file to run")
     try:
         source = full.read_bytes()
     except OSError as exc:
-        problems.append(f"script {path}: cannot be read ({exc.strerror}); check its permissions")
-        return None
+        raise ScriptProblem(
+            f"script {path}: cannot be read ({exc.strerror}); check its permissions"
+        ) from None
     try:
         compile(source, str(full), "exec", dont_inherit=True)
     except (SyntaxError, ValueError) as exc:
         where = f" line {exc.lineno}" if getattr(exc, "lineno", None) else ""
         msg = getattr(exc, "msg", None) or str(exc)
-        problems.append(f"script {path}:{where}: {msg}; python {path} would fail the same way")
-        return None
+        raise ScriptProblem(
+            f"script {path}:{where}: {msg}; python {path} would fail the same way"
+        ) from None
     return str(full)
 
 
-def module_file(name: str, cwd: Path, problems: list[str]) -> str | None:
+def module_file(name: str, cwd: Path) -> str:
     """Where ``python -m name`` (run in ``cwd``) finds the module; a package runs its
     ``__main__``. Importing the parent packages is what ``python -m`` does too."""
     saved = list(sys.path)
@@ -137,33 +137,30 @@ def module_file(name: str, cwd: Path, problems: list[str]) -> str | None:
         if spec is not None and spec.submodule_search_locations is not None:
             spec = importlib.util.find_spec(f"{name}.__main__")  # python -m pkg
             if spec is None:
-                problems.append(
+                raise ScriptProblem(
                     f"module {name}: a package without __main__.py; "
                     f"name the module to run (e.g. {name}.train)"
                 )
-                return None
     except ModuleNotFoundError as exc:  # a parent package that is not there
-        problems.append(
+        raise ScriptProblem(
             f"module {name}: not found from {cwd} or PYTHONPATH ({exc}); run from the folder "
             "above the package or set PYTHONPATH"
-        )
-        return None
+        ) from None
     except Exception as exc:  # a parent package that fails to import
-        problems.append(f"module {name}: cannot be imported ({type(exc).__name__}: {exc})")
-        return None
+        raise ScriptProblem(
+            f"module {name}: cannot be imported ({type(exc).__name__}: {exc})"
+        ) from None
     finally:
         sys.path[:] = saved
     if spec is None or not spec.origin or not os.path.isfile(spec.origin):
-        problems.append(
+        raise ScriptProblem(
             f"module {name}: not found from {cwd} or PYTHONPATH (python -m {name} would "
             "fail); run from the folder above the package or set PYTHONPATH"
         )
-        return None
     try:
         compile(Path(spec.origin).read_bytes(), spec.origin, "exec", dont_inherit=True)
     except (OSError, SyntaxError, ValueError) as exc:
         where = f" line {exc.lineno}" if getattr(exc, "lineno", None) else ""
         msg = getattr(exc, "msg", None) or getattr(exc, "strerror", None) or str(exc)
-        problems.append(f"module {name} ({spec.origin}):{where}: {msg}")
-        return None
+        raise ScriptProblem(f"module {name} ({spec.origin}):{where}: {msg}") from None
     return spec.origin

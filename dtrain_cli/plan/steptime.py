@@ -55,6 +55,7 @@ from dtrain_cli.plan.layout import (
     part_activations,
 )
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.strategies import strategy_for
 
 GIB = 1024**3
 
@@ -186,9 +187,9 @@ def peak_memory(cfg: DtrainConfig, spec: ModelSpec, plan: Plan, hw: HardwareConf
             per_rank[st.pp_rank] = per_rank.get(st.pp_rank, 0.0) + kept * n
         acts = int(max(per_rank.values()))
     acts += e.bytes_recompute
-    temporary = 0
-    if par.strategy == "fsdp" and par.dp > 1:
-        temporary += 2 * 4 * facts.params_per_layer // max(par.tp, 1)  # prefetch + grad
+    temporary = strategy_for(par.strategy).temporary_bytes(
+        block_params=facts.params_per_layer, tp=par.tp, dims=plan.dims
+    )
     if spec.vocab_size and facts.unit == "tokens":  # the logits' gradient (last stage)
         temporary += b.micro_batch_size * facts.tokens_per_sample * spec.vocab_size * 4
     capacity = int((hw.memory_gib - hw.reserved_gib) * GIB)
@@ -247,34 +248,23 @@ def dp_link(
     g = max(hw.devices_per_node, 1)
     where = placement(par.dp * par.tp, g)
     per_node = max(1, g // max(par.tp, 1)) if where == "inter" else 1
-    if par.strategy == "fsdp":
-        nbytes, calls = fsdp_traffic(cfg, plan, layers)
-        hidden = hw.comm_overlap * compute_s  # prefetched: behind the whole step
-    else:
-        nbytes = e.comm_bytes_per_step
-        buckets = max(1, int(4 * e.params_per_rank / (cfg.comm.bucket_mb * 2**20)) + 1)
-        calls = buckets + (1 if par.strategy == "zero1" else 0)
-        hidden = hw.comm_overlap * backward_s
+    schedule = plan.pipeline.schedule if plan.pipeline else None
+    traffic = strategy_for(par.strategy).dp_traffic(
+        param_bytes=4 * e.params_per_rank,
+        low_bytes=2 if cfg.precision.name in ("bf16", "fp16") else 4,
+        gathers=2 if fsdp_reshards_after_forward(cfg, schedule) else 1,
+        rounds=plan.pipeline.calls_per_step if plan.pipeline else plan.batch.grad_accum,
+        units=max(layers // max(par.pp, 1), 1) + 1,
+        comm_bytes=e.comm_bytes_per_step,
+        buckets=max(1, int(4 * e.params_per_rank / (cfg.comm.bucket_mb * 2**20)) + 1),
+        dims=plan.dims,
+    )
+    nbytes, calls = traffic.bytes, traffic.calls
+    # prefetched gathers hide behind the whole step, bucketed all-reduces behind backward
+    hidden = hw.comm_overlap * (compute_s if traffic.hidden_behind == "step" else backward_s)
     t = _link_time(hw, where, nbytes, calls, per_node)
     exposed = max(0.0, t - hidden) + _link_time(hw, where, 0, 1)  # the last call waits
     return Link("dp", int(nbytes), where, t, min(t, exposed))
-
-
-def fsdp_traffic(cfg: DtrainConfig, plan: Plan, layers: int) -> tuple[float, int]:
-    """(bytes, calls) one rank sends per step under FSDP2: all-gathers of the parameters in
-    the compute dtype (forward, and again in backward when resharded after forward) for
-    every micro-batch outside a pipeline (accumulation re-gathers; a pipeline stage keeps
-    them across its schedule's micro-batches), one reduce-scatter of fp32 gradients."""
-    par, e = cfg.parallel, plan.estimates
-    ring = (par.dp - 1) / par.dp
-    params = e.params_per_rank
-    low = 2 if cfg.precision.name in ("bf16", "fp16") else 4
-    schedule = plan.pipeline.schedule if plan.pipeline else None
-    gathers = 2 if fsdp_reshards_after_forward(cfg, schedule) else 1
-    rounds = plan.pipeline.calls_per_step if plan.pipeline else plan.batch.grad_accum
-    units = max(layers // max(par.pp, 1), 1) + 1
-    nbytes = ring * params * (low * gathers * rounds + 4)
-    return nbytes, units * (gathers * rounds + 1)
 
 
 def compute_seconds(
@@ -307,7 +297,7 @@ def optimizer_seconds(cfg: DtrainConfig, plan: Plan, hw: HardwareConfig) -> floa
     par, optim = cfg.parallel, cfg.optim
     words = {"adamw": 2, "sgd": 1 if optim.momentum > 0 else 0}.get(optim.name, 2)
     updated = plan.estimates.params_per_rank
-    updated /= par.dp if par.strategy in ("zero1", "fsdp") else 1
+    updated *= strategy_for(par.strategy).updated_fraction(plan.dims)
     return updated * 4 * (3 + 2 * words) / (hw.memory_gbps * 1e9)
 
 

@@ -13,16 +13,17 @@ the step's micro-batches on ranks that see the loss (the last stage), zero elsew
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
 
+from dtrain_cli.mesh.schedules import V_SHAPED
 from dtrain_cli.models import ModelSpec
 from dtrain_cli.models.losses import resolve_loss
-from dtrain_cli.plan.layout import V_SHAPED
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime.data.loader import Batches
-from dtrain_cli.runtime.parallel.parallelize import ParallelModel, gradient_sync
+from dtrain_cli.runtime.parallel.parallelize import ParallelModel
 from dtrain_cli.runtime.state.precision import Precision
 
 
@@ -44,6 +45,7 @@ class LocalStep:
         self, pm: ParallelModel, plan: Plan, precision: Precision, roots: list[str]
     ) -> None:
         self.model = pm.parts[0]
+        self.no_sync = pm.data_parallel.no_sync  # the strategy's backward-sync control
         self.accum = plan.batch.grad_accum
         self.precision = precision
         self.loss = forward_loss_fn(pm.spec, plan, roots)
@@ -58,7 +60,8 @@ class LocalStep:
         losses = []
         for k in range(self.accum):
             x, y = batches.micro_batch(step, k)
-            with gradient_sync(self.model, enabled=k == self.accum - 1):
+            last = k == self.accum - 1  # only the last micro-step syncs gradients
+            with contextlib.nullcontext() if last else self.no_sync(self.model):
                 with self.precision.autocast():
                     loss = self.loss(self.model, x, y) / self.accum
                 self.precision.backward(loss)

@@ -5,7 +5,8 @@ this rank's part(s) and a step runner (:mod:`.steps`) runs one optimizer step's
 forward/backward. Each concern is a component that decides when it acts, as in
 torchtitan: :class:`.Checkpointer` (``maybe_save``), :class:`.Validator`
 (``should_validate``), :class:`.TrainMetrics` (logging steps, tokens/s),
-:class:`.DataParallelSync` (local SGD, DDP hook state), :class:`.ReplicaChecker`.
+:class:`.SyncRuntime` (the sync mode: local SGD, DiLoCo, the parameter server),
+:class:`.ReplicaChecker`.
 Nothing in a step syncs the host with the device or calls a collective the user did not
 ask for: the reported loss is summed on device and reduced every ``logging.every`` steps.
 """
@@ -39,14 +40,14 @@ from dtrain_cli.runtime.data.loader import Batches
 from dtrain_cli.runtime.data.stream import BatchLayout, open_splits
 from dtrain_cli.runtime.diagnostics import faults
 from dtrain_cli.runtime.diagnostics.watchdog import Watchdog
-from dtrain_cli.runtime.parallel.data_parallel import DataParallelSync
 from dtrain_cli.runtime.parallel.dtensors import local_tensor
 from dtrain_cli.runtime.parallel.mesh import DistContext
 from dtrain_cli.runtime.parallel.parallelize import parallelize
 from dtrain_cli.runtime.state.optim import Optimizers
 from dtrain_cli.runtime.state.precision import Precision
 from dtrain_cli.runtime.steps import LocalStep, PipelineStep
-from dtrain_cli.runtime.sync.modes import ModeSync
+from dtrain_cli.runtime.sync.base import sync_runtime
+from dtrain_cli.strategies import strategy_for
 
 log = logging.getLogger("dtrain")
 
@@ -63,14 +64,29 @@ class Trainer:
         self.cfg, self.plan, self.ctx, self.run_dir = cfg, plan, ctx, run_dir
         self.times: dict[str, float] = {}
         torch.manual_seed(cfg.train.seed + ctx.rank)  # dropout differs per rank, init does not
-        splits = open_splits(cfg.data, cfg.model, cfg.train.seed)
-        layout = BatchLayout(
+        self.layout = BatchLayout(
             plan.batch.micro_batch_size, plan.batch.grad_accum, plan.batch.dp, ctx.dp_rank
         )
-        self.layout = layout
-        self.train_batches = Batches(splits["train"], layout, cfg.train.seed, ctx.device, cfg.data)
-        val_batches = Batches(splits["val"], layout, cfg.train.seed, ctx.device)
+        splits = open_splits(cfg.data, cfg.model, cfg.train.seed)
+        self.train_batches = Batches(
+            splits["train"], self.layout, cfg.train.seed, ctx.device, cfg.data
+        )
+        self.val_batches = Batches(splits["val"], self.layout, cfg.train.seed, ctx.device)
         self.precision = Precision(plan.precision, cfg.precision, ctx.device)
+        self._build_model()
+        self.memory_measured: dict[str, int] = {}
+        # ranks whose loss counts once per dp replica: the last stage, tp rank 0
+        self.reports_loss = self.pm.has_last_stage and ctx.mesh["tp"].get_local_rank() == 0
+        self._build_components()
+        self.step = self.checkpointer.resume()
+        self.membership = Membership(run_dir, plan, ctx.rank, self.step)
+        self.sync.start(self.step)  # param_server: seed the servers, pull
+        self.mode_extra: dict[str, Any] = {}
+        self._build_metrics(console)
+
+    def _build_model(self) -> None:
+        """This rank's model part(s) with the layout applied, the step runner, optimizers."""
+        cfg, plan, ctx = self.cfg, self.plan, self.ctx
         pipelined = plan.pipeline is not None
         # the pipeline schedule needs the step's loss function before it exists
         pipeline_loss: list[Any] = []
@@ -80,64 +96,64 @@ class Trainer:
         )
         if isinstance(self.step_fn, PipelineStep):
             pipeline_loss.append(self.step_fn.loss_fn)
-        sharded_dp = plan.strategy in ("zero1", "fsdp") and plan.batch.dp > 1
-        zero_group = ctx.dp_group if plan.strategy == "zero1" and plan.batch.dp > 1 else None
-        self.optimizers = Optimizers(self.pm.parts, cfg.optim, plan.lr, zero_group)
+        group = self.pm.data_parallel.optimizer_group(ctx)  # zero1: sharded over dp
+        self.optimizers = Optimizers(self.pm.parts, cfg.optim, plan.lr, group)
+        strategy = strategy_for(plan.strategy)
+        sharded = plan.dims.dp_enabled and not strategy.plain_replicas
         # overflow (fp16) must be decided the same everywhere when ranks hold other gradients
         self.overflow_group = (
-            dist.group.WORLD if plan.world_size > plan.batch.dp or sharded_dp else None
+            dist.group.WORLD if plan.world_size > plan.batch.dp or sharded else None
         )
         self.pp_group = ctx.mesh["pp"].get_group() if pipelined else None
-        self.memory_measured: dict[str, int] = {}
-        # ranks whose loss counts once per dp replica: the last stage, tp rank 0
-        reports_loss = self.pm.has_last_stage and ctx.mesh["tp"].get_local_rank() == 0
-        # the components, each deciding when it acts
-        self.dp_sync = DataParallelSync(cfg, plan.batch.dp, self.pm.parts, ctx.dp_group)
-        self.mode_sync = ModeSync(cfg, plan, ctx, self.pm)  # param_server / diloco
+
+    def _build_components(self) -> None:
+        """The components, each deciding when it acts."""
+        cfg, plan, ctx, run_dir = self.cfg, self.plan, self.ctx, self.run_dir
+        self.sync = sync_runtime(cfg, plan, ctx, self.pm)  # the one sync seam
         self.checkpointer = Checkpointer(
-            cfg,
-            plan,
-            ctx,
-            run_dir,
-            self.pm,
-            self.optimizers,
-            self.precision,
-            layout,
-            self.dp_sync,
-            self.mode_sync,
+            cfg=cfg,
+            plan=plan,
+            ctx=ctx,
+            run_dir=run_dir,
+            pm=self.pm,
+            optimizers=self.optimizers,
+            precision=self.precision,
+            layout=self.layout,
+            sync=self.sync,
         )
-        self.validator = Validator(cfg, plan, ctx, self.pm, self.step_fn, val_batches, reports_loss)
+        self.validator = Validator(
+            cfg, plan, ctx, self.pm, self.step_fn, self.val_batches, self.reports_loss
+        )
         self.replicas = ReplicaChecker(cfg, plan, ctx, self.pm)
-        self.numerics = NumericsPolicy(cfg.train, ctx, self.pm, plan.batch.dp, reports_loss)
+        self.numerics = NumericsPolicy(cfg.train, ctx, self.pm, plan.batch.dp, self.reports_loss)
         self.watchdog = Watchdog(
             run_dir, ctx.rank, ctx.world_size, cfg.debug.collective_timeout_s, backend=plan.backend
         )
         self.profiler = Profiler(cfg.debug.profile_steps, run_dir, ctx.rank, ctx.device)
-        self.step = self.checkpointer.resume()
-        self.membership = Membership(run_dir, plan, ctx.rank, self.step)
-        self.mode_sync.start(self.step)  # param_server: seed the servers, pull
-        self.mode_extra: dict[str, Any] = {}
+
+    def _build_metrics(self, console: Console | None) -> None:
+        cfg = self.cfg
         self.sink = None
-        if ctx.is_logging_rank and console is not None:
+        if self.ctx.is_logging_rank and console is not None:
             self.sink = MetricsSink(
-                run_dir,
-                plan.steps,
+                self.run_dir,
+                self.plan.steps,
                 self.step,
                 cfg.logging.progress,
                 cfg.logging.tensorboard,
                 console,
             )
         self.metrics = TrainMetrics(
-            plan,
-            ctx,
-            cfg.logging.every,
-            self.step,
-            reports_loss,
-            self.sink,
-            self.dp_sync,
-            self.train_batches,
-            cfg.debug.straggler_factor,
-            cfg.debug.rank_times,
+            plan=self.plan,
+            ctx=self.ctx,
+            every=cfg.logging.every,
+            start_step=self.step,
+            reports_loss=self.reports_loss,
+            sink=self.sink,
+            step_times=lambda: self.pm.data_parallel.step_times(self.pm.parts),
+            batches=self.train_batches,
+            straggler_factor=cfg.debug.straggler_factor,
+            rank_times=cfg.debug.rank_times,
         )
 
     # -- the loop -----------------------------------------------------------------------------
@@ -160,10 +176,10 @@ class Trainer:
                 self.membership.step_done(self.step)
                 faults.maybe_fail("kill", step=self.step, rank=self.ctx.rank)
                 votes = self.log_step(norm) if log_now else None
-                if log_now and (record := self.mode_sync.log_window()) is not None:
+                if log_now and (record := self.sync.log_window()) is not None:
                     self.metrics.log(self.step, record, "staleness")
                 if self.validator.should_validate(self.step):
-                    self.mode_sync.before_validate(self.step)
+                    self.sync.before_validate(self.step)
                     self.metrics.log(self.step, {"val_loss": self.validator.validate()}, "val")
                     self.metrics.restart_clock()  # keep validation out of tokens/s
                 asked = votes is not None and (votes.save or votes.stop)  # a logging-step vote
@@ -185,8 +201,8 @@ class Trainer:
         guard = None
         if self.numerics.per_step:
             guard = lambda norm: self.numerics.allow(step, loss, norm)  # noqa: E731
-        if self.mode_sync.replaces_optimizer_step:  # param_server: the step is on the servers
-            norm = self.mode_sync.optimizer_step(self.step)
+        if self.sync.replaces_optimizer_step:  # param_server: the step is on the servers
+            norm = self.sync.optimizer_step(self.step)
         else:
             norm = self.precision.step(
                 self.optimizers,
@@ -203,11 +219,8 @@ class Trainer:
             if self.numerics.rollback_due:
                 self.numerics.rolled_back(step, self.checkpointer.rollback(step))
             return None, norm
-        drift = self.dp_sync.after_optimizer_step()  # before zero_grad
-        if drift is not None:
-            self.metrics.log(step, drift, "sync")
-        if (outer := self.mode_sync.after_optimizer_step()) is not None:  # diloco
-            self.metrics.log(step, outer, "sync")
+        if (record := self.sync.after_optimizer_step()) is not None:  # before zero_grad
+            self.metrics.log(step, record, "sync")  # local SGD's drift, DiLoCo's outer step
         faults.after_update(self.pm.parameters, step, rank)
         self.replicas.maybe_check(step)
         self.optimizers.zero_grad()
@@ -232,7 +245,7 @@ class Trainer:
     def preempted(self) -> dict[str, Any]:
         self.checkpointer.close()
         self.train_batches.close()
-        self.mode_sync.finish(self.step, self.run_dir)  # param_server: the servers stop
+        self.sync.finish(self.step, self.run_dir)  # param_server: the servers stop
         info = preemption.preempted(self.run_dir, self.step, self.ctx.rank)
         dist.barrier()  # no rank exits before the marker is on disk: SLURM's side reads it
         return info
@@ -241,8 +254,7 @@ class Trainer:
         self.profiler.close()
         self.checkpointer.close()
         self.train_batches.close()
-        self.dp_sync.average_now()
-        self.mode_extra = self.mode_sync.finish(self.step, self.run_dir)
+        self.mode_extra = self.sync.finish(self.step, self.run_dir)  # one model everywhere
         wall = time.perf_counter() - self.metrics.train_start
         return self._summary(wall)
 

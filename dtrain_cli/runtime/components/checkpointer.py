@@ -26,12 +26,12 @@ from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.runtime.components.sinks import truncate_metrics
 from dtrain_cli.runtime.data.stream import BatchLayout
-from dtrain_cli.runtime.parallel.data_parallel import DataParallelSync
 from dtrain_cli.runtime.parallel.mesh import DistContext
 from dtrain_cli.runtime.parallel.parallelize import ParallelModel
 from dtrain_cli.runtime.state.dcp import CheckpointManager
 from dtrain_cli.runtime.state.optim import Optimizers
 from dtrain_cli.runtime.state.precision import Precision
+from dtrain_cli.runtime.sync.base import SyncRuntime
 
 log = logging.getLogger("dtrain")
 
@@ -39,6 +39,7 @@ log = logging.getLogger("dtrain")
 class Checkpointer:
     def __init__(
         self,
+        *,
         cfg: DtrainConfig,
         plan: Plan,
         ctx: DistContext,
@@ -47,14 +48,14 @@ class Checkpointer:
         optimizers: Optimizers,
         precision: Precision,
         layout: BatchLayout,
-        dp_sync: DataParallelSync,
-        mode_sync: Any = None,
+        sync: SyncRuntime,
     ) -> None:
         self.plan, self.ctx, self.run_dir = plan, ctx, run_dir
         self.pm, self.optimizers, self.precision = pm, optimizers, precision
-        self.layout, self.dp_sync = layout, dp_sync
-        self.mode_sync = mode_sync  # param_server / diloco state (runtime/sync_modes.py)
+        self.layout = layout
+        self.sync = sync  # the sync mode's state goes into checkpoints under "sync"
         self.loaded_sync: dict[str, Any] = {}
+        self.loaded_rank_state: dict[str, torch.Tensor] = {}
         self.manager = CheckpointManager(
             run_dir, ctx.rank, cfg.checkpoint.keep_last, cfg.checkpoint.async_save
         )
@@ -87,7 +88,7 @@ class Checkpointer:
         }
         if self.precision.scaler is not None:
             state["scaler"] = self.precision.scaler.state_dict()
-        if self.mode_sync is not None and (sync_state := self.mode_sync.state()):
+        if sync_state := self.sync.state():
             state["sync"] = sync_state
         return state
 
@@ -95,7 +96,7 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         state = self.state(step)
-        self.manager.load(path, state)
+        self.loaded_rank_state = self.manager.load(path, state)
         for part in self.pm.parts:
             set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
         self.optimizers.load_state_dict(state["optim"])
@@ -116,9 +117,8 @@ class Checkpointer:
         train = self._restore(path, 0)
         step = int(train["step"])
         self.layout.base_step, self.layout.base_samples = step, int(train["samples_seen"])
-        self.dp_sync.on_resume(step)
-        if self.mode_sync is not None:
-            self.mode_sync.after_load(self.loaded_sync, step)
+        self.pm.data_parallel.load_rank_state(self.pm.parts, self.loaded_rank_state, step)
+        self.sync.on_resume(self.loaded_sync, step)
         self.resumed_from = path.name
         if self.ctx.is_logging_rank:
             truncate_metrics(RunDir(self.run_dir).metrics, step)
@@ -153,9 +153,7 @@ class Checkpointer:
         return True
 
     def save(self, step: int, meta: dict[str, Any]) -> None:
-        self.dp_sync.average_now()
-        if self.mode_sync is not None:  # param_server: the latest parameters, servers' state
-            self.mode_sync.before_save(step)
+        self.sync.before_save(step)  # one model (local SGD); the servers' state (param_server)
         samples = self.layout.step_start(step)
         info = {
             "step": step,
@@ -168,7 +166,8 @@ class Checkpointer:
         }
         run = RunDir(self.run_dir)  # the checkpoint keeps both under the run dir's names
         files = {path.name: path.read_text() for path in (run.config, run.plan)}
-        self.manager.save(step, self.state(step), info, files)
+        rank_state = self.pm.data_parallel.rank_state(self.pm.parts)  # PowerSGD's, per rank
+        self.manager.save(step, self.state(step), info, files, rank_state)
 
     def close(self) -> None:
         self.manager.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,6 @@ import torch.distributed as dist
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime.components.sinks import MetricsSink
 from dtrain_cli.runtime.diagnostics.watchdog import COLLECTIVES
-from dtrain_cli.runtime.parallel.data_parallel import DataParallelSync
 from dtrain_cli.runtime.parallel.mesh import DistContext
 
 log = logging.getLogger("dtrain")
@@ -63,19 +63,20 @@ class Reduced:
 class TrainMetrics:
     def __init__(
         self,
+        *,
         plan: Plan,
         ctx: DistContext,
         every: int,
         start_step: int,
         reports_loss: bool,
         sink: MetricsSink | None,
-        dp_sync: DataParallelSync,
+        step_times: Callable[[], dict[str, float]],
         batches: Any,
         straggler_factor: float,
         rank_times: bool = True,
     ) -> None:
         self.plan, self.ctx, self.every, self.sink = plan, ctx, every, sink
-        self.reports_loss, self.dp_sync = reports_loss, dp_sync
+        self.reports_loss, self.step_times = reports_loss, step_times
         self.batches, self.straggler_factor = batches, straggler_factor
         self.rank_times = rank_times
         self._wait0 = 0.0
@@ -134,7 +135,7 @@ class TrainMetrics:
         ``extra`` slots other components fill (each rank its own slots, zeros elsewhere)."""
         extra = extra or []
         world, k = self.ctx.world_size, len(RANK_SLOTS)
-        comm = self.dp_sync.step_times()
+        comm = self.step_times()  # the strategy's own timings (DDP's), if any
         slots = [0.0] * (k * world if self.rank_times else 0)
         if self.rank_times:
             r = self.ctx.rank

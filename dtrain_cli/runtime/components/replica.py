@@ -28,6 +28,8 @@ from dtrain_cli.runtime.diagnostics.watchdog import COLLECTIVES
 from dtrain_cli.runtime.parallel.dtensors import full_tensor, local_tensor
 from dtrain_cli.runtime.parallel.mesh import DistContext
 from dtrain_cli.runtime.parallel.parallelize import ParallelModel
+from dtrain_cli.strategies import strategy_for
+from dtrain_cli.sync_modes import mode_for
 
 log = logging.getLogger("dtrain")
 
@@ -60,10 +62,8 @@ class ReplicaChecker:
             dbg.replica_check_at_end,
         )
         self.checks = 0
-        replicated = plan.strategy != "fsdp" and not (
-            cfg.sync.mode in ("local_sgd", "diloco")
-            or (cfg.sync.mode == "param_server" and cfg.sync.max_staleness > 0)
-        )
+        self.holds_replicas = strategy_for(plan.strategy).holds_replicas
+        replicated = self.holds_replicas and mode_for(cfg.sync.mode).replicas_identical(cfg)
         if self.every and plan.batch.dp > 1 and not replicated:
             log.warning(
                 "debug.replica_check_every: not checked (strategy=%s, sync.mode=%s: dp ranks "
@@ -105,8 +105,11 @@ class ReplicaChecker:
 
     def not_applicable(self) -> str | None:
         """Why the end-of-run replica check does not apply to this layout (None: it does)."""
-        if self.plan.strategy == "fsdp" and self.plan.batch.dp > 1:
-            return "not applicable: fsdp shards the parameters over dp (no replicas to compare)"
+        if not self.holds_replicas and self.plan.dims.dp_enabled:
+            return (
+                f"not applicable: {self.plan.strategy} shards the parameters over dp (no "
+                "replicas to compare)"
+            )
         return None
 
     def digests(self) -> list[str]:

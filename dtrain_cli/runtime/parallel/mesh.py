@@ -16,11 +16,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from dtrain_cli.mesh.dims import MESH_DIM_NAMES, ParallelDims
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import env
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DistContext:
     rank: int
     world_size: int
@@ -28,6 +29,7 @@ class DistContext:
     restart_count: int
     device: torch.device
     mesh: DeviceMesh
+    dims: ParallelDims
     role: str = "worker"
     """worker | server (sync.mode=param_server: ranks after the mesh, no mesh of their own)."""
     ps: Any = None
@@ -40,6 +42,13 @@ class DistContext:
     @property
     def dp_group(self) -> dist.ProcessGroup:
         return self.mesh["dp"].get_group()
+
+    def shard_mesh(self) -> DeviceMesh:
+        """The mesh a sharding strategy shards over: dp, or (dp_replicate, dp_shard) when
+        dp is split into replicated shard groups (hsdp)."""
+        if self.dims.dp_replicate_enabled:
+            return self.mesh["dp_replicate", "dp_shard"]
+        return self.mesh["dp"]
 
     @property
     def is_logging_rank(self) -> bool:
@@ -70,10 +79,34 @@ def init_distributed(plan: Plan, timeout_s: float = 300.0) -> DistContext:
         )
     else:
         dist.init_process_group(plan.backend, rank=rank, world_size=world_size, timeout=timeout)
-    mesh = init_device_mesh(
-        device.type, tuple(plan.mesh.shape), mesh_dim_names=tuple(plan.mesh.dim_names)
+    mesh = build_mesh(plan, device)
+    return DistContext(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        restart_count=restart,
+        device=device,
+        mesh=mesh,
+        dims=plan.dims,
     )
-    return DistContext(rank, world_size, local_rank, restart, device, mesh)
+
+
+def build_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
+    """``init_device_mesh`` over (pp, dp, tp); with dp split (hsdp) over (pp, dp_replicate,
+    dp_shard, tp), its two dp axes flattened into ``dp`` as well, so every other part of
+    the runtime reads the same ``mesh["dp"]``."""
+    dims = plan.dims
+    if not dims.dp_replicate_enabled:
+        return init_device_mesh(
+            device.type, tuple(plan.mesh.shape), mesh_dim_names=tuple(plan.mesh.dim_names)
+        )
+    mesh = init_device_mesh(
+        device.type,
+        (dims.pp, dims.dp_replicate, dims.dp_shard, dims.tp),
+        mesh_dim_names=("pp", "dp_replicate", "dp_shard", "tp"),
+    )
+    mesh["dp_replicate", "dp_shard"]._flatten("dp")  # private in torch 2.x: no public flatten
+    return mesh
 
 
 def _agent_store(timeout: timedelta) -> dist.Store:
@@ -111,19 +144,25 @@ def _init_param_server(
         timeout=timeout,
     )
     ps = dist.ProcessGroupGloo(dist.PrefixStore("ps", base), rank, dp + servers, timeout)
-    mesh = None
-    if role == "worker":
-        mesh = init_device_mesh(
-            device.type, tuple(plan.mesh.shape), mesh_dim_names=tuple(plan.mesh.dim_names)
-        )
-    return DistContext(rank, size, local_rank, restart, device, mesh, role, ps)  # type: ignore[arg-type]
+    mesh = build_mesh(plan, device) if role == "worker" else None
+    return DistContext(
+        rank=rank,
+        world_size=size,
+        local_rank=local_rank,
+        restart_count=restart,
+        device=device,
+        mesh=mesh,  # type: ignore[arg-type]
+        dims=plan.dims,
+        role=role,
+        ps=ps,
+    )
 
 
 def mesh_coordinates(ctx: DistContext) -> dict[str, int]:
     """This rank's coordinate on each named mesh axis (compared with the plan in tests)."""
     if ctx.mesh is None:  # a parameter server
         return {}
-    return {name: ctx.mesh[name].get_local_rank() for name in ctx.mesh.mesh_dim_names or ()}
+    return {name: ctx.mesh[name].get_local_rank() for name in MESH_DIM_NAMES}
 
 
 def shutdown_distributed() -> None:

@@ -2,36 +2,35 @@
 
 Fixed order (as in torchtitan): pipeline split -> tensor parallel -> activation
 checkpointing (:mod:`.activation_checkpoint`) -> synchronized BatchNorm -> compile -> data
-parallel last (:mod:`.data_parallel`). Each technique takes
-its sub-mesh by name (``ctx.mesh["tp"]``).
+parallel last, by the strategy's runtime half (:mod:`.data_parallel`). Each technique
+takes its sub-mesh by name (``ctx.mesh["tp"]``).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.models import ModelSpec, model_spec
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.runtime.parallel.data_parallel import apply_data_parallel
+from dtrain_cli.runtime.parallel.data_parallel import DataParallelRuntime, data_parallel_runtime
 from dtrain_cli.runtime.parallel.mesh import DistContext
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ParallelModel:
-    """What this rank runs: its model part(s) and, with pp > 1, the pipeline schedule."""
+    """What this rank runs: its model part(s), the strategy's runtime half that wrapped
+    them and, with pp > 1, the pipeline schedule."""
 
     parts: list[nn.Module]
     stage_ids: list[int]
     num_stages: int
     spec: ModelSpec
+    data_parallel: DataParallelRuntime = field(default_factory=DataParallelRuntime)
     schedule: Any | None = None
 
     @property
@@ -72,24 +71,6 @@ def apply_compile(model: nn.Module, spec: ModelSpec, cfg: DtrainConfig) -> nn.Mo
     return model
 
 
-@contextlib.contextmanager
-def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
-    """Skip the gradient all-reduce on non-final micro-steps of an accumulation."""
-    if enabled:
-        yield
-    elif isinstance(model, DDP):
-        with model.no_sync():
-            yield
-    elif hasattr(model, "set_requires_gradient_sync"):
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-    else:
-        yield
-
-
 def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -> ParallelModel:
     """Build the model through its spec (:mod:`dtrain_cli.models`) and apply the layout."""
     spec = model_spec(cfg)
@@ -121,10 +102,15 @@ def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -
 
         parts = [apply_sync_batchnorm(p, ctx.dp_group, ctx.device) for p in parts]
     schedule = pipe.schedule if pipe is not None else None
-    parts = [
-        apply_data_parallel(apply_compile(p, spec, cfg), spec, cfg, ctx, schedule) for p in parts
-    ]
-    pm = ParallelModel(parts, stage_ids, pipe.num_stages if pipe else 1, spec)
+    dp = data_parallel_runtime(cfg, ctx)
+    parts = [dp.apply(apply_compile(p, spec, cfg), spec, cfg, ctx, schedule) for p in parts]
+    pm = ParallelModel(
+        parts=parts,
+        stage_ids=stage_ids,
+        num_stages=pipe.num_stages if pipe else 1,
+        spec=spec,
+        data_parallel=dp,
+    )
     if pipe is not None:
         pm.schedule = build_schedule(
             parts, stage_ids, pipe, ctx.device, ctx.mesh["pp"].get_group(), loss_fn

@@ -20,7 +20,7 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import get_schedule_class
 
-from dtrain_cli.plan.layout import SCHEDULES, SINGLE_STAGE
+from dtrain_cli.mesh.schedules import SCHEDULES, SINGLE_STAGE
 from dtrain_cli.plan.plan import PipelinePlan
 
 

@@ -35,6 +35,11 @@ from dtrain_cli.runtime.diagnostics import faults
 log = logging.getLogger("dtrain")
 
 
+RANK_STATE = "rank_state."
+"""Prefix of a rank's own tensors in its ``rng_rank_<k>.safetensors`` (PowerSGD's error
+feedback...): per rank, so not in the DCP state dict, which dedups equal keys."""
+
+
 def dcp_errors() -> tuple[type[BaseException], ...]:
     """What a DCP call can raise: any Exception, and DCP's own ``CheckpointException``,
     which is a BaseException. ``torch.distributed.checkpoint`` is imported at the first save
@@ -119,9 +124,15 @@ class CheckpointManager:
 
     # -- saving ----------------------------------------------------------------------------
     def save(
-        self, step: int, state: dict[str, Any], meta: dict[str, Any], files: dict[str, str]
+        self,
+        step: int,
+        state: dict[str, Any],
+        meta: dict[str, Any],
+        files: dict[str, str],
+        rank_state: dict[str, torch.Tensor] | None = None,
     ) -> None:
-        """Write checkpoint ``step``. ``files``: small text files rank 0 puts beside it."""
+        """Write checkpoint ``step``. ``files``: small text files rank 0 puts beside it;
+        ``rank_state``: tensors of this rank alone (beside its RNG state)."""
         started = time.perf_counter()
         self.wait()  # at most one save in flight
         final = self.root / catalog.step_dir_name(step)
@@ -131,7 +142,8 @@ class CheckpointManager:
 
         try:
             tmp.mkdir(parents=True, exist_ok=True)
-            save_file(rng_state(), str(tmp / f"rng_rank_{self.rank}.safetensors"))
+            own = {f"{RANK_STATE}{k}": v.contiguous() for k, v in (rank_state or {}).items()}
+            save_file({**rng_state(), **own}, str(tmp / f"rng_rank_{self.rank}.safetensors"))
             faults.maybe_fail("kill_in_save", step=step, rank=self.rank)
             if self.async_save:
                 # the save plan is reused across saves (the layout does not change), so the
@@ -192,8 +204,9 @@ class CheckpointManager:
         )
 
     # -- loading -----------------------------------------------------------------------------
-    def load(self, path: Path, state: dict[str, Any]) -> None:
-        """Load into ``state`` in place (DCP reshards to this layout)."""
+    def load(self, path: Path, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """Load into ``state`` in place (DCP reshards to this layout); returns this rank's
+        own tensors (``rank_state`` of the save; empty when the world size changed)."""
         import torch.distributed.checkpoint as dcp
 
         from dtrain_cli.checkpoint.safe_load import SafeLoadPlanner
@@ -208,14 +221,16 @@ class CheckpointManager:
                 f"({str(exc).splitlines()[0][:300]})"
             ) from exc
         rng_file = path / f"rng_rank_{self.rank}.safetensors"
-        if rng_file.is_file():
-            set_rng_state(load_file(str(rng_file)))
-        else:
+        if not rng_file.is_file():
             log.info(
                 "no RNG state for rank %d in %s (world size changed): seeded anew",
                 self.rank,
                 path.name,
             )
+            return {}
+        saved = load_file(str(rng_file))
+        set_rng_state(saved)
+        return {k[len(RANK_STATE) :]: v for k, v in saved.items() if k.startswith(RANK_STATE)}
 
     def close(self) -> None:
         self.wait()

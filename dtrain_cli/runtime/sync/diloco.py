@@ -16,11 +16,14 @@ them (``diloco.anchor.*``, ``diloco.momentum.*``) and each replica's own inner p
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from dtrain_cli.runtime.sync.base import SyncRuntime
 
 
 class DiLoCo:
@@ -110,3 +113,37 @@ class DiLoCo:
             "diloco_outer_steps": self.outer_steps,
             "diloco_bytes_per_step_measured": self.bytes_sent // max(1, steps),
         }
+
+
+class DiLoCoSync(SyncRuntime):
+    """DiLoCo as the loop's sync seam: the outer step after the inner one, its state in
+    checkpoints (under ``sync``), its summary at the end."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        s = self.cfg.sync
+        self.diloco = DiLoCo(
+            self.trainable(), s.every, s.outer_lr, s.outer_momentum, self.ctx.dp_group,
+            self.ctx.dp_rank,
+        )  # fmt: skip
+        self.finished = False
+
+    def state(self) -> dict[str, Any]:
+        return self.diloco.state()
+
+    def on_resume(self, state: dict[str, Any], step: int) -> None:
+        self.diloco.load_state(state)
+        self.diloco.set_step(step)
+
+    def after_optimizer_step(self) -> dict[str, float] | None:
+        return self.diloco.after_step()
+
+    def finish(self, step: int, run_dir: Path) -> dict[str, Any]:
+        if self.finished:
+            return {}
+        self.finished = True
+        self.diloco.finish()
+        out = self.diloco.summary(step)
+        if self.plan.sync is not None:
+            out["bytes_per_step_per_role_estimate"] = self.plan.sync.bytes_per_step
+        return out

@@ -39,8 +39,8 @@ from torch import nn
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.plan.sync import HEADER_WORDS
 from dtrain_cli.runtime.state.optim import build_optimizer
+from dtrain_cli.sync_modes.param_server import HEADER_WORDS
 
 log = logging.getLogger("dtrain")
 

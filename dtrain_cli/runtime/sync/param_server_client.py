@@ -22,7 +22,7 @@ from torch import nn
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.plan.sync import HEADER_WORDS
+from dtrain_cli.runtime.sync.base import SyncRuntime
 from dtrain_cli.runtime.sync.param_server import (
     DONE,
     HELLO,
@@ -36,6 +36,7 @@ from dtrain_cli.runtime.sync.param_server import (
     assign_shards,
     optim_slots,
 )
+from dtrain_cli.sync_modes.param_server import HEADER_WORDS
 
 
 class ParamServerClient:
@@ -216,4 +217,51 @@ class ParamServerClient:
         out["servers"] = servers
         out["staleness_hist_applied"] = servers[0]["staleness"]  # every push reaches each
         out["server_apply_rate_per_s"] = [round(s["apply_rate_per_s"], 2) for s in servers]
+        return out
+
+
+class ParamServerSync(SyncRuntime):
+    """The parameter server as the loop's sync seam (workers): the optimizer step is push
+    the gradient / pull the parameters; the servers' optimizer state in checkpoints."""
+
+    replaces_optimizer_step = True
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        params = [p for _, p in self.trainable()]
+        self.client = ParamServerClient(self.cfg, self.plan, self.ctx.ps, self.ctx.rank, params)
+        self.snapshot: dict[str, Any] = {}
+        self.started = self.finished = False
+
+    def start(self, step: int, server_state: dict[str, Any] | None = None) -> None:
+        """Seed the servers and pull (once; after a resume, from the checkpoint)."""
+        if not self.started:
+            self.client.start(step, server_state)
+            self.started = True
+
+    def state(self) -> dict[str, Any]:
+        return self.snapshot or self.client.state()
+
+    def on_resume(self, state: dict[str, Any], step: int) -> None:
+        self.start(step, state if self.ctx.rank == 0 else None)
+
+    def before_save(self, step: int) -> None:
+        self.snapshot = self.client.before_save(step)
+
+    def before_validate(self, step: int) -> None:
+        self.client.pull_latest(step)  # every worker validates the same, latest parameters
+
+    def optimizer_step(self, step: int) -> torch.Tensor:
+        return self.client.step(step, self.cfg.optim.grad_clip)
+
+    def log_window(self) -> dict[str, Any] | None:
+        return self.client.log_window()
+
+    def finish(self, step: int, run_dir: Path) -> dict[str, Any]:
+        if self.finished:
+            return {}
+        self.finished = True
+        out: dict[str, Any] = {"param_server": self.client.close(step, run_dir)}
+        if self.plan.sync is not None:
+            out["bytes_per_step_per_role_estimate"] = self.plan.sync.bytes_per_step
         return out

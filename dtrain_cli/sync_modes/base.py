@@ -1,0 +1,155 @@
+"""The sync-mode seam: what the plan and the runtime ask of a way to synchronize replicas.
+
+    dtrain plan recipe=gpt_small dp=4 sync.mode=diloco sync.every=16
+
+``sync`` all-reduces gradients every step (the strategy's own communication); the others
+let replicas step alone and meet less often (local SGD, DiLoCo) or move the model to
+server processes (parameter server). Facts are arithmetic on the config (no torch); the
+runtime half is named by ``runtime`` and imported by the worker. Adding a mode is one new
+file in this package (found by :func:`discover`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.models.spec import ModelFacts
+
+_REGISTRY: dict[str, type[SyncMode]] = {}
+
+
+class UnknownSyncMode(ValueError):
+    pass
+
+
+def register(cls: type[SyncMode]) -> type[SyncMode]:
+    """Class decorator: the mode becomes ``sync.mode=<cls.name>``."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def discover() -> dict[str, type[SyncMode]]:
+    if not _REGISTRY:
+        import dtrain_cli.sync_modes as package
+
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.name != "base":
+                importlib.import_module(f"{package.__name__}.{info.name}")
+    return _REGISTRY
+
+
+def names() -> tuple[str, ...]:
+    """The registered modes, the default (synchronous) first."""
+    return tuple(sorted(discover(), key=lambda n: (discover()[n].order, n)))
+
+
+def mode_for(name: str) -> SyncMode:
+    registry = discover()
+    if name not in registry:
+        choices = ", ".join(names())
+        raise UnknownSyncMode(f"sync.mode={name}: not a sync mode; choose one of {choices}")
+    return registry[name]()
+
+
+@dataclass(kw_only=True)
+class ServerPlan:
+    rank: int
+    shard: int
+    params: int
+    """Parameters of this server's shard (whole tensors, balanced greedily by size)."""
+
+
+@dataclass(kw_only=True)
+class SyncPlan:
+    """How replicas synchronize when it is not one all-reduce per step (the plan's part)."""
+
+    mode: str
+    workers: list[int]
+    servers: list[ServerPlan] = field(default_factory=list)
+    max_staleness: int = 0
+    every: int = 1
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    bytes_per_step: dict[str, dict[str, int]] = field(default_factory=dict)
+    """role -> {"sent": B, "received": B} per rank per optimizer step (amortized)."""
+    ddp_bytes_per_step: int = 0
+    """What synchronous DDP sends per rank per step on the same model, for comparison."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SyncPlan:
+        d = dict(d)
+        d["servers"] = [ServerPlan(**s) for s in d.get("servers", [])]
+        return cls(**d)
+
+
+class SyncMode:
+    """One mode. Subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    runtime: ClassVar[str]
+    """``module:Class`` of the runtime half (a ``SyncRuntime``), imported on a worker."""
+    order: ClassVar[int] = 1
+    wraps_data_parallel: ClassVar[bool] = True
+    """The strategy's data-parallel wrapper runs (False: the mode moves gradients or
+    parameters itself)."""
+    ddp_comm_hook: ClassVar[str | None] = None
+    """``module:function`` ``(cfg, group) -> (hook, state)`` for DDP, or None."""
+
+    def replicas_identical(self, cfg: DtrainConfig) -> bool:
+        """dp replicas hold the same parameters after every step (replica checks apply)."""
+        return True
+
+    def extra_processes(self, cfg: DtrainConfig) -> int:
+        """Processes the launcher starts in addition to dp*tp*pp (parameter servers)."""
+        return 0
+
+    def problems(self, cfg: DtrainConfig, device: str) -> list[str]:
+        return []
+
+    def warnings(self, cfg: DtrainConfig) -> list[str]:
+        return []
+
+    def model_problems(self, cfg: DtrainConfig, facts: ModelFacts) -> list[str]:
+        """What the model's shape rules out (whole tensors per server...)."""
+        return []
+
+    def comm_bytes_per_step(self, cfg: DtrainConfig, facts: ModelFacts, strategy_bytes: int) -> int:
+        """Bytes a worker sends per step over dp; ``strategy_bytes``: the strategy's
+        every-step synchronization."""
+        return strategy_bytes
+
+    def sync_plan(self, cfg: DtrainConfig, facts: ModelFacts, ddp_bytes: int) -> SyncPlan | None:
+        """The plan's part for a mode that is not one all-reduce per step."""
+        return None
+
+    def plan_rows(self, s: SyncPlan) -> list[tuple[str, object]]:
+        """``dtrain plan`` rows of the mode's own settings (roles, cadence)."""
+        return []
+
+
+def amortized_allreduce(cfg: DtrainConfig, facts: ModelFacts) -> int:
+    """One ring all-reduce of the fp32 parameters every ``sync.every`` steps, per step."""
+    dp = cfg.parallel.dp
+    if dp <= 1:
+        return 0
+    return int(2 * (dp - 1) / dp * 4 * facts.num_params / cfg.sync.every)
+
+
+def needs_plain_replicas(cfg: DtrainConfig) -> bool:
+    """The strategy replicates everything (nothing sharded) and the layout is one rank
+    per replica (no tp, no pp): what the modes that step replicas alone need."""
+    from dtrain_cli.strategies import strategy_for
+
+    par = cfg.parallel
+    return strategy_for(par.strategy).plain_replicas and par.tp == 1 and par.pp == 1
+
+
+def runtime_part(mode: SyncMode) -> Any:
+    module, _, attr = mode.runtime.partition(":")
+    return getattr(importlib.import_module(module), attr)

@@ -1,0 +1,59 @@
+"""``sync.mode=local_sgd``: replicas step alone and average their parameters every
+``sync.every`` steps (after ``sync.warmup_steps`` synchronous ones).
+
+    dtrain launch recipe=gpt_small dp=4 sync.mode=local_sgd sync.every=8
+
+torch's post-local-SGD DDP hook (all-reduce during warm-up, nothing after) and
+``PeriodicModelAverager``. Runtime half: :class:`dtrain_cli.runtime.sync.local_sgd.LocalSGDSync`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from dtrain_cli.sync_modes.base import (
+    SyncMode,
+    amortized_allreduce,
+    needs_plain_replicas,
+    register,
+)
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.models.spec import ModelFacts
+
+
+@register
+class LocalSGD(SyncMode):
+    name: ClassVar[str] = "local_sgd"
+    summary: ClassVar[str] = "replicas step alone, parameters averaged every sync.every steps"
+    runtime: ClassVar[str] = "dtrain_cli.runtime.sync.local_sgd:LocalSGDSync"
+    ddp_comm_hook: ClassVar[str | None] = "dtrain_cli.runtime.sync.local_sgd:post_local_sgd_hook"
+
+    def replicas_identical(self, cfg: DtrainConfig) -> bool:
+        return False
+
+    def problems(self, cfg: DtrainConfig, device: str) -> list[str]:
+        par, comp, out = cfg.parallel, cfg.comm.compression, []
+        if not needs_plain_replicas(cfg):
+            out.append(
+                f"sync.mode=local_sgd: needs strategy=ddp with tp=1 and pp=1 "
+                f"(got strategy={par.strategy}, tp={par.tp}, pp={par.pp})"
+            )
+        if comp != "none":
+            out.append(
+                f"comm.compression={comp}: local SGD does not all-reduce "
+                f"gradients after warm-up; use comm.compression=none"
+            )
+        return out
+
+    def warnings(self, cfg: DtrainConfig) -> list[str]:
+        if cfg.sync.warmup_steps > cfg.train.steps:
+            return [
+                f"sync.warmup_steps={cfg.sync.warmup_steps} is longer than training "
+                f"(train.steps={cfg.train.steps}): every step is synchronous"
+            ]
+        return []
+
+    def comm_bytes_per_step(self, cfg: DtrainConfig, facts: ModelFacts, strategy_bytes: int) -> int:
+        return amortized_allreduce(cfg, facts)
