@@ -180,5 +180,7 @@ def test_all_errors_are_reported_together():
 
 
 def test_fp16_is_fine_where_cuda_is():
-    plan = build_plan(compose_config("gpt_tiny", ["precision=fp16"]), Resources(num_gpus=8, num_cpus=64))
+    plan = build_plan(
+        compose_config("gpt_tiny", ["precision=fp16"]), Resources(num_gpus=8, num_cpus=64)
+    )
     assert plan.device == "cuda" and plan.backend == "nccl" and plan.precision.loss_scaling
