@@ -89,6 +89,22 @@ def test_exact_continuation_is_bitwise(dp, straight, killed_dp2, tmp_path):
     assert done.summary()["resumed_from"] == "step_000010"
 
 
+def test_exact_continuation_with_powersgd_is_bitwise(tmp_path):
+    """PowerSGD's per-rank state (error feedback, warm-start P/Q, its RNG) is in the
+    checkpoint: killed after step 13, resumed from step 10, the run is the straight one."""
+    psgd = ["dp=2", "comm.compression=powersgd", "comm.powersgd_rank=2"]
+    psgd += ["comm.powersgd_start_iter=2"]  # compressing from step 3: state at step 10
+    (tmp_path / "a").mkdir()
+    ref = launch_ok(tmp_path / "a", *psgd)
+    run = run_dtrain(["launch", *CK, *psgd], tmp_path, env={"DTRAIN_FAULTS": "kill:step=13:rank=1"})
+    assert run.returncode != 0 and run.run_dir is not None
+    done = resume(run.run_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert train_steps(done) == list(range(1, 21))
+    assert [r["loss"] for r in done.metrics()] == [r["loss"] for r in ref.metrics()]
+    assert done.summary()["param_digest"] == ref.summary()["param_digest"]
+
+
 @pytest.mark.parametrize(("dp", "micro"), [(1, 4), (4, 2)])
 def test_resume_at_another_world_size_continues_the_curve(
     dp, micro, straight, killed_dp2, tmp_path

@@ -184,3 +184,17 @@ def test_fp16_is_fine_where_cuda_is():
         compose_config("gpt_tiny", ["precision=fp16"]), Resources(num_gpus=8, num_cpus=64)
     )
     assert plan.device == "cuda" and plan.backend == "nccl" and plan.precision.loss_scaling
+
+
+def test_powersgd_resume_at_another_dp_is_refused_with_the_way_out():
+    from dtrain_cli.config.resume_changes import unsafe_resume_changes
+
+    old = compose_config("gpt_tiny", ["dp=2", "comm.compression=powersgd"])
+    same = compose_config("gpt_tiny", ["dp=2", "comm.compression=powersgd", "train.steps=50"])
+    other = compose_config("gpt_tiny", ["dp=4", "comm.compression=powersgd"])
+    dropped = compose_config("gpt_tiny", ["dp=4"])
+    assert unsafe_resume_changes(old, same) == []
+    assert unsafe_resume_changes(old, dropped) == []
+    (line,) = unsafe_resume_changes(old, other)
+    assert line.startswith("parallel.dp=4: PowerSGD's error feedback is each rank's own")
+    assert "resume at dp=2, or drop it with comm.compression=none" in line

@@ -63,6 +63,7 @@ RUNS = {
     "fsdp4": ["dp=4", "parallel.strategy=fsdp"],
     "fsdp2-zero2": ["dp=2", "parallel.strategy=fsdp", "parallel.reshard_after_forward=false"],
     "fsdp2-tp2": ["dp=2", "tp=2", "parallel.strategy=fsdp"],
+    "hsdp2x2": ["dp=4", "parallel.strategy=hsdp", "parallel.dp_shard=2"],  # 2 groups of 2
     "localsgd1": ["dp=2", "sync.mode=local_sgd", "sync.every=1"],
 }
 
@@ -81,6 +82,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
         ("fsdp4", "single"),
         ("fsdp2-zero2", "ddp2"),
         ("fsdp2-tp2", "single"),
+        ("hsdp2x2", "single"),  # FSDP2 on the 2-D (replicate, shard) mesh
         ("ddp2", "single"),
         ("localsgd1", "ddp2"),
     ],
@@ -89,8 +91,9 @@ def test_strategy_trains_the_same_model(name, ref, runs):
     assert_same_training(runs[name], runs[ref])
 
 
-@pytest.mark.parametrize(("name", "dp"), [("fsdp2", 2), ("fsdp4", 4)])
+@pytest.mark.parametrize(("name", "dp"), [("fsdp2", 2), ("fsdp4", 4), ("hsdp2x2", 2)])
 def test_fsdp_parameters_are_a_dp_th_of_full(name, dp, runs):
+    """fsdp over dp ranks; hsdp over its shard group (dp_shard=2 of dp=4)."""
     full = runs["ddp2"].summary()["memory_params_bytes"]["measured"]  # the whole model
     assert runs[name].summary()["memory_params_bytes"]["measured"] <= 1.05 * full / dp
 

@@ -87,6 +87,13 @@ def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
                 f"{a[key]}); fixed on resume: "
                 f"{', '.join(k + '*' if k.endswith('.') else k for k in UNSAFE_ON_RESUME)}"
             )
+    psgd = "powersgd"
+    if old.comm.compression == new.comm.compression == psgd and old.parallel.dp != new.parallel.dp:
+        out.append(
+            f"parallel.dp={new.parallel.dp}: PowerSGD's error feedback is each rank's own "
+            f"(the checkpoint has dp={old.parallel.dp}); resume at dp={old.parallel.dp}, or "
+            "drop it with comm.compression=none"
+        )
     return out
 
 

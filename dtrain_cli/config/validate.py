@@ -107,6 +107,7 @@ POSITIVE: dict[str, tuple[float, bool]] = {
 # optional keys: unset (null) or at least 1
 OPTIONAL_POSITIVE = (
     "parallel.nproc_per_node",
+    "parallel.dp_shard",
     "train.global_batch_size",
     "train.grad_accum",
     "train.micro_batch_size",

@@ -11,7 +11,8 @@ parameters), or under a zero-bubble pipeline schedule (which computes weight gra
 outside DDP's hooks), torch's ``replicate`` on the dp sub-mesh. ``zero1`` shards the
 optimizer state with ``ZeroRedundancyOptimizer`` over the dp group.
 PowerSGD's error feedback and low-rank state belong to each rank: :meth:`rank_state`
-puts them into the checkpoint, so a resume continues bit for bit.
+puts them into the checkpoint per parameter (:mod:`.powersgd`), so a resume continues
+bit for bit.
 """
 
 # no `from __future__ import annotations`: DDP's register_comm_hook checks the hook's
@@ -20,7 +21,6 @@ import importlib
 import logging
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -32,6 +32,7 @@ from dtrain_cli.mesh.schedules import SPLIT_BACKWARD
 from dtrain_cli.models import ModelSpec
 from dtrain_cli.runtime.parallel.data_parallel import DataParallelRuntime
 from dtrain_cli.runtime.parallel.mesh import DistContext
+from dtrain_cli.runtime.parallel.powersgd import PowerSGDHook
 from dtrain_cli.sync_modes import mode_for
 
 log = logging.getLogger("dtrain")
@@ -52,7 +53,9 @@ def bf16_allreduce_hook(
     return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
 
 
-def comm_hook(cfg: DtrainConfig, group: dist.ProcessGroup) -> tuple[Any, Any] | None:
+def comm_hook(
+    cfg: DtrainConfig, group: dist.ProcessGroup, model: nn.Module
+) -> tuple[Any, Any] | None:
     """(hook, state) for DDP's ``register_comm_hook``: the sync mode's, or comm.compression's;
     None keeps DDP's built-in (C++) all-reduce."""
     if (factory := mode_for(cfg.sync.mode).ddp_comm_hook) is not None:
@@ -72,7 +75,8 @@ def comm_hook(cfg: DtrainConfig, group: dist.ProcessGroup) -> tuple[Any, Any] | 
             warm_start=True,
             random_seed=cfg.train.seed,
         )
-        return powerSGD_hook.powerSGD_hook, state
+        names = {id(p): name for name, p in model.named_parameters()}
+        return PowerSGDHook(state, names), state
     return None
 
 
@@ -88,10 +92,11 @@ def apply_ddp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Modul
         find_unused_parameters=cfg.parallel.find_unused_parameters,
         gradient_as_bucket_view=True,
     )
-    hook = comm_hook(cfg, group)
+    hook = comm_hook(cfg, group, model)
     if hook is not None:
         ddp.register_comm_hook(hook[1], hook[0])
         ddp.comm_state = hook[1]  # type: ignore[attr-defined]
+        ddp.comm_hook = hook[0]  # type: ignore[attr-defined]
     # DDP times forward, backward compute, backward communication and their overlap on
     # sampled iterations; sample the logging steps (read by step_times()).
     ddp._set_ddp_runtime_logging_sample_rate(max(1, cfg.logging.every))
@@ -159,24 +164,22 @@ class DDPRuntime(DataParallelRuntime):
     def rank_state(self, parts: list[nn.Module]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for i, part in enumerate(parts):
-            state = getattr(part, "comm_state", None)
-            if isinstance(state, powerSGD_hook.PowerSGDState):
-                out.update(powersgd_tensors(state, prefix=f"powersgd.{i}."))
+            if isinstance(hook := getattr(part, "comm_hook", None), PowerSGDHook):
+                out.update(hook.rank_state(prefix=f"powersgd.{i}."))
         return out
 
     def load_rank_state(
         self, parts: list[nn.Module], state: dict[str, torch.Tensor], step: int
     ) -> None:
         for i, part in enumerate(parts):
-            comm = getattr(part, "comm_state", None)
-            if not isinstance(comm, powerSGD_hook.PowerSGDState):
+            if not isinstance(hook := getattr(part, "comm_hook", None), PowerSGDHook):
                 continue
             prefix = f"powersgd.{i}."
             mine = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
             if mine:
-                restore_powersgd(comm, mine)
+                hook.load_rank_state(mine)
             else:
-                comm.iter = step  # the warm-up (start_powerSGD_iter) counts steps
+                hook.state.iter = step  # the warm-up (start_powerSGD_iter) counts steps
                 log.warning(
                     "comm.compression=powersgd: no error feedback for this rank in the "
                     "checkpoint (another dp, or saved before it was kept): starts afresh"
@@ -186,41 +189,3 @@ class DDPRuntime(DataParallelRuntime):
 class ZeRO1Runtime(DDPRuntime):
     def optimizer_group(self, ctx: DistContext) -> Any:
         return ctx.dp_group
-
-
-def powersgd_tensors(state: Any, prefix: str) -> dict[str, torch.Tensor]:
-    """PowerSGD's per-rank state as tensors: the iteration, the error feedback, the warm
-    start's P and Q per bucket, the random generator, the compression counters."""
-    out = {
-        f"{prefix}iter": torch.tensor([state.iter], dtype=torch.int64),
-        f"{prefix}numel": torch.tensor(
-            [state.total_numel_before_compression, state.total_numel_after_compression],
-            dtype=torch.int64,
-        ),
-    }
-    for name in ("error_dict", "p_memory_dict", "q_memory_dict"):
-        for index, tensor in getattr(state, name).items():
-            out[f"{prefix}{name}.{index}"] = tensor.detach().cpu().clone()
-    _, key, pos, has_gauss, gauss = state.rng.get_state()
-    out[f"{prefix}rng_key"] = torch.from_numpy(np.asarray(key, dtype=np.int64))
-    out[f"{prefix}rng_pos"] = torch.tensor([pos, has_gauss], dtype=torch.int64)
-    out[f"{prefix}rng_gauss"] = torch.tensor([gauss], dtype=torch.float64)
-    return out
-
-
-def restore_powersgd(state: Any, saved: dict[str, torch.Tensor]) -> None:
-    """The inverse of :func:`powersgd_tensors` (tensors moved to where the bucket lives on
-    first use: PowerSGD creates them on the bucket's device)."""
-    state.iter = int(saved["iter"][0])
-    before, after = (int(v) for v in saved["numel"])
-    state.total_numel_before_compression = before
-    state.total_numel_after_compression = after
-    for name in ("error_dict", "p_memory_dict", "q_memory_dict"):
-        table = getattr(state, name)
-        table.clear()
-        for key, tensor in saved.items():
-            if key.startswith(f"{name}."):
-                table[int(key.split(".")[-1])] = tensor.clone()
-    pos, has_gauss = (int(v) for v in saved["rng_pos"])
-    key = saved["rng_key"].numpy().astype(np.uint32)
-    state.rng.set_state(("MT19937", key, pos, has_gauss, float(saved["rng_gauss"][0])))
