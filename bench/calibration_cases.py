@@ -198,7 +198,16 @@ def published_layouts(case: Case, cfg: DtrainConfig) -> list[Layout]:
     if case.dp == 1:
         strategies = ["ddp"]
     return [
-        Layout(case.dp, case.tp, case.pp, s, m, a, sch, v)
+        Layout(
+            dp=case.dp,
+            tp=case.tp,
+            pp=case.pp,
+            strategy=s,
+            micro_batch_size=m,
+            activation_checkpointing=a,
+            schedule=sch,
+            virtual_stages=v,
+        )
         for s in strategies
         for m in micros
         for a in acs

@@ -41,7 +41,7 @@ def _worker(rank: int, port: int, shape: dict, rounds: int, out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from dtrain_cli.models.gpt import GPTConfig as ModelConfig
-    from dtrain_cli.models.gpt_net import GPT
+    from dtrain_cli.models.gpt.net import GPT
     from dtrain_cli.models.losses import cross_entropy as lm_loss
     from dtrain_cli.runtime.state.dcp import CheckpointManager
 

@@ -2,7 +2,7 @@
 torchrun loop and the peers (Lightning Fabric, the Lightning Trainer, accelerate) run the
 SAME model class, data, optimizer and schedule as ``dtrain launch``.
 
-The model is ``dtrain_cli.models.gpt_net.GPT`` seeded like dtrain seeds it; the data is the
+The model is ``dtrain_cli.models.gpt.net.GPT`` seeded like dtrain seeds it; the data is the
 global sample stream of ``dtrain_cli.runtime.data.stream`` cut into per-rank micro-batches by
 ``BatchLayout`` (what dtrain's data-parallel ranks read); AdamW with decay only on
 matrices, linear warmup then cosine, global-norm clipping. Each program prints one JSON
@@ -108,7 +108,7 @@ class Workload:
 
         from dtrain_cli.config.schema import DataConfig
         from dtrain_cli.models.gpt import GPTConfig as ModelConfig
-        from dtrain_cli.models.gpt_net import GPT
+        from dtrain_cli.models.gpt.net import GPT
         from dtrain_cli.models.losses import cross_entropy as lm_loss
         from dtrain_cli.runtime.data.stream import BatchLayout, SampleStream, open_splits
 

@@ -3,7 +3,7 @@
 The programs: ``dtrain launch``; ``torchrun`` + :mod:`plain_ddp` (the plain loop);
 Lightning Fabric (:mod:`peer_fabric`, its own launcher); the Lightning Trainer
 (:mod:`peer_trainer`, its own launcher); accelerate (:mod:`peer_accelerate`,
-``accelerate launch``). All train ``dtrain_cli.models.gpt_net.GPT`` on dtrain's sample
+``accelerate launch``). All train ``dtrain_cli.models.gpt.net.GPT`` on dtrain's sample
 stream with the same optimizer, schedule, clipping and DDP options (:mod:`loop_common`);
 their flags come from the first dtrain run's config.yaml/plan.yaml, as for the plain loop.
 The peers run from ``bench/.venv-peers`` (``make bench-peers-env``): Lightning and

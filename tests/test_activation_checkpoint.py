@@ -218,7 +218,7 @@ def test_parameter_and_optimizer_estimates_match_measurement(name, ac_runs, more
 
 
 def test_a_model_without_blocks_cannot_checkpoint():
-    from dtrain_cli.config.errors import ConfigError
+    from dtrain_cli.errors import ConfigError
 
     cfg = compose_config("cnn_bn", ["parallel.activation_checkpointing=full"], validate=False)
     with pytest.raises(ConfigError) as err:

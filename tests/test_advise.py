@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from dtrain_cli.cli.app import app
 from dtrain_cli.config.compose import compose_config
-from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.plan.advise import advise
 from dtrain_cli.plan.steptime import placement
 from tests.conftest import run_dtrain

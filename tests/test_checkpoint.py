@@ -204,7 +204,7 @@ def test_export_round_trip(straight, tmp_path):
     from safetensors.torch import load_model
 
     from dtrain_cli.models.gpt import GPTConfig
-    from dtrain_cli.models.gpt_net import GPT
+    from dtrain_cli.models.gpt.net import GPT
 
     ref = straight[2]
     out = tmp_path / "model.safetensors"

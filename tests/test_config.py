@@ -15,8 +15,8 @@ from dtrain_cli.config.compose import (
     list_recipes,
     recipe_description,
 )
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.plan.build import Resources, build_plan
 
 CPU = Resources(num_gpus=0, num_cpus=2)

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from dtrain_cli.cli.app import app
 from dtrain_cli.config.compose import compose_config
-from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.launch.multinode import nnodes_override, parse_nnodes
 from dtrain_cli.plan.build import Resources, build_plan
 from dtrain_cli.plan.plan import Plan

@@ -18,9 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.models import model_spec
-from dtrain_cli.models.hf import MISSING, HFConfig, HFSpec
+from dtrain_cli.models.hf import HFConfig, HFSpec
+from dtrain_cli.models.hf.library import MISSING
 
 VOCAB, T = 256, 32
 LLAMA = {

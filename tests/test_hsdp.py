@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from dtrain_cli.config.compose import compose_config
-from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.plan.advise import candidates
 from dtrain_cli.plan.build import Resources, build_plan
 from dtrain_cli.strategies import names, strategy_for

@@ -17,7 +17,7 @@ import yaml
 
 from dtrain_cli.cli.k8s_cmd import build
 from dtrain_cli.launch.k8s.job import CONFIG_MOUNT, K8sJob
-from dtrain_cli.launch.k8s.manifest import documents, render_manifest
+from dtrain_cli.launch.k8s.render import documents, render_manifest
 from dtrain_cli.plan.plan import Plan
 from tests.k8s_schema import problems, vendored
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dtrain_cli.cli.k8s_cmd import build
-from dtrain_cli.launch.k8s.manifest import render_manifest
+from dtrain_cli.launch.k8s.render import render_manifest
 from tests.conftest import Run, cache_dir, run_dtrain
 from tests.kube_local import KubeLocal
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from dtrain_cli.config.compose import compose_config, config_from_yaml, config_to_yaml
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DataConfig
 from dtrain_cli.corpus.custom import build_custom
 from dtrain_cli.corpus.hf import load_tokenizer, prepare_hf
+from dtrain_cli.errors import ConfigError
 from tests.conftest import REPO, Run, cache_dir, run_dtrain
 
 # the user's module (tests/own_data.py) on the import path, as PYTHONPATH puts it

@@ -210,7 +210,7 @@ def test_custom_layer_split():
 )
 def test_model_parallel_bad_input(overrides, expected):
     from dtrain_cli.config.compose import compose_config
-    from dtrain_cli.config.errors import ConfigError
+    from dtrain_cli.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         build_plan(compose_config("gpt_tiny", overrides, validate=False), CPU)
@@ -269,7 +269,7 @@ def test_cnn_param_count_matches_the_model():
 )
 def test_strategy_bad_input(recipe, overrides, expected):
     from dtrain_cli.config.compose import compose_config
-    from dtrain_cli.config.errors import ConfigError
+    from dtrain_cli.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         build_plan(compose_config(recipe, overrides, validate=False), CPU)
@@ -278,7 +278,7 @@ def test_strategy_bad_input(recipe, overrides, expected):
 
 def test_a_key_of_another_model_kind_is_named_with_the_keys_it_has():
     """sync_bn belongs to the cnn_bn kind: on a GPT it is refused, naming the GPT's keys."""
-    from dtrain_cli.config.errors import ConfigError
+    from dtrain_cli.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
         plan_for("model.sync_bn=true")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dtrain_cli.cli.sbatch_cmd import build_job
-from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.launch.slurm import render_sbatch
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -36,12 +36,76 @@ def _error(case_id: str, layout: Layout) -> float:
 @pytest.mark.parametrize(
     ("case_id", "layout"),
     [
-        ("mosaicml-a100-7b-8", Layout(8, 1, 1, "fsdp", 6, "none")),
-        ("mosaicml-h100-1b-64", Layout(64, 1, 1, "fsdp", 20, "none")),
-        ("mosaicml-h100-70b-64", Layout(64, 1, 1, "fsdp", 8, "full")),
-        ("torchtitan-a100-llama2-13b", Layout(64, 1, 1, "fsdp", 2, "none")),
-        ("calculon-175b-full", Layout(1, 8, 8, "ddp", 1, "full", "interleaved_1f1b", 3)),
-        ("mcore-h100-177b", Layout(48, 8, 6, "fsdp", 1, "none", "interleaved_1f1b", 8)),
+        (
+            "mosaicml-a100-7b-8",
+            Layout(
+                dp=8,
+                tp=1,
+                pp=1,
+                strategy="fsdp",
+                micro_batch_size=6,
+                activation_checkpointing="none",
+            ),
+        ),
+        (
+            "mosaicml-h100-1b-64",
+            Layout(
+                dp=64,
+                tp=1,
+                pp=1,
+                strategy="fsdp",
+                micro_batch_size=20,
+                activation_checkpointing="none",
+            ),
+        ),
+        (
+            "mosaicml-h100-70b-64",
+            Layout(
+                dp=64,
+                tp=1,
+                pp=1,
+                strategy="fsdp",
+                micro_batch_size=8,
+                activation_checkpointing="full",
+            ),
+        ),
+        (
+            "torchtitan-a100-llama2-13b",
+            Layout(
+                dp=64,
+                tp=1,
+                pp=1,
+                strategy="fsdp",
+                micro_batch_size=2,
+                activation_checkpointing="none",
+            ),
+        ),
+        (
+            "calculon-175b-full",
+            Layout(
+                dp=1,
+                tp=8,
+                pp=8,
+                strategy="ddp",
+                micro_batch_size=1,
+                activation_checkpointing="full",
+                schedule="interleaved_1f1b",
+                virtual_stages=3,
+            ),
+        ),
+        (
+            "mcore-h100-177b",
+            Layout(
+                dp=48,
+                tp=8,
+                pp=6,
+                strategy="fsdp",
+                micro_batch_size=1,
+                activation_checkpointing="none",
+                schedule="interleaved_1f1b",
+                virtual_stages=8,
+            ),
+        ),
     ],
 )
 def test_published_runs_are_estimated_within_tolerance(case_id, layout):
@@ -64,7 +128,18 @@ def test_deeper_pipeline_costs_its_bubble_and_no_more():
     cfg = compose_config("gpt_1b", over, validate=False)
     est = {
         pp: assess(
-            cfg, Layout(512 // (8 * pp), 8, pp, "fsdp", 1, "full", "interleaved_1f1b", 2), 64
+            cfg,
+            Layout(
+                dp=512 // (8 * pp),
+                tp=8,
+                pp=pp,
+                strategy="fsdp",
+                micro_batch_size=1,
+                activation_checkpointing="full",
+                schedule="interleaved_1f1b",
+                virtual_stages=2,
+            ),
+            64,
         ).estimate
         for pp in (2, 4, 8, 16)
     }
@@ -80,13 +155,24 @@ def test_megatron_core_weak_scaling_holds_its_mfu_as_pipelines_deepen():
     """Published MFU 42-48% from pp=2 to pp=16 (with interleaving): estimated within 15%."""
     for case_id, v in (("mcore-h100-70b", 6), ("mcore-h100-462b", 7)):  # 7, 1 layers a chunk
         case = CASES[case_id]
-        lay = Layout(case.dp, case.tp, case.pp, "fsdp", 1, "none", "interleaved_1f1b", v)
+        lay = Layout(
+            dp=case.dp,
+            tp=case.tp,
+            pp=case.pp,
+            strategy="fsdp",
+            micro_batch_size=1,
+            activation_checkpointing="none",
+            schedule="interleaved_1f1b",
+            virtual_stages=v,
+        )
         assert abs(_error(case_id, lay)) <= TOLERANCE
 
 
 def test_advisor_ranks_the_published_fsdp_layout_first_or_within_10_percent():
     case = CASES["mosaicml-h100-1b-64"]
-    published = Layout(64, 1, 1, "fsdp", 20, "none")
+    published = Layout(
+        dp=64, tp=1, pp=1, strategy="fsdp", micro_batch_size=20, activation_checkpointing="none"
+    )
     advice = advise(base_config(case), reference=published)
     first = advice.ranked[0]
     gain = first.estimate.tokens_per_s / advice.reference.estimate.tokens_per_s - 1

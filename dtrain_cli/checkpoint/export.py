@@ -10,7 +10,7 @@ for every kind; ``save_pretrained`` for ``--format hf``. Reading it back::
 
     from safetensors.torch import load_model
     from dtrain_cli.models.gpt import GPTConfig
-    from dtrain_cli.models.gpt_net import GPT
+    from dtrain_cli.models.gpt.net import GPT
     model = GPT(GPTConfig(**json.load(open("model.json"))["model"]))
     load_model(model, "model.safetensors")
 """

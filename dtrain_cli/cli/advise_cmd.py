@@ -56,8 +56,8 @@ def advise(
     Guide: docs/parallelism.md
     """
     from dtrain_cli.config.compose import compose_config, split_recipe
-    from dtrain_cli.config.errors import ConfigError
     from dtrain_cli.config.validate import config_problems
+    from dtrain_cli.errors import ConfigError
     from dtrain_cli.plan.advise import advise as run_advice
 
     rest, opts = _split(overrides or [])

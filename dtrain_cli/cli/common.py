@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.errors import ConfigError
 
 EXIT_CONFIG = 2
 console = Console()

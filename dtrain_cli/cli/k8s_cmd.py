@@ -28,8 +28,8 @@ from dtrain_cli.cli.common import (
     err_console,
     fail,
 )
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.launch.k8s.job import K8sJob
 from dtrain_cli.plan.plan import Plan
 
@@ -119,7 +119,7 @@ def job_cmd(
     """The run's manifest (ConfigMap + JobSet): print it, write it (--out) or create it
     (--submit; then follow its status and rank 0's logs). `dtrain k8s OVERRIDES` is this."""
     from dtrain_cli.launch.k8s.job import job_warnings
-    from dtrain_cli.launch.k8s.manifest import documents, render_manifest
+    from dtrain_cli.launch.k8s.render import documents, render_manifest
 
     if dry_run and (submit or out is not None):
         fail(["--dry-run prints the manifest; --out and --submit do more: choose"])

@@ -21,8 +21,8 @@ from dtrain_cli.cli.common import (
     err_console,
     fail,
 )
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.launch.rundir import materialize, new_run_dir
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import env, protocol

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from dtrain_cli.cli.common import CONFIG_DIR_HELP, console, fail
-from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.errors import ConfigError
 
 
 def recipes(

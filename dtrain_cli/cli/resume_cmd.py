@@ -14,7 +14,7 @@ from pathlib import Path
 import typer
 
 from dtrain_cli.cli.common import CKPT_HELP, CONFIG_DIR_HELP, complete_override, err_console, fail
-from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env
 from dtrain_cli.rundir.layout import RunDir
 

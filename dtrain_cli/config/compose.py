@@ -18,7 +18,6 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.kinds import kind_keys
 from dtrain_cli.config.overrides import (
     SHORTHANDS,
@@ -29,8 +28,9 @@ from dtrain_cli.config.overrides import (
     schema_fields,
     unknown_key,
 )
-from dtrain_cli.config.schema import DataConfig, DtrainConfig, register_schema
+from dtrain_cli.config.schema import SCHEMA_NAME, DataConfig, DtrainConfig
 from dtrain_cli.config.targets import import_roots
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env
 
 
@@ -386,3 +386,15 @@ def group_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, list[str]
 
 def _group_options(group: str) -> list[str]:
     return group_options().get(group, [])
+
+
+def register_schema() -> None:
+    """Store the schema so ``configs/base.yaml`` can extend it (``defaults: [dtrain_schema]``)."""
+    from hydra.core.config_store import ConfigStore  # here, not at import: keeps --help fast
+
+    from dtrain_cli.models import schema_classes
+
+    store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=DtrainConfig)
+    for name, cls in schema_classes().items():
+        store.store(group="model", name=name, node=cls)

@@ -21,9 +21,9 @@ from dtrain_cli.config.compose import (
     to_dataclass,
     user_config_dirs,
 )
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.overrides import apply_values, check_overrides, schema_fields
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.errors import ConfigError
 
 # Keys a resume may not change: the checkpoint's weights, optimizer state and data stream
 # depend on them. Everything else (steps, layout, cadence, logging, LR values) is allowed.

@@ -445,15 +445,3 @@ class DtrainConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     script: ScriptConfig = field(default_factory=ScriptConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
-
-
-def register_schema() -> None:
-    """Store the schema so ``configs/base.yaml`` can extend it (``defaults: [dtrain_schema]``)."""
-    from hydra.core.config_store import ConfigStore  # here, not at import: keeps --help fast
-
-    from dtrain_cli.models import schema_classes
-
-    store = ConfigStore.instance()
-    store.store(name=SCHEMA_NAME, node=DtrainConfig)
-    for name, cls in schema_classes().items():
-        store.store(group="model", name=name, node=cls)

@@ -1,6 +1,7 @@
 """Value checks on a composed config: every problem is collected, none stops the others.
 
-Checks that need the whole layout (world size, divisibility by dp/tp/pp, device) live in
+Checks that need the whole layout (world size, divisibility by dp/tp/pp, device) and the
+registries' choices (``parallel.strategy``, ``sync.mode``) live in
 :mod:`dtrain_cli.plan.build`, which adds its problems to the same list.
 """
 
@@ -8,10 +9,9 @@ from __future__ import annotations
 
 import math
 
-from dtrain_cli import strategies, sync_modes
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.k8s_fields import k8s_field_problems
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.errors import ConfigError
 
 BUILTIN_LOSSES = ("cross_entropy", "mse", "model")  # dtrain_cli.models.losses (torch)
 
@@ -19,10 +19,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.source": ("builtin", "text", "tokens", "synthetic", "shapes", "hf", "custom"),
     "data.token_dtype": ("uint8", "uint16", "int32"),
     "data.format": ("auto", "json", "parquet", "text"),
-    "parallel.strategy": strategies.names(),  # the registries: dtrain_cli/strategies/
     "parallel.activation_checkpointing": ("none", "selective", "full"),
     "comm.compression": ("none", "fp16", "bf16", "powersgd"),
-    "sync.mode": sync_modes.names(),  # dtrain_cli/sync_modes/
     "optim.name": ("adamw", "sgd"),
     "optim.lr_scaling": ("none", "linear", "sqrt"),
     "optim.decay": ("cosine", "linear", "constant"),

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from dtrain_cli.config.data_checks import target_problems
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DataConfig
 from dtrain_cli.config.targets import import_roots
+from dtrain_cli.errors import ConfigError
 
 
 class IndexRange:

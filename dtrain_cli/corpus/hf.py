@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from dtrain_cli.config.data_checks import HF_EXTRA, hf_data_files, hf_format, vocab_problem
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DataConfig
+from dtrain_cli.errors import ConfigError
 
 META = "meta.json"
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
@@ -153,7 +153,7 @@ def prepare_hf(data: DataConfig, cache: Path, vocab_size: int | None) -> dict[st
     if len(tokens) < 2 * n_val:
         raise ConfigError([f"data.path={data.path}: only {len(tokens)} tokens after tokenizing"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    from dtrain_cli.corpus.prepare import write_atomic
+    from dtrain_cli.corpus.cache import write_atomic
 
     write_atomic(paths["train"], tokens[:-n_val])
     write_atomic(paths["val"], tokens[-n_val:])

@@ -19,7 +19,6 @@ the launcher prepares data without importing torch's training stack.
 from __future__ import annotations
 
 import hashlib
-import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -27,14 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from dtrain_cli.config.schema import DataConfig
-from dtrain_cli.rundir import env
+from dtrain_cli.corpus.cache import cache_root, write_atomic
 
 SPLITS = ("train", "val")
 _CHECKED: set[str] = set()  # custom datasets this process already built and checked
-
-
-def cache_root(cfg: DataConfig) -> Path:
-    return Path(cfg.cache_dir or env.cache_root() or Path.home() / ".cache" / "dtrain")
 
 
 def _text_files(path: Path) -> list[Path]:
@@ -52,18 +47,12 @@ def _source_files(cfg: DataConfig) -> list[Path]:
     return _text_files(Path(cfg.path or ""))
 
 
-def write_atomic(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    array.tofile(tmp)
-    os.replace(tmp, path)
-
-
 def prepare_corpus(
     cfg: DataConfig, seed: int = 0, vocab_size: int | None = None
 ) -> dict[str, Path]:
     """Tokenize (once) and return the token file of each split. Safe to call concurrently.
     ``hf``/``custom`` problems (tokenizer larger than ``vocab_size``, a target that builds no
-    map-style dataset) raise :class:`~dtrain_cli.config.errors.ConfigError`."""
+    map-style dataset) raise :class:`~dtrain_cli.errors.ConfigError`."""
     if cfg.source == "tokens":
         return _token_files(cfg)
     if cfg.source == "shapes":  # drawn in memory by each worker (runtime/shapes.py)

@@ -5,8 +5,9 @@
     dtrain launch model=custom model._target_=my_models.net.Net data=custom ...
     dtrain launch recipe=llama_tiny_hf dp=2               # kind hf (transformers)
 
-A new kind is a module here with a typed config dataclass and a :class:`ModelSpec`
-subclass, added to :data:`KINDS` and given a ``configs/model/<option>.yaml``. Importing this
+A new kind is a package here (its typed config dataclass, its torch-free
+:class:`ModelSpec` subclass, its torch module), added to :data:`KINDS` and given a
+``configs/model/<option>.yaml``. Importing this
 package imports no torch; the built-in kinds' config modules do not either.
 """
 
@@ -21,10 +22,10 @@ from dtrain_cli.models.spec import ModelFacts, ModelSpec
 __all__ = ["KINDS", "ModelFacts", "ModelSpec", "model_spec", "spec_class", "typed_model_config"]
 
 KINDS: dict[str, str] = {
-    "gpt": "dtrain_cli.models.gpt:GPTSpec",
-    "cnn_bn": "dtrain_cli.models.cnn:CNNSpec",
-    "custom": "dtrain_cli.models.custom:CustomSpec",
-    "hf": "dtrain_cli.models.hf:HFSpec",
+    "gpt": "dtrain_cli.models.gpt.spec:GPTSpec",
+    "cnn_bn": "dtrain_cli.models.cnn.spec:CNNSpec",
+    "custom": "dtrain_cli.models.custom.spec:CustomSpec",
+    "hf": "dtrain_cli.models.hf.spec:HFSpec",
 }
 # Kinds whose config takes keys the schema cannot know (keyword arguments of the user's
 # class, a transformers config): the path under ``model`` that is open for new keys.

@@ -21,7 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:  # torch only for type checkers: the plan imports this module
     import torch
@@ -29,7 +29,15 @@ if TYPE_CHECKING:  # torch only for type checkers: the plan imports this module
     from torch.distributed.device_mesh import DeviceMesh
 
     from dtrain_cli.config.schema import DtrainConfig
-    from dtrain_cli.plan.plan import StagePlan
+
+
+class StageSpan(Protocol):
+    """What a model needs to know of a pipeline stage (the plan's ``StagePlan`` is one)."""
+
+    layers: list[int]
+    """[first, last + 1) of the model's blocks on this stage."""
+    embeddings: bool
+    head: bool
 
 
 @dataclass(kw_only=True)
@@ -179,7 +187,7 @@ class ModelSpec(ABC):
     def apply_tensor_parallel(self, model: nn.Module, tp_mesh: DeviceMesh) -> None:
         raise NotImplementedError(f"model.kind={self.kind}: no tensor-parallel plan")
 
-    def pipeline_stage(self, model: nn.Module, stage: StagePlan) -> nn.Module:
+    def pipeline_stage(self, model: nn.Module, stage: StageSpan) -> nn.Module:
         """The part of the full ``model`` that pipeline stage ``stage`` runs."""
         raise NotImplementedError(f"model.kind={self.kind}: cannot be split into stages")
 

@@ -18,121 +18,19 @@ micro-batch (the estimate has no term for kernel efficiency, which only grows wi
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any
 
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.models import model_spec
+from dtrain_cli.plan.advice import Advice, Layout, Verdict
 from dtrain_cli.plan.build import Resources, build_plan
-from dtrain_cli.plan.steptime import GIB, StepEstimate, estimate_step
+from dtrain_cli.plan.steptime import GIB, estimate_step
 from dtrain_cli.strategies import names, strategy_for
 
 MAX_BUBBLE = 0.5
 SCHEDULES = (("1f1b", 1), ("gpipe", 1), ("interleaved_1f1b", 2), ("zbv", 2))
 CHECKPOINTING = ("none", "selective", "full")
 MAX_MICRO_CHOICES = 6
-
-
-@dataclass(frozen=True)
-class Layout:
-    dp: int
-    tp: int
-    pp: int
-    strategy: str
-    micro_batch_size: int
-    activation_checkpointing: str
-    schedule: str | None = None
-    virtual_stages: int = 1
-
-    def overrides(self, nnodes: int) -> list[str]:
-        out = [
-            f"parallel.dp={self.dp}",
-            f"parallel.tp={self.tp}",
-            f"parallel.pp={self.pp}",
-            f"parallel.strategy={self.strategy}",
-            f"parallel.activation_checkpointing={self.activation_checkpointing}",
-            f"train.micro_batch_size={self.micro_batch_size}",
-        ]
-        if nnodes > 1:
-            out.append(f"parallel.nnodes={nnodes}")
-        if self.schedule is not None:
-            out += [
-                f"pipeline.schedule={self.schedule}",
-                f"pipeline.virtual_stages={self.virtual_stages}",
-            ]
-        return out
-
-    def label(self) -> str:
-        parts = [f"dp{self.dp}"] + [
-            f"{k}{v}" for k, v in (("tp", self.tp), ("pp", self.pp)) if v > 1
-        ]
-        text = "x".join(parts) + (f" {self.strategy}" if self.dp > 1 else "")
-        if self.schedule is not None:
-            text += f" {self.schedule}" + (
-                f"/v{self.virtual_stages}" if self.virtual_stages > 1 else ""
-            )
-        text += f" mb{self.micro_batch_size}"
-        if self.activation_checkpointing != "none":
-            text += f" ac={self.activation_checkpointing}"
-        return text
-
-    def simplicity(self) -> int:
-        """Lower is simpler: the tie-break between layouts of equal throughput."""
-        cost = strategy_for(self.strategy).simplicity
-        cost += 3 * (self.tp > 1) + 4 * (self.pp > 1)
-        return cost + {"none": 0, "selective": 1, "full": 2}[self.activation_checkpointing]
-
-
-@dataclass
-class Verdict:
-    layout: Layout
-    estimate: StepEstimate | None = None
-    rejected: str | None = None
-    """Why the layout is not ranked (None: it is)."""
-    kind: str = ""
-    """Rejection kind: plan | memory | cross-node tp | bubble."""
-    why: str = ""
-    """The one-line reason for its rank."""
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"layout": self.layout.label(), **dataclasses.asdict(self.layout)}
-        if self.estimate is not None:
-            est = self.estimate
-            m = est.memory
-            d["memory_bytes"] = {
-                "params": m.params,
-                "grads": m.grads,
-                "optimizer": m.optimizer,
-                "activations": m.activations,
-                "temporary": m.temporary,
-                "total": m.total,
-                "capacity": m.capacity,
-            }
-            d["links"] = [dataclasses.asdict(x) for x in est.links]
-            d |= {
-                "bubble": est.bubble,
-                "step_s": est.step_s,
-                "tokens_per_s": est.tokens_per_s,
-                "mfu": est.mfu,
-            }
-        d["rejected"] = self.rejected
-        d["why"] = self.why
-        return d
-
-
-@dataclass
-class Advice:
-    hardware: str
-    world_size: int
-    nnodes: int
-    unit: str
-    ranked: list[Verdict] = field(default_factory=list)
-    rejected: list[Verdict] = field(default_factory=list)
-    reference: Verdict | None = None
-    """The layout the user gave (``dtrain advise ... dp=48 tp=8``), costed the same way."""
-    reference_why: str = ""
-    """Where the given layout stands against #1 (:mod:`.advise_compare`)."""
 
 
 def divisors(n: int) -> list[int]:
@@ -163,7 +61,18 @@ def candidates(
                 for sched, v in schedules:
                     for micro in micros or [1]:
                         for ac in CHECKPOINTING:
-                            out.append(Layout(dp, tp, pp, strategy, micro, ac, sched, v))
+                            out.append(
+                                Layout(
+                                    dp=dp,
+                                    tp=tp,
+                                    pp=pp,
+                                    strategy=strategy,
+                                    micro_batch_size=micro,
+                                    activation_checkpointing=ac,
+                                    schedule=sched,
+                                    virtual_stages=v,
+                                )
+                            )
     return out
 
 
@@ -204,7 +113,7 @@ def assess(
     g = max(hw.devices_per_node, 1)
     if lay.tp > 1 and (lay.tp > g or g % lay.tp) and not allow_cross_node_tp:
         return Verdict(
-            lay,
+            layout=lay,
             rejected=f"tp={lay.tp} crosses nodes ({g} devices per node): tensor-parallel "
             f"all-reduces every layer would go over the {hw.inter_node_gbps:g} GB/s "
             "inter-node link",
@@ -217,9 +126,9 @@ def assess(
     try:
         plan = build_plan(c, res)
     except ConfigError as exc:
-        return Verdict(lay, rejected=exc.problems[0], kind="plan")
+        return Verdict(layout=lay, rejected=exc.problems[0], kind="plan")
     est = estimate_step(c, model_spec(c), plan, hw)
-    v = Verdict(lay, est)
+    v = Verdict(layout=lay, estimate=est)
     m = est.memory
     if not m.fits:
         v.rejected, v.kind = (
@@ -258,7 +167,7 @@ def advise(
     for lay in candidates(cfg, devices, dp_max):
         key = dataclasses.replace(lay, activation_checkpointing="none")
         if key in refused:  # checkpointing only adds a problem (no blocks), never removes one
-            verdicts.append(Verdict(lay, rejected=refused[key], kind="plan"))
+            verdicts.append(Verdict(layout=lay, rejected=refused[key], kind="plan"))
             continue
         v = assess(cfg, lay, nnodes, allow_cross_node_tp)
         if v.kind == "plan" and lay == key:
@@ -274,7 +183,12 @@ def advise(
         )
     )
     advice = Advice(
-        cfg.hardware.name, devices, nnodes, model_spec(cfg).facts().unit, ranked, rejected
+        hardware=cfg.hardware.name,
+        world_size=devices,
+        nnodes=nnodes,
+        unit=model_spec(cfg).facts().unit,
+        ranked=ranked,
+        rejected=rejected,
     )
     if not ranked:
         raise ConfigError([nothing_fits(cfg, advice, verdicts)])

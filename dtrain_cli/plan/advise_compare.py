@@ -11,10 +11,11 @@ given layout is #1, or within a few percent of it. Pure, torch-free.
 
 from __future__ import annotations
 
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
-from dtrain_cli.plan.advise import Advice, Layout, Verdict
+from dtrain_cli.errors import ConfigError
+from dtrain_cli.plan.advice import Advice, Layout, Verdict
 from dtrain_cli.plan.build import Resources, build_plan
+from dtrain_cli.strategies import names as strategy_names
 
 LAYOUT_KEYS = (
     "dp",
@@ -51,14 +52,14 @@ def layout_of(cfg: DtrainConfig) -> Layout:
             micro = 1
     pp = par.pp > 1
     return Layout(
-        par.dp,
-        par.tp,
-        par.pp,
-        par.strategy if par.dp > 1 else "ddp",
-        micro,
-        par.activation_checkpointing,
-        pipe.schedule if pp else None,
-        pipe.virtual_stages if pp else 1,
+        dp=par.dp,
+        tp=par.tp,
+        pp=par.pp,
+        strategy=par.strategy if par.dp > 1 else strategy_names()[0],  # the advisor's own
+        micro_batch_size=micro,
+        activation_checkpointing=par.activation_checkpointing,
+        schedule=pipe.schedule if pp else None,
+        virtual_stages=pipe.virtual_stages if pp else 1,
     )
 
 

@@ -16,9 +16,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import config_problems
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.mesh.dims import MESH_DIM_NAMES, ParallelDims
 from dtrain_cli.models import ModelFacts, ModelSpec, UnknownModelKind, model_spec
 from dtrain_cli.plan.layout import (
@@ -41,8 +41,10 @@ from dtrain_cli.plan.plan import (
 )
 from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
 from dtrain_cli.plan.sync import num_servers, sync_plan
+from dtrain_cli.strategies import names as strategy_names
 from dtrain_cli.strategies import strategy_for
 from dtrain_cli.sync_modes import mode_for
+from dtrain_cli.sync_modes import names as mode_names
 
 MAX_SAVES = 100_000
 AUTOCAST_DTYPE = {"fp32": None, "bf16": "bfloat16", "fp16": "float16"}
@@ -97,7 +99,8 @@ def build_plan(
 ) -> Plan:
     """``workdir``: where a script's relative path resolves (default: the current dir)."""
     res = resources or Resources.detect()
-    if problems := config_problems(cfg):  # every value in range before any arithmetic
+    # every value in range, every name registered, before any arithmetic uses them
+    if problems := config_problems(cfg) + registry_problems(cfg):
         raise ConfigError(problems)
     spec = model_of(cfg)
     world, problems = world_of(cfg, res)
@@ -150,6 +153,19 @@ def build_plan(
     if cfg.parallel.min_nnodes is not None and cfg.parallel.min_nnodes < world.nnodes:
         add_elastic(cfg, plan, res)
     return plan
+
+
+def registry_problems(cfg: DtrainConfig) -> list[str]:
+    """``parallel.strategy`` and ``sync.mode`` name registered entries
+    (:mod:`dtrain_cli.strategies`, :mod:`dtrain_cli.sync_modes`)."""
+    problems = []
+    for key, value, choices in (
+        ("parallel.strategy", cfg.parallel.strategy, strategy_names()),
+        ("sync.mode", cfg.sync.mode, mode_names()),
+    ):
+        if value not in choices:
+            problems.append(f"{key}={value}: not allowed; choose one of {', '.join(choices)}")
+    return problems
 
 
 def model_of(cfg: DtrainConfig) -> ModelSpec:

@@ -18,8 +18,8 @@ import copy
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dtrain_cli.config.errors import ConfigError
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.plan.plan import ElasticPlan, ElasticSize
 
 if TYPE_CHECKING:

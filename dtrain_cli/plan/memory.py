@@ -19,6 +19,7 @@ from dtrain_cli.mesh.dims import ParallelDims
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 from dtrain_cli.plan.layout import fsdp_reshards_after_forward, part_activations
 from dtrain_cli.plan.plan import BatchPlan, Estimates, PipelinePlan
+from dtrain_cli.strategies import names as strategy_names
 from dtrain_cli.strategies import strategy_for
 from dtrain_cli.sync_modes import mode_for
 
@@ -44,7 +45,7 @@ def comm_bytes_per_step(cfg: DtrainConfig, facts: ModelFacts, ddp: bool = False)
     synchronous DDP would send, whatever the config says."""
     par = cfg.parallel
     dims = ParallelDims(pp=par.pp, dp=max(par.dp, 1), tp=par.tp)
-    strategy = strategy_for("ddp" if ddp else par.strategy)
+    strategy = strategy_for(strategy_names()[0] if ddp else par.strategy)  # ddp: the plain one
     if not ddp:
         dims = replace(dims, dp_replicate=strategy.dp_replicate(cfg, nproc_guess(cfg)))
     model_parallel = max(par.tp * par.pp, 1)

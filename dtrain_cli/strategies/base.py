@@ -55,7 +55,7 @@ def strategy_for(name: str) -> Strategy:
     registry = discover()
     if name not in registry:
         raise UnknownStrategy(
-            f"parallel.strategy={name}: not a strategy; choose one of {', '.join(names())}"
+            f"parallel.strategy={name}: not allowed; choose one of {', '.join(names())}"
         )
     return registry[name]()
 

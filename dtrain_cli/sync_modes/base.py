@@ -52,7 +52,7 @@ def mode_for(name: str) -> SyncMode:
     registry = discover()
     if name not in registry:
         choices = ", ".join(names())
-        raise UnknownSyncMode(f"sync.mode={name}: not a sync mode; choose one of {choices}")
+        raise UnknownSyncMode(f"sync.mode={name}: not allowed; choose one of {choices}")
     return registry[name]()
 
 

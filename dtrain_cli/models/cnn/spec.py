@@ -2,34 +2,18 @@
 
     dtrain launch recipe=cnn_bn dp=2 model.sync_bn=true
 
-Torch-free (the plan imports it); the module itself is :mod:`.cnn_net`.
+Torch-free (the plan imports it); its config is :mod:`.config`, the module :mod:`.net`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dtrain_cli.models.cnn.config import KERNEL, CNNConfig
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
-
-KERNEL = 3
-
-
-@dataclass(kw_only=True)
-class CNNConfig:
-    """conv 3x3 + BatchNorm + ReLU blocks, global average pooling, a linear classifier."""
-
-    kind: str = "cnn_bn"
-    name: str = "cnn_bn"
-    channels: list[int] = field(default_factory=lambda: [16, 32])
-    """Output channels of each conv + BN + ReLU block."""
-    num_classes: int = 10
-    image_size: int = 16
-    sync_bn: bool = False
-    """Synchronize BatchNorm statistics over the dp group."""
 
 
 class CNNSpec(ModelSpec):
@@ -98,7 +82,7 @@ class CNNSpec(ModelSpec):
     def build(self, device: Any) -> Any:
         import torch
 
-        from dtrain_cli.models.cnn_net import ConvBNNet
+        from dtrain_cli.models.cnn.net import ConvBNNet
 
         with torch.device(device):
             return ConvBNNet(self.cfg)

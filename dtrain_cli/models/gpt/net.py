@@ -5,7 +5,7 @@ Built so parallelisms can take it apart without rewriting it: blocks live in a
 and the remaining names stay those of the full model, so checkpoints line up), and a
 stage without embeddings or head simply has them set to ``None``. The loss is computed
 outside the model (``train.loss``, cross entropy by default) so a pipeline schedule can
-apply it on the last stage. Its config, counts and checks are in :mod:`.gpt`.
+apply it on the last stage. Its config is :mod:`.config`, its counts and checks :mod:`.spec`.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dtrain_cli.models.gpt import GPTConfig
+from dtrain_cli.models.gpt.config import GPTConfig
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from dtrain_cli.plan.plan import StagePlan
+    from dtrain_cli.models.spec import StageSpan as StagePlan
 
 
 class CausalSelfAttention(nn.Module):

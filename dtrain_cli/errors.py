@@ -1,4 +1,5 @@
-"""The one error type config and plan raise: a list of one-line problems."""
+"""The one error type for a user's mistakes (config, plan, a model kind's checks): a list of
+one-line problems. Imports nothing, so every package may raise it."""
 
 from __future__ import annotations
 

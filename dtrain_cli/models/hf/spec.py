@@ -12,7 +12,7 @@ comes from the model itself, as accelerate and torchtitan read it: ``_no_split_m
 (FSDP units), ``base_model_tp_plan`` + ``_tp_plan`` (tensor parallel), ``tie_word_embeddings``.
 The plan's counts come from a meta-device build (a torch and transformers import, about
 5 s, cached per spec). Importing this module imports neither; the torch side is
-:mod:`.hf_net`.
+:mod:`.net`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dtrain_cli.config.errors import ConfigError
+from dtrain_cli.errors import ConfigError
+from dtrain_cli.models.hf.library import transformers_module
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 
 if TYPE_CHECKING:
@@ -33,9 +34,8 @@ if TYPE_CHECKING:
 _META_COUNTS: dict[str, dict[str, Any]] = {}
 """Meta-build counts by model config (see :attr:`HFSpec._meta`)."""
 
-MISSING = "model=hf needs transformers: pip install 'dtrain[hf]'"
 PIPELINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
-"""Decoder-only families laid out embed -> layers -> norm -> head (:mod:`.hf_net` splits them)."""
+"""Decoder-only families laid out embed -> layers -> norm -> head (:mod:`.net` splits them)."""
 
 
 @dataclass(kw_only=True)
@@ -64,15 +64,6 @@ class HFConfig:
             return HFSpec(self).vocab_size
         except ConfigError:
             return None
-
-
-def transformers_module() -> Any:
-    """``transformers``, or the one-line error naming the extra when it is not installed."""
-    try:
-        import transformers
-    except ImportError:
-        raise ConfigError([MISSING]) from None
-    return transformers
 
 
 class HFSpec(ModelSpec):
@@ -177,7 +168,7 @@ class HFSpec(ModelSpec):
             "transformers",
             f"transformers.models.{t}.modeling_{t}",
             "transformers.masking_utils",
-            "dtrain_cli.models.hf_net",
+            "dtrain_cli.models.hf.net",
         ]
 
     # -- plan ----------------------------------------------------------------------------------
@@ -185,7 +176,7 @@ class HFSpec(ModelSpec):
     def _meta(self) -> dict[str, Any]:
         """The meta build's counts, once per model config in this process (``dtrain advise``
         plans dozens of layouts of one model; each would build it again)."""
-        from dtrain_cli.models.hf_net import meta_counts
+        from dtrain_cli.models.hf.net import meta_counts
 
         m = self.cfg
         key = json.dumps(
@@ -289,7 +280,7 @@ class HFSpec(ModelSpec):
 
     # -- runtime -------------------------------------------------------------------------------
     def build(self, device: Any) -> Any:
-        from dtrain_cli.models.hf_net import build
+        from dtrain_cli.models.hf.net import build
 
         return build(self, device)
 
@@ -326,18 +317,18 @@ class HFSpec(ModelSpec):
         return []
 
     def apply_tensor_parallel(self, model: Any, tp_mesh: Any) -> None:
-        from dtrain_cli.models.hf_net import apply_tensor_parallel
+        from dtrain_cli.models.hf.net import apply_tensor_parallel
 
         apply_tensor_parallel(model, tp_mesh)
 
     def pipeline_stage(self, model: Any, stage: Any) -> Any:
-        from dtrain_cli.models.hf_net import split_stage
+        from dtrain_cli.models.hf.net import split_stage
 
         return split_stage(self, model, stage)
 
     def export(self, model: Any, out: Path, fmt: str) -> list[Path]:
         if fmt == "hf":
-            from dtrain_cli.models.hf_net import save_pretrained
+            from dtrain_cli.models.hf.net import save_pretrained
 
             return save_pretrained(model, out)
         if fmt == "safetensors":
@@ -354,7 +345,7 @@ TP_STYLES = (
     "rowwise_rep",
     "embedding_rowwise",
 )
-"""transformers' tp style names that :func:`.hf_net.torch_style` maps to torch styles."""
+"""transformers' tp style names that :func:`.net.torch_style` maps to torch styles."""
 
 
 def _config_keys(cls: type) -> set[str]:

@@ -2,46 +2,18 @@
 
     dtrain plan recipe=gpt_small tp=2 pp=2
 
-Torch-free (the plan imports it); the module itself is :mod:`.gpt_net`.
+Torch-free (the plan imports it); its config is :mod:`.config`, the module :mod:`.net`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from dtrain_cli.models.gpt.config import LIMITS, POSITIVE, GPTConfig
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
-
-
-@dataclass(kw_only=True)
-class GPTConfig:
-    """A nanoGPT-style decoder-only transformer."""
-
-    kind: str = "gpt"
-    name: str = "gpt"
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    block_size: int = 128
-    vocab_size: int = 256
-    dropout: float = 0.0
-    bias: bool = True
-    tie_embeddings: bool = False
-    """Tie the LM head to the token embedding (off: keeps pipeline stages independent)."""
-
-
-POSITIVE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
-LIMITS = {
-    "n_layer": 4096,
-    "n_head": 4096,
-    "n_embd": 2**20,
-    "block_size": 2**24,
-    "vocab_size": 2**24,
-}
-"""Beyond any model trained today; the plan's counts stay cheap below them."""
 
 
 class GPTSpec(ModelSpec):
@@ -87,7 +59,7 @@ class GPTSpec(ModelSpec):
     def activation_bytes(
         self, micro_batch: int, bytes_per_value: int, tp: int
     ) -> tuple[float, float]:
-        """What autograd saves for this implementation (``gpt_net``; measured exactly by
+        """What autograd saves for this implementation (``gpt.net``; measured exactly by
         tests/test_activation_estimates.py). Per block, in (b, s, d) tensors: the block
         input and its norm, the MLP input and its norm (replicated under tp: 4), q, k, v
         and the attention output (SDPA's flash kernel keeps no s x s matrix: 4/tp), the MLP's
@@ -151,7 +123,7 @@ class GPTSpec(ModelSpec):
         return f"model.n_layer={num_layers}"
 
     def build(self, device: Any) -> Any:
-        from dtrain_cli.models.gpt_net import GPT
+        from dtrain_cli.models.gpt.net import GPT
 
         with _device(device):
             return GPT(self.cfg)
@@ -160,12 +132,12 @@ class GPTSpec(ModelSpec):
         return list(model.layers.values())
 
     def apply_tensor_parallel(self, model: Any, tp_mesh: Any) -> None:
-        from dtrain_cli.models.gpt_net import apply_tensor_parallel
+        from dtrain_cli.models.gpt.net import apply_tensor_parallel
 
         apply_tensor_parallel(model, tp_mesh)
 
     def pipeline_stage(self, model: Any, stage: Any) -> Any:
-        from dtrain_cli.models.gpt_net import split_stage
+        from dtrain_cli.models.gpt.net import split_stage
 
         return split_stage(model, stage)
 

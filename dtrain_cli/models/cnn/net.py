@@ -1,4 +1,4 @@
-"""The conv + BatchNorm classifier of :mod:`.cnn`: the smallest model where BatchNorm
+"""The conv + BatchNorm classifier of :mod:`.spec`: the smallest model where BatchNorm
 statistics matter (synchronized BatchNorm: :mod:`dtrain_cli.runtime.parallel.sync_batchnorm`)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dtrain_cli.models.cnn import CNNConfig
+from dtrain_cli.models.cnn.config import CNNConfig
 
 
 class ConvBNNet(nn.Module):

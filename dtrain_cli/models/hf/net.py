@@ -1,5 +1,5 @@
 """The torch side of ``model=hf``: build, counts from a meta build, pipeline stages, tensor
-parallel from the model's own plan, ``save_pretrained`` export. Config and checks: :mod:`.hf`.
+parallel from the model's own plan, ``save_pretrained`` export. Config and checks: :mod:`.spec`.
 
     dtrain launch recipe=llama_tiny_hf tp=2 pp=2
 
@@ -17,18 +17,26 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
 
-from dtrain_cli.models.hf import transformers_module
+from dtrain_cli.models.hf.library import transformers_module
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from dtrain_cli.models.hf import HFSpec
-    from dtrain_cli.plan.plan import StagePlan
+    from dtrain_cli.models.spec import StageSpan as StagePlan
+
+
+class HFSpec(Protocol):
+    """What the worker side reads of :class:`~.spec.HFSpec` (the spec imports this module
+    lazily; this one does not import the spec)."""
+
+    cfg: Any
+    hf_config: Any
+
 
 # per family: (embedding modules, layer list, final norm, rotary embedding or None)
 LAYOUTS: dict[str, tuple[tuple[str, ...], str, str, str | None]] = {
