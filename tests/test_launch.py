@@ -196,7 +196,7 @@ def test_the_killed_rank_is_blamed_and_a_run_that_trained_keeps_its_logs(tmp_pat
 
 def test_a_frozen_rank_is_named_not_the_rank_that_timed_out(tmp_path):
     run = run_dtrain(
-        ["launch", *SMALL, "launcher.collective_timeout_s=5"],
+        ["launch", *SMALL, "debug.collective_timeout_s=5", "debug.hang_watchdog=false"],
         tmp_path,
         env={"DTRAIN_FAULTS": "hang:step=2:rank=1"},
     )

@@ -416,3 +416,24 @@ def test_interpolation_of_the_wrong_shape_for_a_list_field():
     assert result.exit_code == 2
     (line,) = errors(result)
     assert "model.channels=${oc.env:HOME}: the interpolation gives" in line and "not a list" in line
+
+
+def test_the_removed_timeout_key_names_its_replacement(tmp_path, monkeypatch):
+    """launcher.collective_timeout_s is gone: debug.collective_timeout_s is the one
+    collective timeout; one line, exit 2, in an override or a recipe of the user's."""
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    r = runner.invoke(app, ["plan", "recipe=gpt_tiny", "launcher.collective_timeout_s=5"])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == (
+        "error: launcher.collective_timeout_s: removed: debug.collective_timeout_s is the one "
+        "collective timeout (the process group waits 15 s longer; debug.hang_watchdog=false "
+        "leaves it to the process group)"
+    )
+    (tmp_path / "old.yaml").write_text(
+        "defaults:\n  - base\n  - _self_\nlauncher:\n  collective_timeout_s: 5\n"
+    )
+    r = runner.invoke(app, ["plan", "recipe=old", "--config-dir", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    assert "launcher.collective_timeout_s: removed: debug.collective_timeout_s" in r.output
+    assert "Traceback" not in r.output

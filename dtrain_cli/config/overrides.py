@@ -39,7 +39,7 @@ KIND = {"int": "an integer", "float": "a number", "bool": "a boolean", "str": "a
 EXAMPLE = {"int": "8", "float": "0.1", "bool": "true", "str": "NAME"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Field:
     """A leaf of the schema: its type as written (``int | None``) and its default."""
 
@@ -62,7 +62,7 @@ class Field:
         return {"list": "[8,16]", "dict": "{KEY:value}"}.get(self.base, EXAMPLE.get(self.base, "X"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Override:
     """One checked override: a group option (``kind="group"``, composed by Hydra), a
     value (``"value"``) or a dict field or entry (``"dict"``), set on the composed config."""
@@ -81,7 +81,7 @@ def schema_fields(node: type = DtrainConfig, prefix: str = "") -> dict[str, Fiel
         if is_dataclass(default):
             out.update(schema_fields(type(default), key + "."))
         else:
-            out[key] = Field(key, str(f.type), default)
+            out[key] = Field(key=key, type=str(f.type), default=default)
     return out
 
 
@@ -94,7 +94,18 @@ def did_you_mean(word: str, candidates: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+REMOVED_KEYS = {
+    "launcher.collective_timeout_s": (
+        "removed: debug.collective_timeout_s is the one collective timeout (the process "
+        "group waits 15 s longer; debug.hang_watchdog=false leaves it to the process group)"
+    ),
+}
+"""Keys that existed once -> what replaces them (one line, no 'did you mean')."""
+
+
 def unknown_key(key: str) -> str:
+    if key.lstrip("+~") in REMOVED_KEYS:
+        return f"{key.lstrip('+~')}: {REMOVED_KEYS[key.lstrip('+~')]}"
     known = [*schema_fields(), *SHORTHANDS]
     return (
         f"unknown key {key!r}{did_you_mean(key, known)}; "
@@ -112,93 +123,109 @@ def check_overrides(
     """The overrides that are fine, and one problem line for each that is not. ``extra``:
     the chosen model kind's keys (``model.*``); keys under ``open_prefixes`` take any value
     (a custom model's keyword arguments); ``model_label`` names the model in errors."""
-    known = {**schema_fields(), **(extra or {})}
-    scratch_model = _model_scratch(extra) if extra else None
-    good: list[Override] = []
-    problems: list[str] = []
+    checker = _Checker(groups, extra or {}, open_prefixes, model_label)
     i = 0
     while i < len(tokens):
-        tok = tokens[i]
-        i += 1
-        nxt = tokens[i] if i < len(tokens) else None
+        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
+        i += 1 + checker.check(tokens[i], nxt)
+    return checker.good, checker.problems
+
+
+class _Checker:
+    """Checks one token at a time (a flag-like token may take the next one with it)."""
+
+    def __init__(
+        self,
+        groups: Mapping[str, Sequence[str]],
+        extra: Mapping[str, Field],
+        open_prefixes: Sequence[str],
+        model_label: str | None,
+    ) -> None:
+        self.groups, self.extra, self.open_prefixes = groups, extra, open_prefixes
+        self.model_label = model_label
+        self.known = {**schema_fields(), **extra}
+        self.scratch_model = _model_scratch(extra) if extra else None
+        self.good: list[Override] = []
+        self.problems: list[str] = []
+
+    def check(self, tok: str, nxt: str | None) -> int:
+        """Check ``tok``; returns how many of the following tokens it used (0 or 1)."""
         m = TOKEN_RE.match(tok)
+        taken = nxt is not None and "=" not in nxt and not nxt.startswith(("-", "~", "+"))
         if tok.startswith("-"):
-            pair = nxt is not None and "=" not in tok and "=" not in nxt
-            pair = pair and not str(nxt).startswith(("-", "~", "+"))
-            problems.append(_dashed(f"{tok}={nxt}" if pair else tok, known, tok))
-            i += int(pair)
-            continue
+            pair = taken and "=" not in tok
+            self.problems.append(_dashed(f"{tok}={nxt}" if pair else tok, self.known, tok))
+            return int(pair)
         first, _, second = tok.partition(" ")
-        if m is None and SHORTHANDS.get(first, first) in known and "=" not in first:
-            problems.append(f"{tok!r}: write {first}={second.strip()} (no spaces around '=')")
-            continue
+        if m is None and SHORTHANDS.get(first, first) in self.known and "=" not in first:
+            self.problems.append(f"{tok!r}: write {first}={second.strip()} (no spaces around '=')")
+            return 0
         if m is None:
             where = "no key before '='" if tok.startswith("=") else "not an override"
-            problems.append(f"{tok!r}: {where}; {FORMS}")
-            continue
+            self.problems.append(f"{tok!r}: {where}; {FORMS}")
+            return 0
         prefix, name, rest = m.group(1) or "", m.group(2), m.group(3)
-        key = SHORTHANDS.get(name, name)
         if rest is None and prefix != "~":
-            if nxt is not None and "=" not in nxt and not nxt.startswith(("-", "~", "+")):
-                i += 1
-                problems.append(f"'{tok} {nxt}': write {name}={nxt} (no spaces around '=')")
+            if taken:
+                self.problems.append(f"'{tok} {nxt}': write {name}={nxt} (no spaces around '=')")
             else:
-                problems.append(f"{tok!r}: no value; write {name}=VALUE ({FORMS})")
-            continue
-        value_text = (rest or "=")[1:]
-        if key in groups:
-            problems += _group(key, prefix, value_text, groups[key], good, tok)
-            continue
-        if key not in known and any(
-            key.startswith(p) or key == p.rstrip(".") for p in open_prefixes
-        ):
+                self.problems.append(f"{tok!r}: no value; write {name}=VALUE ({FORMS})")
+            return int(taken)
+        self.value(tok, prefix, SHORTHANDS.get(name, name), (rest or "=")[1:])
+        return 0
+
+    def value(self, tok: str, prefix: str, key: str, value_text: str) -> None:
+        """A ``key=value`` override: a group option, an open key, a dict, or a value."""
+        if key in self.groups:
+            self.problems += _group(key, prefix, value_text, self.groups[key], self.good, tok)
+            return
+        opened = any(key.startswith(p) or key == p.rstrip(".") for p in self.open_prefixes)
+        if key not in self.known and opened:
             parsed, problem = _parse(key, value_text, prefix == "~")
             if problem:
-                problems.append(problem)
+                self.problems.append(problem)
             else:
-                good.append(Override(tok, key, parsed, "open"))
-            continue
+                self.good.append(Override(text=tok, key=key, value=parsed, kind="open"))
+            return
         dict_field = next(
             (
                 f
-                for f in known.values()
+                for f in self.known.values()
                 if f.base == "dict" and (key == f.key or key.startswith(f.key + "."))
             ),
             None,
         )
-        if key not in known and dict_field is None:
-            if key.startswith("model.") and model_label:
-                names = [k.removeprefix("model.") for k in (extra or {})]
-                hint = did_you_mean(key.removeprefix("model."), names)
-                problems.append(
-                    f"{key}: not a key of {model_label}{hint}; its keys: {', '.join(names)}"
-                )
-            elif key.startswith("data."):
-                names = [k for k in known if k.startswith("data.")]
-                problems.append(
-                    f"{key}: not a key of data{did_you_mean(key, names)}; only data=custom "
-                    "takes extra keys (its dataset's keyword arguments)"
-                )
-            else:
-                problems.append(unknown_key(key))
-            continue
+        if key not in self.known and dict_field is None:
+            self.problems.append(self.unknown(key))
+            return
         if key == "parallel.nnodes" and ":" in value_text:  # elastic: nnodes=MIN:MAX
-            problems += _node_range(tok, value_text, good)
-            continue
+            self.problems += _node_range(tok, value_text, self.good)
+            return
         parsed, problem = _parse(key, value_text, prefix == "~")
+        if problem is None and dict_field is not None:
+            self.problems += _dict(dict_field, key, parsed, self.good, tok)
+            return
+        if problem is None:
+            scratch = self.scratch_model if key.startswith("model.") else None
+            problem = _type_problem(self.known[key], parsed, scratch or _scratch())
         if problem:
-            problems.append(problem)
-            continue
-        if dict_field is not None:
-            problems += _dict(dict_field, key, parsed, good, tok)
-            continue
-        scratch = scratch_model if key.startswith("model.") and scratch_model else _scratch()
-        problem = _type_problem(known[key], parsed, scratch)
-        if problem:
-            problems.append(problem)
-            continue
-        good.append(Override(tok, key, parsed, "value"))
-    return good, problems
+            self.problems.append(problem)
+        else:
+            self.good.append(Override(text=tok, key=key, value=parsed, kind="value"))
+
+    def unknown(self, key: str) -> str:
+        """A key no schema has: the model's keys, data's, or the whole schema's."""
+        if key.startswith("model.") and self.model_label:
+            names = [k.removeprefix("model.") for k in self.extra]
+            hint = did_you_mean(key.removeprefix("model."), names)
+            return f"{key}: not a key of {self.model_label}{hint}; its keys: {', '.join(names)}"
+        if key.startswith("data."):
+            names = [k for k in self.known if k.startswith("data.")]
+            return (
+                f"{key}: not a key of data{did_you_mean(key, names)}; only data=custom "
+                "takes extra keys (its dataset's keyword arguments)"
+            )
+        return unknown_key(key)
 
 
 def _node_range(tok: str, value_text: str, good: list[Override]) -> list[str]:
@@ -207,8 +234,8 @@ def _node_range(tok: str, value_text: str, good: list[Override]) -> list[str]:
     low, _, high = value_text.partition(":")
     if not (low.strip().lstrip("-").isdigit() and high.strip().isdigit()):
         return [f"{tok}: expected MIN:MAX node counts, e.g. parallel.nnodes=1:4"]
-    good.append(Override(tok, "parallel.min_nnodes", int(low), "value"))
-    good.append(Override(tok, "parallel.nnodes", int(high), "value"))
+    good.append(Override(text=tok, key="parallel.min_nnodes", value=int(low), kind="value"))
+    good.append(Override(text=tok, key="parallel.nnodes", value=int(high), kind="value"))
     return []
 
 
@@ -304,7 +331,7 @@ def _group(
             f"{group}={option}: no such option{did_you_mean(option, options)}; "
             f"allowed: {', '.join(options)}"
         ]
-    good.append(Override(tok, group, option, "group"))
+    good.append(Override(text=tok, key=group, value=option, kind="group"))
     return []
 
 
@@ -322,7 +349,7 @@ def _dict(f: Field, key: str, value: Any, good: list[Override], tok: str) -> lis
         return [f"{key}: value {value!r} is not a string; write e.g. {key}=value"]
     elif value is not None:
         value = str(value).lower() if isinstance(value, bool) else str(value)
-    good.append(Override(tok, key, value, "dict"))
+    good.append(Override(text=tok, key=key, value=value, kind="dict"))
     return []
 
 

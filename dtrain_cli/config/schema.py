@@ -17,10 +17,12 @@ from typing import Any
 
 from omegaconf import MISSING
 
+from dtrain_cli.config.site_schema import ClusterConfig, HardwareConfig
+
 SCHEMA_NAME = "dtrain_schema"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DataConfig:
     source: str = "builtin"
     """builtin (stdlib sources, byte-level) | text (file or folder) | tokens (.bin) | synthetic
@@ -57,7 +59,7 @@ class DataConfig:
     """Batches each worker loads ahead (DataLoader default 2; needs num_workers > 0)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ParallelConfig:
     dp: int = 1
     tp: int = 1
@@ -94,7 +96,7 @@ class ParallelConfig:
     recompute the rest in backward (``torch.utils.checkpoint``, non-reentrant)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CommConfig:
     """Gradient communication of data parallel (DDP communication hooks)."""
 
@@ -107,7 +109,7 @@ class CommConfig:
     """DDP gradient bucket size: smaller starts communication earlier in backward."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SyncConfig:
     """When replicas synchronize: every step (sync) or by periodic model averaging."""
 
@@ -129,7 +131,7 @@ class SyncConfig:
     """diloco: momentum of the outer step (0: plain SGD on the pseudo-gradient)."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PipelineConfig:
     """Pipeline parallelism (pp > 1): stages, schedule and micro-batches."""
 
@@ -150,7 +152,7 @@ class PipelineConfig:
     """Custom models: modules run after the layers, on the last stage (e.g. [norm, head])."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class OptimConfig:
     name: str = "adamw"
     base_lr: float = 1e-3
@@ -170,7 +172,7 @@ class OptimConfig:
     """Clip the global gradient norm to this value; 0 turns clipping off."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PrecisionConfig:
     name: str = "fp32"
     init_scale: float = 65536.0
@@ -178,7 +180,7 @@ class PrecisionConfig:
     growth_interval: int = 2000
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CheckpointConfig:
     every_steps: int = 0
     """Save every N steps; 0 = never by step count."""
@@ -189,7 +191,7 @@ class CheckpointConfig:
     async_save: bool = False
 
 
-@dataclass
+@dataclass(kw_only=True)
 class TrainConfig:
     steps: int = 100
     micro_batch_size: int | None = None
@@ -224,7 +226,7 @@ class TrainConfig:
     """skip: stop after this many skipped steps in a row."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LoggingConfig:
     every: int = 10
     """Reduce and log the loss every N steps (a host sync + one collective each time)."""
@@ -233,15 +235,20 @@ class LoggingConfig:
     """auto (a bar on a terminal, lines otherwise) | bar | lines | off."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DebugConfig:
     """When a run goes wrong: hangs, mismatched collectives, stragglers, diverging
     replicas, profiles (:mod:`dtrain_cli.runtime.diagnostics.watchdog` and its neighbours)."""
 
     collective_timeout_s: float = 300.0
-    """A step (or a collective) taking longer: every rank's stack goes to ``logs/hang/``,
-    the launcher names the stuck and missing ranks and the job ends. The process group's
-    timeout is this plus 15 s (the watchdog speaks first). 0: no watchdog (300 s)."""
+    """The one collective timeout: a step (or a collective) taking longer ends the run.
+    With ``hang_watchdog`` every rank's stack goes to ``logs/hang/`` and the launcher names
+    the stuck and missing ranks; the process group's own timeout comes 15 s later as a
+    backstop. 0: no limit of dtrain's (torch's 300 s process-group timeout)."""
+    hang_watchdog: bool = True
+    """A thread per rank that reports a hang at ``collective_timeout_s`` (stacks, the last
+    collective); false: the process group's timeout alone ends it (the frozen rank is then
+    named 'stopped answering')."""
     check_collectives: bool = False
     """TORCH_DISTRIBUTED_DEBUG=DETAIL: every collective's op, shape and dtype checked
     across ranks (mismatches named at the first one; costs a check per collective)."""
@@ -263,7 +270,7 @@ class DebugConfig:
     """[first, last]: a torch.profiler trace per rank of these steps, in ``profile/``."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LauncherConfig:
     start_method: str = "forkserver"
     """forkserver (a server that imports torch and the runtime on another core while the
@@ -277,10 +284,6 @@ class LauncherConfig:
     threads_per_proc: int | None = None
     """torch threads per worker; default: CPU cores / processes per node."""
     monitor_interval_s: float = 0.1
-    collective_timeout_s: int | None = None
-    """The process group's timeout: seconds a collective waits for a peer before the rank
-    fails (a frozen rank is then named: 'stopped answering'). Default: the hang watchdog's
-    ``debug.collective_timeout_s`` + 15 s (the watchdog speaks first), 300 without it."""
     node_timeout_s: int = 15
     """Elastic runs: seconds without a heartbeat before a node counts as lost."""
     last_call_s: int = 10
@@ -291,7 +294,7 @@ class LauncherConfig:
     ``.venv/bin/python`` whose packages the script imports. Default: dtrain's own."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunConfig:
     root: str = "runs"
     name: str | None = None
@@ -304,75 +307,7 @@ class RunConfig:
     --config-dir folders, PYTHONPATH) so every worker and node imports the same code."""
 
 
-@dataclass
-class ClusterConfig:
-    """Where ``dtrain sbatch`` sends a run (SLURM site defaults: ``configs/cluster/<site>.yaml``)
-    and how a run answers a preemption. Checked in :mod:`dtrain_cli.launch.slurm`."""
-
-    name: str = "local"
-    partition: str | None = None
-    account: str | None = None
-    qos: str | None = None
-    time: str = "01:00:00"
-    """Wall-clock limit (#SBATCH --time): MM, HH:MM:SS or D-HH:MM:SS."""
-    gpus_per_node: int = 0
-    """GPUs per node (#SBATCH --gpus-per-node); > 0 runs one worker per GPU."""
-    cpus_per_task: int | None = None
-    """CPUs for each node's launcher and its workers (#SBATCH --cpus-per-task)."""
-    mem: str | None = None
-    """Memory per node (#SBATCH --mem), e.g. 200G."""
-    setup: list[str] = field(default_factory=list)
-    """Shell lines run at every job start (module load ..., source .../activate): site code."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Environment variables exported in the job script (values are quoted)."""
-    sbatch_args: list[str] = field(default_factory=list)
-    """Extra #SBATCH options, one per item, e.g. --constraint=a100."""
-    python: str | None = None
-    """Python with dtrain on the compute nodes; default the one running ``dtrain sbatch``."""
-    rdzv_port: int = 0
-    """c10d rendezvous port on the first node; 0 = 20000 + job id % 20000."""
-    signal: str = "USR1"
-    """Asks workers to checkpoint at the next logging step and stop (SLURM: --signal)."""
-    signal_lead_s: int = 120
-    """Seconds before the time limit SLURM sends ``signal`` (it may come up to 60 s early)."""
-    checkpoint_on_sigterm: bool = True
-    """Under SLURM or in a Kubernetes pod, SIGTERM (preemption, scontrol requeue, a pod's
-    deletion or eviction) also asks for that checkpoint."""
-    requeue: bool = True
-    """After a preemption checkpoint the job requeues itself and resumes from it."""
-    max_requeues: int = 20
-    # Kubernetes (``dtrain k8s``, docs/kubernetes.md); checked in dtrain_cli.config.k8s_fields
-    image: str | None = None
-    """Kubernetes: the container image every pod runs (dtrain and your code installed)."""
-    k8s_kind: str = "jobset"
-    """Kubernetes: jobset (a JobSet, jobset.x-k8s.io/v1alpha2) | trainjob (a Kubeflow
-    Trainer v2 TrainJob on the runtime ``trainjob_runtime``)."""
-    namespace: str | None = None
-    """Kubernetes namespace; default: the kube-context's (``--submit``) or none (the file)."""
-    queue: str | None = None
-    """Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``): all pods admitted together."""
-    pvc: str | None = None
-    """PersistentVolumeClaim holding the run dirs, mounted at ``run_root`` in every pod
-    (ReadWriteMany for several nodes); unset: an emptyDir per pod, lost at a restart."""
-    run_root: str = "/runs"
-    """Kubernetes: where the run dirs' volume is mounted; the run dir is run_root/<name>."""
-    shm_size: str | None = None
-    """Kubernetes: size limit of the memory-backed /dev/shm, e.g. 64Gi; unset: no limit
-    (it counts against the pod's memory)."""
-    service_account: str | None = None
-    """Kubernetes service account of the pods (image pull secrets, storage access)."""
-    gpu_resource: str = "nvidia.com/gpu"
-    """Kubernetes: the extended resource ``gpus_per_node`` requests (amd.com/gpu ...)."""
-    grace_period_s: int | None = None
-    """Kubernetes: seconds from SIGTERM to SIGKILL (terminationGracePeriodSeconds); unset:
-    from the plan's estimate of the time to the next logging step plus one checkpoint."""
-    storage_gbps: float = 1.0
-    """Kubernetes: write bandwidth of the run dirs' volume (GB/s), for that estimate."""
-    trainjob_runtime: str = "torch-distributed"
-    """k8s_kind=trainjob: the ClusterTrainingRuntime the TrainJob runs on."""
-
-
-@dataclass
+@dataclass(kw_only=True)
 class ScriptConfig:
     """Your own training script, started on every rank as ``python PATH ARGS`` (or
     ``python -m MODULE ARGS``) would be under torchrun: ``dtrain run train.py --epochs 3``.
@@ -386,46 +321,7 @@ class ScriptConfig:
     """The script's own arguments (``sys.argv[1:]``), passed as they are."""
 
 
-@dataclass
-class HardwareConfig:
-    """One kind of device and its links, for ``dtrain advise`` and the plan's step-time
-    estimate (``configs/hardware/<name>.yaml``; each value's source is a comment there)."""
-
-    name: str = "cpu"
-    device: str = "cpu"
-    """cpu | cuda: the run.device layouts are planned for."""
-    memory_gib: float = 0.0
-    """Memory per device (GiB)."""
-    reserved_gib: float = 0.0
-    """Memory per device not available to tensors (CUDA context, allocator slack)."""
-    peak_tflops_bf16: float = 0.0
-    """Dense bf16/fp16 matmul peak per device (TFLOP/s), no sparsity."""
-    peak_tflops_fp32: float = 0.0
-    """Dense fp32 peak per device (TFLOP/s; plain fp32, not TF32)."""
-    matmul_efficiency: float = 0.5
-    """Fraction of the peak the matmuls of a large model reach: the ceiling of the step-time
-    model's compute efficiency, which ``memory_gbps`` lowers for narrow models and small
-    micro-batches (:func:`dtrain_cli.plan.steptime.compute_efficiency`)."""
-    attention_efficiency: float = 0.0
-    """Fraction of the peak the attention's score and value products (flash attention,
-    12 L d s FLOPs per token) reach; 0: the same as the other matmuls."""
-    memory_gbps: float = 0.0
-    """Device memory bandwidth (GB/s; HBM on a GPU). 0: the memory-bound share of a step is
-    left out (compute at ``peak * matmul_efficiency`` whatever the shapes)."""
-    devices_per_node: int = 1
-    intra_node_gbps: float = 0.0
-    """Per-device bandwidth to devices of the same node, one direction (GB/s)."""
-    intra_node_latency_us: float = 0.0
-    inter_node_gbps: float = 0.0
-    """Per-device bandwidth to other nodes, one direction (GB/s)."""
-    inter_node_latency_us: float = 0.0
-    comm_overlap: float = 1.0
-    """Fraction of data-parallel communication that can hide behind compute: 1 where
-    collectives run on their own engines (NCCL on GPUs), 0 where the same cores do both
-    (gloo on a CPU)."""
-
-
-@dataclass
+@dataclass(kw_only=True)
 class DtrainConfig:
     model: Any = MISSING
     """The model kind's typed config (``dtrain_cli.models``): GPTConfig, CNNConfig, ..."""

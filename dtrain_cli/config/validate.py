@@ -112,7 +112,6 @@ OPTIONAL_POSITIVE = (
     "pipeline.microbatches",
     "launcher.threads_per_proc",
     "data.prefetch_factor",
-    "launcher.collective_timeout_s",
 )
 # key -> (low, high): values in [low, high). A model's own fields: its kind checks them
 # (``ModelSpec.problems``, dtrain_cli/models).

@@ -33,9 +33,26 @@ def _kv(title: str, rows: list[tuple[str, object]]) -> Table:
 
 
 def render_plan(plan: Plan) -> Group:
-    b, lr, e, ck = plan.batch, plan.lr, plan.estimates, plan.checkpoint
-    mesh = plan.mesh.label()
-    layout = _kv(
+    """Every section of the plan as a table, then the ranks, then the warnings."""
+    parts: list = [_layout(plan), _batch(plan), _schedule(plan), _checkpoints(plan)]
+    if plan.script is None:
+        parts.append(_estimates(plan))
+    if plan.pipeline is not None:
+        parts.append(_pipeline_table(plan))
+    if plan.elastic is not None:
+        parts.append(_elastic_table(plan))
+    if plan.sync is not None:
+        from dtrain_cli.plan.sync import sync_rows
+
+        parts.append(_kv("sync", sync_rows(plan.sync)))
+    parts.append(_ranks(plan))
+    parts += [f"[yellow]warning:[/] {w}" for w in plan.warnings]
+    return Group(*parts)
+
+
+def _layout(plan: Plan) -> Table:
+    e = plan.estimates
+    return _kv(
         "layout",
         [
             ("recipe / model", f"{plan.recipe} / {plan.model} ({e.num_params:,} parameters)"),
@@ -44,38 +61,35 @@ def render_plan(plan: Plan) -> Group:
                 f"{plan.world_size} = {plan.nnodes} node(s) x "
                 + plural(plan.nproc_per_node, "process", "processes"),
             ),
-            ("mesh", mesh),
+            ("mesh", plan.mesh.label()),
             ("strategy", plan.strategy),
             ("device / backend", f"{plan.device} / {plan.backend}"),
             ("threads per process", plan.threads_per_proc),
             ("start method / restarts", f"{plan.start_method} / {plan.max_restarts}"),
         ],
     )
-    batch = _kv(
-        "batch",
-        [
-            ("micro batch x accum x dp", f"{b.micro_batch_size} x {b.grad_accum} x {b.dp}"),
-            *(
-                [
-                    ("global batch", f"{b.global_batch_size} sequences of {b.seq_len} tokens"),
-                    ("tokens per step", f"{b.tokens_per_step:,}"),
-                    (
-                        "steps / tokens in all",
-                        f"{plan.steps:,} / {plan.steps * b.tokens_per_step:,}",
-                    ),
-                ]
-                if b.unit == "tokens"
-                else [
-                    ("global batch", f"{b.global_batch_size} samples"),
-                    (
-                        "steps / samples in all",
-                        f"{plan.steps:,} / {plan.steps * b.global_batch_size:,}",
-                    ),
-                ]
-            ),
-        ],
-    )
-    sched = _kv(
+
+
+def _batch(plan: Plan) -> Table:
+    b = plan.batch
+    if b.unit == "tokens":
+        totals = [
+            ("global batch", f"{b.global_batch_size} sequences of {b.seq_len} tokens"),
+            ("tokens per step", f"{b.tokens_per_step:,}"),
+            ("steps / tokens in all", f"{plan.steps:,} / {plan.steps * b.tokens_per_step:,}"),
+        ]
+    else:
+        totals = [
+            ("global batch", f"{b.global_batch_size} samples"),
+            ("steps / samples in all", f"{plan.steps:,} / {plan.steps * b.global_batch_size:,}"),
+        ]
+    micro = ("micro batch x accum x dp", f"{b.micro_batch_size} x {b.grad_accum} x {b.dp}")
+    return _kv("batch", [micro, *totals])
+
+
+def _schedule(plan: Plan) -> Table:
+    lr, prec = plan.lr, plan.precision
+    return _kv(
         "learning rate",
         [
             ("base lr @ base batch", f"{lr.base_lr:g} @ {lr.base_batch_size}"),
@@ -88,13 +102,17 @@ def render_plan(plan: Plan) -> Group:
             ),
             (
                 "precision",
-                f"{plan.precision.name} (autocast {plan.precision.autocast_dtype or 'off'}, "
-                f"loss scaling {'on' if plan.precision.loss_scaling else 'off'})",
+                f"{prec.name} (autocast {prec.autocast_dtype or 'off'}, "
+                f"loss scaling {'on' if prec.loss_scaling else 'off'})",
             ),
         ],
     )
+
+
+def _checkpoints(plan: Plan) -> Table:
+    ck = plan.checkpoint
     saves = ", ".join(map(str, ck.steps[:8])) + (" ..." if len(ck.steps) > 8 else "")
-    ckpt = _kv(
+    return _kv(
         "checkpoints",
         [
             (
@@ -106,37 +124,33 @@ def render_plan(plan: Plan) -> Group:
             ("saves at steps", saves or "none"),
         ],
     )
-    mem = _kv(
-        "estimates per rank",
-        [
-            (
-                "parameters (largest stage)" if plan.pipeline else "parameters",
-                f"{e.params_per_rank:,} of {e.num_params:,}",
-            ),
-            (
-                "parameter bytes held"
-                + (f" (sharded over dp={plan.dims.dp_shard})" if _shards_params(plan) else ""),
-                _bytes(e.bytes_params),
-            ),
-            ("gradients", _bytes(e.bytes_grads)),
-            ("optimizer state", _bytes(e.bytes_optimizer)),
-            (
-                "activations (per micro batch"
-                + (f", checkpointing {e.activation_checkpointing})" if e.bytes_recompute else ")"),
-                _bytes(e.bytes_activations),
-            ),
-            *(
-                [("recompute (one block, backward)", _bytes(e.bytes_recompute))]
-                if e.bytes_recompute
-                else []
-            ),
-            ("total", _bytes(e.bytes_total)),
-            (
-                f"FLOPs per {'token' if b.unit == 'tokens' else 'sample'} (fwd+bwd)",
-                f"{e.flops_per_token:,}",
-            ),
-        ],
-    )
+
+
+def _estimates(plan: Plan) -> Table:
+    e = plan.estimates
+    sharded = f" (sharded over dp={plan.dims.dp_shard})" if _shards_params(plan) else ""
+    recompute = f", checkpointing {e.activation_checkpointing})" if e.bytes_recompute else ")"
+    rows = [
+        (
+            "parameters (largest stage)" if plan.pipeline else "parameters",
+            f"{e.params_per_rank:,} of {e.num_params:,}",
+        ),
+        ("parameter bytes held" + sharded, _bytes(e.bytes_params)),
+        ("gradients", _bytes(e.bytes_grads)),
+        ("optimizer state", _bytes(e.bytes_optimizer)),
+        ("activations (per micro batch" + recompute, _bytes(e.bytes_activations)),
+    ]
+    if e.bytes_recompute:
+        rows.append(("recompute (one block, backward)", _bytes(e.bytes_recompute)))
+    unit = "token" if plan.batch.unit == "tokens" else "sample"
+    rows += [
+        ("total", _bytes(e.bytes_total)),
+        (f"FLOPs per {unit} (fwd+bwd)", f"{e.flops_per_token:,}"),
+    ]
+    return _kv("estimates per rank", rows)
+
+
+def _ranks(plan: Plan) -> Table:
     ranks = Table(title="rank -> mesh coordinates", title_justify="left")
     ranks.add_column("rank")
     for name in plan.mesh.dim_names:
@@ -149,18 +163,7 @@ def render_plan(plan: Plan) -> Group:
             ranks.add_row(*(str(row[k]) for k in ("rank", *plan.mesh.dim_names)))
     if plan.world_size > MAX_RANK_ROWS:
         ranks.add_row("...", *("" for _ in plan.mesh.dim_names))
-    parts: list = [layout, batch, sched, ckpt] + ([] if plan.script else [mem])
-    if plan.pipeline is not None:
-        parts.append(_pipeline_table(plan))
-    if plan.elastic is not None:
-        parts.append(_elastic_table(plan))
-    if plan.sync is not None:
-        from dtrain_cli.plan.sync import sync_rows
-
-        parts.append(_kv("sync", sync_rows(plan.sync)))
-    parts.append(ranks)
-    parts += [f"[yellow]warning:[/] {w}" for w in plan.warnings]
-    return Group(*parts)
+    return ranks
 
 
 def render_script(plan: Plan, rdzv_endpoint: str, rdzv_timeout_s: int) -> Table:

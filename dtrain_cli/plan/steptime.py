@@ -70,7 +70,7 @@ TOKEN_BYTES_PER_FLOP = 6.0
 ZERO_BUBBLE_FACTOR = 0.5  # zbv's measured bubble against (p-1)/(v m+p-1): bench/RESULTS.md
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Memory:
     """Bytes per device at the peak, by part, against the device's capacity."""
 
@@ -90,7 +90,7 @@ class Memory:
         return self.total <= self.capacity
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Link:
     """Bytes one device sends per step on one mesh axis, and over which link."""
 
@@ -102,7 +102,7 @@ class Link:
     exposed_s: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StepEstimate:
     memory: Memory
     links: list[Link] = field(default_factory=list)
@@ -193,7 +193,14 @@ def peak_memory(cfg: DtrainConfig, spec: ModelSpec, plan: Plan, hw: HardwareConf
     if spec.vocab_size and facts.unit == "tokens":  # the logits' gradient (last stage)
         temporary += b.micro_batch_size * facts.tokens_per_sample * spec.vocab_size * 4
     capacity = int((hw.memory_gib - hw.reserved_gib) * GIB)
-    return Memory(e.bytes_params, e.bytes_grads, e.bytes_optimizer, acts, temporary, capacity)
+    return Memory(
+        params=e.bytes_params,
+        grads=e.bytes_grads,
+        optimizer=e.bytes_optimizer,
+        activations=acts,
+        temporary=temporary,
+        capacity=capacity,
+    )
 
 
 def _width(spec: ModelSpec, facts: ModelFacts) -> int:
@@ -214,7 +221,7 @@ def tp_link(
     calls *= plan.batch.grad_accum
     nbytes = ring * boundary * calls
     t = _link_time(hw, where, nbytes, int(calls))
-    return Link("tp", int(nbytes), where, t, t)
+    return Link(axis="tp", bytes=int(nbytes), where=where, seconds=t, exposed_s=t)
 
 
 def pp_link(cfg: DtrainConfig, plan: Plan, hw: HardwareConfig, boundary: float) -> Link:
@@ -231,7 +238,13 @@ def pp_link(cfg: DtrainConfig, plan: Plan, hw: HardwareConfig, boundary: float) 
     nbytes = boundary * calls
     t = _link_time(hw, where, nbytes, calls)
     fill = min(2 * (cfg.parallel.pp - 1) * pipe.calls_per_step, calls) * t / max(calls, 1)
-    return Link("pp", int(nbytes), where, t, fill + (1 - hw.comm_overlap) * (t - fill))
+    return Link(
+        axis="pp",
+        bytes=int(nbytes),
+        where=where,
+        seconds=t,
+        exposed_s=fill + (1 - hw.comm_overlap) * (t - fill),
+    )
 
 
 def dp_link(
@@ -264,7 +277,7 @@ def dp_link(
     hidden = hw.comm_overlap * (compute_s if traffic.hidden_behind == "step" else backward_s)
     t = _link_time(hw, where, nbytes, calls, per_node)
     exposed = max(0.0, t - hidden) + _link_time(hw, where, 0, 1)  # the last call waits
-    return Link("dp", int(nbytes), where, t, min(t, exposed))
+    return Link(axis="dp", bytes=int(nbytes), where=where, seconds=t, exposed_s=min(t, exposed))
 
 
 def compute_seconds(

@@ -27,6 +27,7 @@ ENTRIES: dict[str, str] = {
     "logs/hang/": "the hang watchdog's records: every rank's stack and last collective",
     "logs/failures/": "a failing rank's note: its step and the time, for the launcher's report",
     "elastic/": "elastic runs: progress.json (size, last step), changes.jsonl (each resize)",
+    "servers/": "sync.mode=param_server: server_<i>.json, each server's apply rate and staleness",
     "slurm/": (
         "dtrain sbatch: job.sbatch, job_id, job-<id>.out, FINISHED, rendezvous, "
         "join.sbatch, join-<id>.out"
@@ -115,6 +116,10 @@ class RunDir:
     @property
     def elastic_changes(self) -> Path:
         return self.elastic / "changes.jsonl"
+
+    def server_record(self, shard: int) -> Path:
+        """sync.mode=param_server: what server ``shard`` saw (rank 0 reads it at the end)."""
+        return self.path / "servers" / f"server_{shard}.json"
 
     @property
     def slurm(self) -> Path:

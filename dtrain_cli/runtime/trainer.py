@@ -126,9 +126,8 @@ class Trainer:
         )
         self.replicas = ReplicaChecker(cfg, plan, ctx, self.pm)
         self.numerics = NumericsPolicy(cfg.train, ctx, self.pm, plan.batch.dp, self.reports_loss)
-        self.watchdog = Watchdog(
-            run_dir, ctx.rank, ctx.world_size, cfg.debug.collective_timeout_s, backend=plan.backend
-        )
+        watch_s = cfg.debug.collective_timeout_s if cfg.debug.hang_watchdog else 0.0  # 0: off
+        self.watchdog = Watchdog(run_dir, ctx.rank, ctx.world_size, watch_s, backend=plan.backend)
         self.profiler = Profiler(cfg.debug.profile_steps, run_dir, ctx.rank, ctx.device)
 
     def _build_metrics(self, console: Console | None) -> None:

@@ -76,9 +76,7 @@ def worker_main(
     preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
     collective_debug.enable(cfg.debug.check_collectives)
     enable_flight_recorder(plan.backend, cfg.debug.collective_timeout_s)
-    timeout = process_group_timeout_s(
-        cfg.debug.collective_timeout_s, cfg.launcher.collective_timeout_s
-    )
+    timeout = process_group_timeout_s(cfg.debug.collective_timeout_s, cfg.debug.hang_watchdog)
     ctx = init_distributed(plan, timeout_s=timeout)
     pg_ready = time.time()
     log.info("rank %d mesh coordinates %s", rank, json.dumps(mesh_coordinates(ctx)))

@@ -9,7 +9,7 @@ temporary folder is being written): the process dies by SIGKILL, as on a lost no
 ``hang`` (end of a training step): the process stays alive but never reaches the next
 collective, as on a stuck device (the hang watchdog names it after
 ``debug.collective_timeout_s``; with the watchdog off, its peers fail after the process
-group's timeout, ``launcher.collective_timeout_s``).
+group's timeout, ``debug.collective_timeout_s`` with ``debug.hang_watchdog=false``).
 Diagnosis drills (:func:`armed`, read by the loop at fixed points): ``slow`` (``ms`` of
 sleep in every step: a straggler), ``nan`` (that step's loss and a gradient become NaN),
 ``spike`` (its loss x1000), ``mismatch`` (the logging all-reduce with another shape),

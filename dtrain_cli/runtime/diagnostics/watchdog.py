@@ -82,11 +82,12 @@ def enable_flight_recorder(backend: str, collective_timeout_s: float) -> None:
         os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
 
 
-def process_group_timeout_s(collective_timeout_s: float, pg_timeout_s: float | None) -> float:
-    """``launcher.collective_timeout_s`` when set, else the watchdog's + a margin."""
-    if pg_timeout_s:
-        return float(pg_timeout_s)
-    return collective_timeout_s + PG_MARGIN_S if collective_timeout_s > 0 else 300.0
+def process_group_timeout_s(collective_timeout_s: float, hang_watchdog: bool) -> float:
+    """``debug.collective_timeout_s``, a margin later when the watchdog speaks first;
+    torch's 300 s without a limit of dtrain's."""
+    if collective_timeout_s <= 0:
+        return 300.0
+    return collective_timeout_s + (PG_MARGIN_S if hang_watchdog else 0.0)
 
 
 class Watchdog:

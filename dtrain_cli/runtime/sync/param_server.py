@@ -39,6 +39,7 @@ from torch import nn
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.runtime.state.optim import build_optimizer
 from dtrain_cli.sync_modes.param_server import HEADER_WORDS
 
@@ -168,9 +169,9 @@ class ServerLoop:
             rounds=self.rounds,
             shard_params=self.shard.numel,
         )
-        out = run_dir / "servers"
-        out.mkdir(exist_ok=True)
-        (out / f"server_{self.index}.json").write_text(json.dumps(self.stats, indent=2))
+        record = RunDir(run_dir).server_record(self.index)
+        record.parent.mkdir(exist_ok=True)
+        record.write_text(json.dumps(self.stats, indent=2))
         for work, _ in self.outbox:
             work.wait()
         self.ps.send([_message(REPLY, self.rounds, 0, 0, torch.zeros(0))], 0, 0).wait()

@@ -22,6 +22,7 @@ from torch import nn
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.runtime.sync.base import SyncRuntime
 from dtrain_cli.runtime.sync.param_server import (
     DONE,
@@ -211,7 +212,7 @@ class ParamServerClient:
             buf = torch.zeros(HEADER_WORDS)
             self.ps.recv([buf], dst, 0).wait()
         servers = [
-            json.loads((run_dir / "servers" / f"server_{i}.json").read_text())
+            json.loads(RunDir(run_dir).server_record(i).read_text())
             for i in range(len(self.server_ranks))
         ]
         out["servers"] = servers
