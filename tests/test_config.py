@@ -198,3 +198,36 @@ def test_powersgd_resume_at_another_dp_is_refused_with_the_way_out():
     (line,) = unsafe_resume_changes(old, other)
     assert line.startswith("parallel.dp=4: PowerSGD's error feedback is each rank's own")
     assert "resume at dp=2, or drop it with comm.compression=none" in line
+
+
+@pytest.mark.parametrize("mode", ["diloco", "local_sgd"])
+def test_replicas_that_step_alone_resume_at_their_dp_and_mode_only(mode):
+    """Each replica's optimizer state is its own entry of the checkpoint: another dp or
+    another sync mode is one line naming the checkpoint's."""
+    from dtrain_cli.config.resume_changes import unsafe_resume_changes
+
+    old = compose_config("gpt_tiny", ["dp=2", f"sync.mode={mode}"])
+    assert (
+        unsafe_resume_changes(old, compose_config("gpt_tiny", ["dp=2", f"sync.mode={mode}"])) == []
+    )
+    (line,) = unsafe_resume_changes(old, compose_config("gpt_tiny", ["dp=4", f"sync.mode={mode}"]))
+    assert line.startswith(f"parallel.dp=4: sync.mode={mode} checkpoints each replica's own")
+    assert line.endswith("resume at dp=2")
+    (line,) = unsafe_resume_changes(old, compose_config("gpt_tiny", ["dp=2"]))
+    assert line.startswith("sync.mode=sync: the checkpoint (sync.mode=" + mode)
+    (line,) = unsafe_resume_changes(compose_config("gpt_tiny", ["dp=2"]), old)
+    assert line.endswith("resume with sync.mode=sync")
+
+
+@pytest.mark.parametrize("mode", ["diloco", "local_sgd"])
+def test_replicas_that_step_alone_refuse_elastic_membership(mode):
+    from dtrain_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        build_plan(
+            compose_config("gpt_tiny", ["dp=2", f"sync.mode={mode}", "parallel.nnodes=1:2"]), CPU
+        )
+    assert any(
+        p.startswith(f"parallel.nnodes=1:2: sync.mode={mode} checkpoints each replica's own")
+        for p in info.value.problems
+    )

@@ -9,7 +9,7 @@ every other line):
 Launched as written elsewhere, so not again here: ``cd examples && dtrain launch
 recipe=my_experiment --config-dir conf dp=2`` (tests/test_own_model.py), the Hugging Face
 recipes under dp, fsdp, tp and pp (tests/test_hf_launch.py), ``recipe=cnn_bn
-model.sync_bn=true`` (tests/test_sync_batchnorm.py), the fault drills
+parallel.sync_batchnorm=true`` (tests/test_sync_batchnorm.py), the fault drills
 (tests/test_failures.py, tests/test_diagnose.py).
 """
 

@@ -277,14 +277,39 @@ def test_strategy_bad_input(recipe, overrides, expected):
 
 
 def test_a_key_of_another_model_kind_is_named_with_the_keys_it_has():
-    """sync_bn belongs to the cnn_bn kind: on a GPT it is refused, naming the GPT's keys."""
+    """channels belongs to the cnn_bn kind: on a GPT it is refused, naming the GPT's keys."""
     from dtrain_cli.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
-        plan_for("model.sync_bn=true")
+        plan_for("model.channels=[8]")
     (line,) = info.value.problems
-    assert line.startswith("model.sync_bn: not a key of model=gpt_tiny (kind gpt)")
+    assert line.startswith("model.channels: not a key of model=gpt_tiny (kind gpt)")
     assert "n_layer" in line
+
+
+@pytest.mark.parametrize("recipe", ["cnn_bn", "gpt_tiny"])
+def test_model_sync_bn_moved_to_parallel_sync_batchnorm(recipe):
+    """The old cnn_bn key is one line naming the key that works for every model."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        compose_config(recipe, ["model.sync_bn=true"])
+    (line,) = info.value.problems
+    assert line.startswith("model.sync_bn: moved: parallel.sync_batchnorm=true")
+
+
+def test_batchnorm_at_dp_above_one_warns_unless_synchronized():
+    cnn = compose_config("cnn_bn", ["dp=2"], validate=False)
+    (warning,) = [w for w in build_plan(cnn, CPU).warnings if "BatchNorm" in w]
+    assert "2 BatchNorm layers and dp=2" in warning
+    assert "its own 16 samples" in warning and "parallel.sync_batchnorm=true" in warning
+    synced = compose_config("cnn_bn", ["dp=2", "parallel.sync_batchnorm=true"], validate=False)
+    assert not [w for w in build_plan(synced, CPU).warnings if "BatchNorm" in w]
+    single = compose_config("cnn_bn", ["dp=1"], validate=False)
+    assert not [w for w in build_plan(single, CPU).warnings if "BatchNorm" in w]
+    gpt = compose_config("gpt_tiny", ["dp=2", "parallel.sync_batchnorm=true"], validate=False)
+    assert "no BatchNorm layer to synchronize" in " ".join(build_plan(gpt, CPU).warnings)
 
 
 def test_an_image_models_plan_counts_samples_not_tokens():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -101,7 +102,7 @@ def test_cnn_bn_recipe_trains_with_sync_bn(tmp_path):
             "launch",
             "recipe=cnn_bn",
             "dp=2",
-            "model.sync_bn=true",
+            "parallel.sync_batchnorm=true",
             "train.steps=30",
             "logging.every=10",
             "logging.tensorboard=false",
@@ -117,3 +118,73 @@ def test_cnn_bn_recipe_trains_with_sync_bn(tmp_path):
     assert all("samples_per_s" in r and "tokens_per_s" not in r for r in run.metrics())
     assert run.summary()["samples_per_s"] > 0 and "tokens_per_s" not in run.summary()
     assert "samples/s" in run.stdout and "tok/s" not in run.stdout
+
+
+# -- any model: parallel.sync_batchnorm=true at dp=2 (8 samples a rank) equals dp=1 (16) --
+BN_ENV = {
+    "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent), str(Path(__file__).parent.parent / "examples")]
+    )
+}
+FOUR_STEPS = [
+    "train.steps=4",
+    "train.global_batch_size=16",
+    "logging.every=1",
+    "train.eval_every=0",
+    "logging.tensorboard=false",
+    "optim.warmup_steps=0",
+]
+BN_MODELS = {
+    "own_bn_mlp": [
+        "model=custom",
+        "model._target_=bn_targets.BNNet",
+        "data=custom",
+        "data._target_=my_models.net.Pairs",
+        "train.loss=mse",
+    ],
+    "hf_resnet": [
+        "model=custom",
+        "model._target_=transformers.ResNetForImageClassification",
+        "model.config={_target_:transformers.ResNetConfig,num_channels:3,embedding_size:8,"
+        "hidden_sizes:[8,16],depths:[1,1],layer_type:basic,num_labels:3}",
+        "data=custom",
+        "data._target_=bn_targets.Images",
+        "train.loss=cross_entropy",
+    ],
+}
+
+
+def _bn_launch(tmp_path_factory: pytest.TempPathFactory, model: str, *layout: str):
+    from tests.conftest import run_dtrain
+
+    cwd = tmp_path_factory.mktemp(f"{model}-{'-'.join(layout)}")
+    run = run_dtrain(["launch", *BN_MODELS[model], *FOUR_STEPS, *layout], cwd, env=BN_ENV)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return run
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("model", list(BN_MODELS))
+def test_sync_batchnorm_at_dp2_equals_dp1_for_any_model(tmp_path_factory, model):
+    ref = _bn_launch(tmp_path_factory, model, "dp=1", "train.micro_batch_size=16")
+    run = _bn_launch(
+        tmp_path_factory, model, "dp=2", "train.micro_batch_size=8", "parallel.sync_batchnorm=true"
+    )
+    ref_losses = [r["loss"] for r in ref.metrics()]
+    assert len(ref_losses) == 4
+    assert [r["loss"] for r in run.metrics()] == pytest.approx(ref_losses, rel=1e-4, abs=1e-6)
+    assert run.summary()["param_sum"] == pytest.approx(ref.summary()["param_sum"], rel=1e-4)
+    assert "BatchNorm" not in run.stdout + run.stderr  # synchronized: no warning
+
+
+@pytest.mark.multiproc
+def test_batchnorm_at_dp2_without_sync_differs_and_is_warned(tmp_path_factory):
+    """The same model unsynchronized normalizes over 8 samples a rank: the launch warns,
+    and the curve is not the dp=1 one (what the synchronized run above fixes)."""
+    ref = _bn_launch(tmp_path_factory, "own_bn_mlp", "dp=1", "train.micro_batch_size=16")
+    run = _bn_launch(tmp_path_factory, "own_bn_mlp", "dp=2", "train.micro_batch_size=8")
+    assert "2 BatchNorm layers and dp=2" in run.stdout + run.stderr
+    assert "parallel.sync_batchnorm=true" in run.stdout + run.stderr
+    ref_losses = [r["loss"] for r in ref.metrics()]
+    gap = max(abs(a["loss"] - b) for a, b in zip(run.metrics(), ref_losses, strict=True))
+    assert gap > 1e-3

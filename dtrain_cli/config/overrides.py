@@ -99,6 +99,10 @@ REMOVED_KEYS = {
         "removed: debug.collective_timeout_s is the one collective timeout (the process "
         "group waits 15 s longer; debug.hang_watchdog=false leaves it to the process group)"
     ),
+    "model.sync_bn": (
+        "moved: parallel.sync_batchnorm=true synchronizes the BatchNorm layers of any model "
+        "over the dp group"
+    ),
 }
 """Keys that existed once -> what replaces them (one line, no 'did you mean')."""
 
@@ -176,6 +180,9 @@ class _Checker:
 
     def value(self, tok: str, prefix: str, key: str, value_text: str) -> None:
         """A ``key=value`` override: a group option, an open key, a dict, or a value."""
+        if key in REMOVED_KEYS:  # before a custom model's open keys take it as an argument
+            self.problems.append(unknown_key(key))
+            return
         if key in self.groups:
             self.problems += _group(key, prefix, value_text, self.groups[key], self.good, tok)
             return

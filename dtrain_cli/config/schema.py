@@ -90,6 +90,9 @@ class ParallelConfig:
     tp_plan: dict[str, str] = field(default_factory=dict)
     """tp > 1 for a custom model: ``parallelize_module`` patterns -> colwise | rowwise |
     colwise_rep | rowwise_rep | sequence, e.g. {"trunk.*.up": colwise, "trunk.*.down": rowwise}."""
+    sync_batchnorm: bool = False
+    """Batch statistics of every BatchNorm layer over the whole dp group, so dp=N trains as
+    dp=1 on the global batch (``nn.SyncBatchNorm`` on CUDA, dtrain's own on CPU/gloo)."""
     activation_checkpointing: str = "none"
     """none | selective (every other block: the 2nd, 4th, ... of the model, torchtitan's
     layer-wise selective AC) | full (every block): blocks keep only their input and

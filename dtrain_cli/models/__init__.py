@@ -1,7 +1,7 @@
 """Model kinds behind one seam (:mod:`.spec`), chosen by ``model.kind``.
 
     dtrain launch recipe=gpt_small                        # kind gpt (built in)
-    dtrain launch recipe=cnn_bn dp=2 model.sync_bn=true   # kind cnn_bn (built in)
+    dtrain launch recipe=cnn_bn dp=2 parallel.sync_batchnorm=true   # kind cnn_bn (built in)
     dtrain launch model=custom model._target_=my_models.net.Net data=custom ...
     dtrain launch recipe=llama_tiny_hf dp=2               # kind hf (transformers)
 

@@ -63,6 +63,9 @@ class ModelFacts:
     """Parameters every tp rank holds whole (norms, biases after a row-wise split...)."""
     matrix_shapes: list[tuple[int, int]] = field(default_factory=list)
     """2-D weights (what PowerSGD compresses); the rest of num_params is in other tensors."""
+    batchnorm_layers: int = 0
+    """BatchNorm modules: at dp > 1 each normalizes its rank's slice of the batch unless
+    ``parallel.sync_batchnorm`` is on."""
 
 
 class ModelSpec(ABC):
@@ -190,9 +193,6 @@ class ModelSpec(ABC):
     def pipeline_stage(self, model: nn.Module, stage: StageSpan) -> nn.Module:
         """The part of the full ``model`` that pipeline stage ``stage`` runs."""
         raise NotImplementedError(f"model.kind={self.kind}: cannot be split into stages")
-
-    def wants_sync_batchnorm(self) -> bool:
-        return False
 
     def export(self, model: nn.Module, out: Path, fmt: str) -> list[Path]:
         """Write the trained (plain, non-distributed) model; returns the files written."""

@@ -23,6 +23,7 @@ from dtrain_cli.mesh.dims import MESH_DIM_NAMES, ParallelDims
 from dtrain_cli.models import ModelFacts, ModelSpec, UnknownModelKind, model_spec
 from dtrain_cli.plan.layout import (
     batch_layout,
+    batchnorm_warning,
     bubble_warning,
     pipeline_layout,
     plural,
@@ -287,6 +288,8 @@ def layout_of(
     script, script_problems = script_plan(cfg, workdir)
     problems += batch_problems + pipe_problems + script_problems + mode.model_problems(cfg, facts)
     if pipeline is not None and (w := bubble_warning(pipeline, par.pp)):
+        warnings.append(w)
+    if script is None and (w := batchnorm_warning(cfg, facts, batch)):
         warnings.append(w)
     return Layout(batch=batch, pipeline=pipeline, script=script, warnings=warnings), problems
 

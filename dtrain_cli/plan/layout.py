@@ -243,6 +243,22 @@ def inflight_microbatches(schedule: str, pp: int, v: int, m: int, pp_rank: int) 
     return float(min(m, pp - pp_rank))
 
 
+def batchnorm_warning(cfg: DtrainConfig, facts: ModelFacts, batch: BatchPlan) -> str | None:
+    """BatchNorm at dp > 1 normalizes each rank's slice unless synchronized; synchronizing
+    a model without BatchNorm does nothing."""
+    layers, sync = facts.batchnorm_layers, cfg.parallel.sync_batchnorm
+    if layers and batch.dp > 1 and not sync:
+        return (
+            f"the model has {layers} BatchNorm layer{'s' * (layers > 1)} and dp={batch.dp}: "
+            f"each rank normalizes over its own {batch.micro_batch_size} samples, so the run "
+            f"differs from dp=1; parallel.sync_batchnorm=true uses the statistics of the "
+            f"whole batch"
+        )
+    if sync and not layers:
+        return "parallel.sync_batchnorm=true: the model has no BatchNorm layer to synchronize"
+    return None
+
+
 def bubble_warning(pipe: PipelinePlan, pp: int) -> str | None:
     if pipe.bubble <= BUBBLE_WARN:
         return None

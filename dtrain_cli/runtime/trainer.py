@@ -153,6 +153,7 @@ class Trainer:
             batches=self.train_batches,
             straggler_factor=cfg.debug.straggler_factor,
             rank_times=cfg.debug.rank_times,
+            norm_mean_over_replicas=self.sync.replicas_step_alone,
         )
 
     # -- the loop -----------------------------------------------------------------------------

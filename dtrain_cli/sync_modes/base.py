@@ -105,6 +105,10 @@ class SyncMode:
         """dp replicas hold the same parameters after every step (replica checks apply)."""
         return True
 
+    def resume_problems(self, old: DtrainConfig, new: DtrainConfig) -> list[str]:
+        """What a resume from a checkpoint of ``old`` cannot do as ``new`` (one line each)."""
+        return []
+
     def extra_processes(self, cfg: DtrainConfig) -> int:
         """Processes the launcher starts in addition to dp*tp*pp (parameter servers)."""
         return 0
@@ -139,6 +143,36 @@ def amortized_allreduce(cfg: DtrainConfig, facts: ModelFacts) -> int:
     if dp <= 1:
         return 0
     return int(2 * (dp - 1) / dp * 4 * facts.num_params / cfg.sync.every)
+
+
+def per_replica_state_problems(mode: str, old: DtrainConfig, new: DtrainConfig) -> list[str]:
+    """Replicas that step alone checkpoint an inner optimizer state each (DiLoCo also its
+    parameters): a resume needs the same mode and the same replicas."""
+    if old.sync.mode != new.sync.mode:
+        return [
+            f"sync.mode={new.sync.mode}: the checkpoint (sync.mode={old.sync.mode}) and this "
+            f"run differ in whether each replica keeps its own optimizer state; resume with "
+            f"sync.mode={old.sync.mode}"
+        ]
+    if old.parallel.dp == new.parallel.dp:
+        return []
+    return [
+        f"parallel.dp={new.parallel.dp}: sync.mode={mode} checkpoints each replica's own "
+        f"optimizer state (the checkpoint has dp={old.parallel.dp}); resume at "
+        f"dp={old.parallel.dp}"
+    ]
+
+
+def elastic_problems(mode: str, cfg: DtrainConfig) -> list[str]:
+    """The same reason against ``nnodes=MIN:MAX``: a shrunk group has fewer replicas."""
+    par = cfg.parallel
+    if par.min_nnodes is None or par.min_nnodes >= par.nnodes:
+        return []
+    return [
+        f"parallel.nnodes={par.min_nnodes}:{par.nnodes}: sync.mode={mode} checkpoints each "
+        f"replica's own optimizer state, so it resumes at the same dp only; use a fixed node "
+        f"count"
+    ]
 
 
 def needs_plain_replicas(cfg: DtrainConfig) -> bool:

@@ -16,7 +16,9 @@ from dtrain_cli.sync_modes.base import (
     SyncMode,
     SyncPlan,
     amortized_allreduce,
+    elastic_problems,
     needs_plain_replicas,
+    per_replica_state_problems,
     register,
 )
 
@@ -35,14 +37,11 @@ class DiLoCo(SyncMode):
     def replicas_identical(self, cfg: DtrainConfig) -> bool:
         return False
 
+    def resume_problems(self, old: DtrainConfig, new: DtrainConfig) -> list[str]:
+        return per_replica_state_problems(self.name, old, new)
+
     def problems(self, cfg: DtrainConfig, device: str) -> list[str]:
-        par, out = cfg.parallel, []
-        if par.min_nnodes is not None and par.min_nnodes < par.nnodes:
-            out.append(
-                f"parallel.nnodes={par.min_nnodes}:{par.nnodes}: DiLoCo checkpoints hold "
-                "each replica's inner parameters, so it resumes at the same dp only; use a "
-                "fixed node count with sync.mode=diloco"
-            )
+        par, out = cfg.parallel, elastic_problems(self.name, cfg)
         if not needs_plain_replicas(cfg):
             out.append(
                 f"sync.mode=diloco: replicas step alone between outer steps; needs "

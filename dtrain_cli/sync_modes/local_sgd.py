@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, ClassVar
 from dtrain_cli.sync_modes.base import (
     SyncMode,
     amortized_allreduce,
+    elastic_problems,
     needs_plain_replicas,
+    per_replica_state_problems,
     register,
 )
 
@@ -33,8 +35,11 @@ class LocalSGD(SyncMode):
     def replicas_identical(self, cfg: DtrainConfig) -> bool:
         return False
 
+    def resume_problems(self, old: DtrainConfig, new: DtrainConfig) -> list[str]:
+        return per_replica_state_problems(self.name, old, new)
+
     def problems(self, cfg: DtrainConfig, device: str) -> list[str]:
-        par, comp, out = cfg.parallel, cfg.comm.compression, []
+        par, comp, out = cfg.parallel, cfg.comm.compression, elastic_problems(self.name, cfg)
         if not needs_plain_replicas(cfg):
             out.append(
                 f"sync.mode=local_sgd: needs strategy=ddp with tp=1 and pp=1 "

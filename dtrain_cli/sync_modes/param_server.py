@@ -26,8 +26,10 @@ if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
     from dtrain_cli.models.spec import ModelFacts
 
-HEADER_WORDS = 4
-"""fp32 words in front of every message (step, version read, kind, norm)."""
+HEADER_WORDS = 5
+"""fp32 words in front of every message: kind, step, version read, the worker's gradient
+norm (push) or the seconds the bound held it (reply), and in a reply the squared norm of the
+gradient the server stepped with for that worker (its shard's part)."""
 SUPPORTED = "parallel.strategy=ddp, tp=1, pp=1, one node, run.device=cpu"
 
 

@@ -17,5 +17,3 @@ class CNNConfig:
     """Output channels of each conv + BN + ReLU block."""
     num_classes: int = 10
     image_size: int = 16
-    sync_bn: bool = False
-    """Synchronize BatchNorm statistics over the dp group."""

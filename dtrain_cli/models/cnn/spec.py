@@ -1,6 +1,6 @@
 """The built-in conv + BatchNorm classifier (``recipe=cnn_bn``): config, counts, checks.
 
-    dtrain launch recipe=cnn_bn dp=2 model.sync_bn=true
+    dtrain launch recipe=cnn_bn dp=2 parallel.sync_batchnorm=true
 
 Torch-free (the plan imports it); its config is :mod:`.config`, the module :mod:`.net`.
 """
@@ -37,6 +37,7 @@ class CNNSpec(ModelSpec):
             tokens_per_sample=1,
             flops_per_unit=6 * total * pixels,  # rough: every conv weight touches every pixel
             matrix_shapes=mats,
+            batchnorm_layers=len(m.channels),
         )
 
     def activation_bytes(
@@ -75,9 +76,6 @@ class CNNSpec(ModelSpec):
     @property
     def vocab_size(self) -> int | None:
         return None
-
-    def wants_sync_batchnorm(self) -> bool:
-        return self.cfg.sync_bn
 
     def build(self, device: Any) -> Any:
         import torch

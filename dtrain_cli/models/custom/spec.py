@@ -138,6 +138,7 @@ class CustomSpec(ModelSpec):
             unit="tokens" if self.cfg.block_size else "samples",
             flops_per_unit=6 * n,
             matrix_shapes=mats,  # type: ignore[arg-type]
+            batchnorm_layers=_count_batchnorm(model),
         )
 
     # -- runtime ----------------------------------------------------------------------------
@@ -298,3 +299,9 @@ def _targets(value: Any, key: str) -> list[tuple[str, str]]:
         for i, v in enumerate(value):
             out += _targets(v, f"{key}[{i}]")
     return out
+
+
+def _count_batchnorm(model: Any) -> int:
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return sum(isinstance(m, _BatchNorm) for m in model.modules())

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from dtrain_cli.models.hf.library import transformers_module
 
@@ -100,6 +101,7 @@ def meta_counts(spec: HFSpec) -> dict[str, Any]:
         "max_positions": int(getattr(conf, "max_position_embeddings", 0) or 0),
         "tp_plan": tp_plan(model),
         "matrix_shapes": [list(p.shape) for p in model.parameters() if p.dim() == 2],
+        "batchnorm_layers": sum(isinstance(m, _BatchNorm) for m in model.modules()),
     }
 
 

@@ -202,6 +202,7 @@ class HFSpec(ModelSpec):
             flops_per_unit=6 * (c["num_params"] - c["params_position"])
             + 12 * layers * c["hidden"] * t,
             matrix_shapes=[tuple(s) for s in c["matrix_shapes"]],
+            batchnorm_layers=c.get("batchnorm_layers", 0),
         )
 
     def activation_bytes(

@@ -72,13 +72,19 @@ class Checkpointer:
             out.update(get_model_state_dict(part))
         return out
 
+    @property
+    def optim_key(self) -> str:
+        """Replicas that step alone (local SGD, DiLoCo) each keep optimizer state of their
+        own: one entry per replica, where DCP would otherwise keep one copy for all."""
+        return f"optim_replica_{self.ctx.dp_rank}" if self.sync.replicas_step_alone else "optim"
+
     def state(self, step: int) -> dict[str, Any]:
         """DCP state dicts keyed by full-model names, so any layout (dp, tp, pp) loads any
         other."""
         samples = self.layout.step_start(step)
         state: dict[str, Any] = {
             "model": self.model_state(),
-            "optim": self.optimizers.state_dict(),
+            self.optim_key: self.optimizers.state_dict(),
             "train": {
                 "step": torch.tensor(step),
                 "samples_seen": torch.tensor(samples),
@@ -99,7 +105,7 @@ class Checkpointer:
         self.loaded_rank_state = self.manager.load(path, state)
         for part in self.pm.parts:
             set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
-        self.optimizers.load_state_dict(state["optim"])
+        self.optimizers.load_state_dict(state[self.optim_key])
         if self.precision.scaler is not None and "scaler" in state:
             self.precision.scaler.load_state_dict(state["scaler"])
         self.optimizers.lr_step = int(state["train"]["lr_step"])

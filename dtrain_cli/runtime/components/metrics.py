@@ -74,11 +74,16 @@ class TrainMetrics:
         batches: Any,
         straggler_factor: float,
         rank_times: bool = True,
+        norm_mean_over_replicas: bool = False,
     ) -> None:
+        """``norm_mean_over_replicas``: replicas step on gradients of their own (local SGD,
+        DiLoCo, an asynchronous parameter server), so grad_norm is the mean of their norms
+        (one more slot of the logging all-reduce); otherwise every replica holds the same."""
         self.plan, self.ctx, self.every, self.sink = plan, ctx, every, sink
         self.reports_loss, self.step_times = reports_loss, step_times
         self.batches, self.straggler_factor = batches, straggler_factor
         self.rank_times = rank_times
+        self.norm_mean_over_replicas = norm_mean_over_replicas
         self._wait0 = 0.0
         self.rank_rows: list[list[float]] = []  # per logging step: 3 values per rank
         self.straggler_counts: dict[int, int] = {}
@@ -140,14 +145,21 @@ class TrainMetrics:
         if self.rank_times:
             r = self.ctx.rank
             slots[k * r : k * r + k] = self.own_times(comm.get("comm_exposed_ms", 0.0))
-        window = torch.zeros(NUM_VOTES + len(slots) + len(extra), device=self.ctx.device)
+        norm_slot = []
+        if self.norm_mean_over_replicas:
+            norm_slot = [float(norm) if norm is not None and self.reports_loss else 0.0]
+        window = torch.zeros(
+            NUM_VOTES + len(slots) + len(extra) + len(norm_slot), device=self.ctx.device
+        )
         if self.reports_loss and self.losses:
             window[0] = torch.stack(self.losses).sum()
         window[1], window[2] = float(save_vote), float(stop_vote)
-        window[NUM_VOTES:] = torch.tensor([*slots, *extra], device=self.ctx.device)
+        window[NUM_VOTES:] = torch.tensor([*slots, *extra, *norm_slot], device=self.ctx.device)
         with COLLECTIVES.enter("all_reduce", step, "logging"):
             dist.all_reduce(window, op=dist.ReduceOp.SUM)  # over all ranks: see reports_loss
         values = window.tolist()
+        if norm_slot:
+            norm = torch.tensor(values.pop() / self.plan.batch.dp)
         loss_sum, save_votes, stop_votes = values[:NUM_VOTES]
         ranks = values[NUM_VOTES : NUM_VOTES + len(slots)]
         self.last_loss = (

@@ -1,6 +1,6 @@
 """Built-in images for the BatchNorm recipe: shapes drawn from the seed, no download.
 
-    dtrain launch recipe=cnn_bn dp=2 model.sync_bn=true
+    dtrain launch recipe=cnn_bn dp=2 parallel.sync_batchnorm=true
 
 Ten classes: five shapes (disc, square, ring, cross, bar) x two sizes, each at a random
 position and colour on a noisy background, 3 x S x S floats. Sample ``i`` depends only on

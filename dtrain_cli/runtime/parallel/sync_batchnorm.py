@@ -1,11 +1,12 @@
 """Synchronized BatchNorm: batch statistics over the whole dp group, not one rank's slice.
 
-    dtrain launch recipe=cnn_bn dp=4 model.sync_bn=true
+    dtrain launch recipe=cnn_bn dp=4 parallel.sync_batchnorm=true
 
 On CUDA this is torch's ``nn.SyncBatchNorm``. torch's version refuses CPU tensors, so on
 CPU/gloo dtrain uses :class:`CPUSyncBatchNorm`, written here because no library provides
 it: forward all-reduces (count, sum, sum of squares) in one collective; backward
-all-reduces (sum dy, sum dy*x_hat) in one more. Outputs, gradients and running statistics
+all-reduces (sum dy, sum dy*x_hat) in one more. Any BatchNorm (1-d, 2-d, 3-d) of any model
+is converted (``parallel.sync_batchnorm=true``). Outputs, gradients and running statistics
 equal plain BatchNorm on the concatenated global batch.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
@@ -62,41 +64,59 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None
 
 
-class CPUSyncBatchNorm(nn.BatchNorm2d):
-    """BatchNorm2d whose training-mode statistics span ``group`` (eval: running stats)."""
+class CPUSyncBatchNorm(_BatchNorm):
+    """A BatchNorm (1-d, 2-d or 3-d input) whose training-mode statistics span ``group``;
+    eval mode uses the (synchronized) running statistics, as torch's ``SyncBatchNorm``."""
 
     group: Any = None
 
+    def _check_input_dim(self, x: torch.Tensor) -> None:
+        if x.dim() < 2:
+            raise ValueError(f"expected at least 2-D input (N, C, ...), got {x.dim()}-D")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_input_dim(x)
         if not self.training or self.group is None:
             return super().forward(x)
-        y, mean, var, n = _SyncBatchNormFunction.apply(
-            x, self.weight, self.bias, self.eps, self.group
-        )
-        with torch.no_grad():
-            m = self.momentum if self.momentum is not None else 0.1
-            self.running_mean.mul_(1 - m).add_(mean, alpha=m)
-            self.running_var.mul_(1 - m).add_(var * n / (n - 1), alpha=m)  # unbiased, as torch
-            self.num_batches_tracked.add_(1)
+        c = x.shape[1]
+        weight = self.weight if self.affine else torch.ones(c, dtype=x.dtype, device=x.device)
+        bias = self.bias if self.affine else torch.zeros(c, dtype=x.dtype, device=x.device)
+        y, mean, var, n = _SyncBatchNormFunction.apply(x, weight, bias, self.eps, self.group)
+        if self.track_running_stats and self.running_mean is not None:
+            self._update_running_stats(mean, var, n)
         return y
+
+    @torch.no_grad()
+    def _update_running_stats(self, mean: torch.Tensor, var: torch.Tensor, n: torch.Tensor) -> None:
+        self.num_batches_tracked.add_(1)
+        # momentum=None: a cumulative average, as torch's BatchNorm
+        m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+        self.running_mean.mul_(1 - m).add_(mean, alpha=m)
+        self.running_var.mul_(1 - m).add_(var * n / (n - 1), alpha=m)  # unbiased, as torch
 
 
 def apply_sync_batchnorm(model: nn.Module, group: Any, device: torch.device) -> nn.Module:
-    """Swap every BatchNorm2d for its synchronized version (weights and stats kept)."""
+    """Every BatchNorm (1-d, 2-d, 3-d) synchronized over ``group``, weights and running
+    statistics kept: torch's ``SyncBatchNorm.convert_sync_batchnorm`` on CUDA, the CPU
+    version above on gloo."""
     if device.type == "cuda":
         return nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group=group)
+    if isinstance(model, _BatchNorm) and not isinstance(model, CPUSyncBatchNorm | nn.SyncBatchNorm):
+        return _synchronized(model, group)
     for name, child in list(model.named_children()):
-        if isinstance(child, nn.BatchNorm2d) and not isinstance(child, CPUSyncBatchNorm):
-            sync = CPUSyncBatchNorm(
-                child.num_features,
-                child.eps,
-                child.momentum,
-                child.affine,
-                child.track_running_stats,
-            )
-            sync.load_state_dict(child.state_dict())
-            sync.group = group
-            setattr(model, name, sync.to(child.weight.device))
-        else:
-            apply_sync_batchnorm(child, group, device)
+        setattr(model, name, apply_sync_batchnorm(child, group, device))
     return model
+
+
+def _synchronized(bn: _BatchNorm, group: Any) -> CPUSyncBatchNorm:
+    sync = CPUSyncBatchNorm(bn.num_features, bn.eps, bn.momentum, bn.affine, bn.track_running_stats)
+    sync.load_state_dict(bn.state_dict())
+    sync.train(bn.training)
+    sync.group = group
+    weight = bn.weight if bn.affine else bn.running_mean
+    if weight is not None:
+        sync.to(weight.device)
+    if bn.affine:  # the same Parameter objects' flags (frozen BN stays frozen)
+        sync.weight.requires_grad_(bn.weight.requires_grad)
+        sync.bias.requires_grad_(bn.bias.requires_grad)
+    return sync

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 class SyncRuntime:
     replaces_optimizer_step = False
     """True: :meth:`optimizer_step` is the step (the local optimizer does not run)."""
+    replicas_step_alone = False
+    """True: each replica's optimizer steps with a gradient of its own (not the dp average),
+    so the logged grad_norm is the mean over replicas of those norms."""
 
     def __init__(
         self, *, cfg: DtrainConfig, plan: Plan, ctx: DistContext, model: ParallelModel

@@ -119,6 +119,8 @@ class DiLoCoSync(SyncRuntime):
     """DiLoCo as the loop's sync seam: the outer step after the inner one, its state in
     checkpoints (under ``sync``), its summary at the end."""
 
+    replicas_step_alone = True
+
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         s = self.cfg.sync

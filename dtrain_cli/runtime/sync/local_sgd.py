@@ -90,6 +90,11 @@ class LocalSGD:
 
 
 class LocalSGDSync(SyncRuntime):
+    """Local SGD as the loop's sync seam: DDP's post-local-SGD hook, parameters averaged
+    every ``sync.every`` steps after the warm-up."""
+
+    replicas_step_alone = True
+
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
         params = [p for _, p in self.trainable()]

@@ -79,8 +79,10 @@ def _unflat(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     return out
 
 
-def _message(kind: int, a: float, b: float, c: float, body: torch.Tensor) -> torch.Tensor:
-    head = torch.tensor([kind, a, b, c], dtype=torch.float32)
+def _message(
+    kind: int, a: float, b: float, c: float, body: torch.Tensor, d: float = 0.0
+) -> torch.Tensor:
+    head = torch.tensor([kind, a, b, c, d], dtype=torch.float32)
     return torch.cat([head, body.float()])
 
 
@@ -144,6 +146,7 @@ class ServerLoop:
         self.rounds = 0
         self.pending: dict[int, dict[int, torch.Tensor]] = {}  # k=0: step -> worker -> grad
         self.waiting: dict[int, tuple[int, bool, float]] = {}  # worker -> (step, exact, since)
+        self.stepped_sq: dict[int, float] = {}  # worker -> |gradient stepped with|^2 (shard)
         self.done: set[int] = set()
         self.started = False
         self.outbox: list[tuple[Any, torch.Tensor]] = []  # sends in flight (never block)
@@ -182,7 +185,7 @@ class ServerLoop:
         self.outbox.append((self.ps.send([msg], dst, 0), msg))
 
     def handle(self, src: int, msg: torch.Tensor) -> None:
-        kind, step, read, norm = (float(x) for x in msg[:HEADER_WORDS])
+        kind, step, read, norm, _ = (float(x) for x in msg[:HEADER_WORDS])
         body = msg[HEADER_WORDS:]
         kind_i, step_i = int(kind), int(step)
         if kind_i == INIT:  # worker 0: parameters (and state after a resume) at step_i
@@ -220,11 +223,14 @@ class ServerLoop:
             for i in range(1, self.dp):  # a fixed order: the same sum on every server
                 total += grads[i]
             total /= self.dp
+            sq = float(total.double().square().sum())  # the averaged gradient, as DDP's
+            self.stepped_sq = dict.fromkeys(range(self.dp), sq)
             if clip > 0:
                 total *= self.clip_coef(clip, total)
             self.shard.apply(total, self.plan.lr.lr_at(step))
             self.clock = [step + 1] * self.dp
-        else:
+        else:  # each worker's gradient is a step of its own
+            self.stepped_sq[w] = float(grad.double().square().sum())
             if clip > 0:
                 grad = grad * min(1.0, clip / (norm + 1e-6))
             self.shard.apply(grad, self.plan.lr.lr_at(step) / self.dp)
@@ -253,7 +259,15 @@ class ServerLoop:
             if not exact:  # the time this worker was held back by the bound
                 self.stats["bound_wait_s"][w] += waited
             body = _flat(self.shard.params)
-            self.send(_message(REPLY, self.rounds, self.shard.steps_applied, waited, body), w)
+            reply = _message(
+                REPLY,
+                self.rounds,
+                self.shard.steps_applied,
+                waited,
+                body,
+                self.stepped_sq.get(w, 0),
+            )
+            self.send(reply, w)
 
 
 def serve(cfg: DtrainConfig, plan: Plan, ctx: Any, run_dir: Path) -> dict[str, Any]:

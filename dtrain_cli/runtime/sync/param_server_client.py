@@ -110,20 +110,23 @@ class ParamServerClient:
 
     def step(self, step: int, clip: float) -> torch.Tensor:
         """Push this step's gradient (computed on parameters ``self.read`` rounds old),
-        pull the next step's parameters. Returns this worker's gradient norm."""
+        pull the next step's parameters. Returns the norm (before clipping) of the gradient
+        the servers stepped with: the workers' average at max_staleness=0 (as DDP's
+        grad_norm), this worker's own gradient otherwise (each push is a step)."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         norm = torch.nn.utils.get_total_norm(grads, foreach=True)
         staleness = step - self.read
         self.hist[staleness] = self.hist.get(staleness, 0) + 1
         self.totals[staleness] = self.totals.get(staleness, 0) + 1
         gs = [_flat([grads[i] for i in idx]) for idx in self.shards]
-        self._exchange(PUSH, step, float(norm), gs)
+        stepped_sq = self._exchange(PUSH, step, float(norm), gs)
         self.steps += 1
-        return norm
+        return torch.tensor(stepped_sq, dtype=torch.float64).sqrt().float()
 
     def _exchange(
         self, kind: int, step: int, norm: float, bodies: list[torch.Tensor] | None
-    ) -> None:
+    ) -> float:
+        """Send to every server, take every reply; the sum of the replies' squared norms."""
         sends, recvs, bufs = [], [], []
         for i, dst in enumerate(self.server_ranks):
             body = bodies[i] if bodies is not None else torch.zeros(0)
@@ -161,6 +164,7 @@ class ParamServerClient:
             waited = max(float(b[3]) for b in bufs)
             self.wait_s += min(waited, held)
             self.wait_total += min(waited, held)
+        return sum(float(b[4]) for b in bufs)
 
     def _padded(self, i: int, msg: torch.Tensor) -> torch.Tensor:
         """Every message to server ``i`` has its one size (gloo matches sizes exactly)."""
@@ -226,6 +230,11 @@ class ParamServerSync(SyncRuntime):
     the gradient / pull the parameters; the servers' optimizer state in checkpoints."""
 
     replaces_optimizer_step = True
+
+    @property
+    def replicas_step_alone(self) -> bool:  # type: ignore[override]
+        """With staleness each push is a step of its own; at 0 the servers average."""
+        return bool(self.plan.sync and self.plan.sync.max_staleness > 0)
 
     def __init__(self, **kw: Any) -> None:
         super().__init__(**kw)
