@@ -130,3 +130,27 @@ def test_env_prints_versions_backends_and_json(tmp_path):
     info = json.loads(run_dtrain(["env", "--json"], tmp_path).stdout)
     assert info["backends"]["gloo"] is True and info["packages"]["torch"].startswith("2.")
     assert info["env"]["DTRAIN_CACHE"]
+    from importlib import metadata
+
+    for name in ("transformers", "datasets", "tokenizers", "safetensors"):
+        assert info["packages"][name] == metadata.version(name)
+        assert f"{name} {metadata.version(name)}" in run.stdout
+
+
+def test_env_names_the_hugging_face_packages_that_are_missing():
+    from dtrain_cli.cli.env_cmd import package_lines
+
+    core, hf = package_lines(
+        {
+            "torch": "2.13.0",
+            "numpy": None,
+            "transformers": "5.0",
+            "datasets": None,
+            "tokenizers": None,
+            "safetensors": "0.8",
+        }
+    )
+    assert core == "torch 2.13.0"
+    assert hf == (
+        "transformers 5.0  datasets not installed  tokenizers not installed  safetensors 0.8"
+    )
