@@ -208,6 +208,6 @@ def test_compare_finds_the_first_divergent_step(plain, skipped, tmp_path):
     done = run_dtrain(["compare", str(plain.run_dir), str(skipped.run_dir)], tmp_path)
     assert done.returncode == 1, done.stderr
     assert "first divergent step 5" in done.stdout
-    image_has_a_plot(plain.run_dir / "report" / "compare.png")
+    image_has_a_plot(tmp_path / "compare.png")  # the current directory, not a run's
     same = run_dtrain(["compare", str(plain.run_dir), str(plain.run_dir)], tmp_path)
     assert same.returncode == 0 and "no step diverges" in same.stdout

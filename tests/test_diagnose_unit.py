@@ -70,6 +70,59 @@ def test_compare_names_the_first_step_over_the_tolerance(tmp_path):
     assert "max rel diff 9.990e-04 at step 3; first divergent step 3 (> 0.0001)" in run.stdout
 
 
+def write_records(path: Path, records: list[dict]) -> Path:
+    path.mkdir(parents=True)
+    (path / "plan.yaml").write_text("recipe: x\n")
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_compare_aligns_runs_logged_at_different_every(tmp_path):
+    """One training logged every step and every 4 steps (the loss a window mean): the same
+    numbers, no divergence; the finer run's windows are merged, weighted by their steps
+    (step 6 was skipped by the numerics policy: 1 counted step in its window of 2)."""
+    losses = {s: 5.0 - 0.3 * s + 0.05 * (s % 3) for s in range(1, 11)}
+    every1 = [{"step": s, "kind": "train", "loss": v, "loss_steps": 1} for s, v in losses.items()]
+    every1[5]["loss_steps"], every1[5]["loss"] = 0, float("nan")  # step 6 skipped
+    ends, rows, prev = [4, 8, 10], [], 0
+    for end in ends:
+        counted = [losses[s] for s in range(prev + 1, end + 1) if s != 6]
+        rows.append({"step": end, "kind": "train", "loss": sum(counted) / len(counted)})
+        rows[-1]["loss_steps"] = len(counted)
+        prev = end
+    a = write_records(tmp_path / "runs" / "gpt_tiny-every1", every1)
+    b = write_records(tmp_path / "runs" / "gpt_tiny-every4", rows)
+    run = run_dtrain(["compare", str(a), str(b), "--tol", "1e-9"], tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "3 common steps" in run.stdout and "no step diverges" in run.stdout
+    assert "mean over the steps since the previous row" in run.stdout
+    # older records without loss_steps: the window is the steps since the previous record
+    for r in every1 + rows:
+        r.pop("loss_steps")
+    every1[5]["loss"] = losses[6]
+    rows[1]["loss"] = sum(losses[s] for s in range(5, 9)) / 4
+    c = write_records(tmp_path / "c", every1)
+    d = write_records(tmp_path / "d", rows)
+    assert run_dtrain(["compare", str(c), str(d), "--tol", "1e-9"], tmp_path).returncode == 0
+
+
+def test_compare_names_alike_runs_apart_and_plots_where_asked(tmp_path):
+    """Run names that share a long prefix get letters and a legend (not two identical
+    truncated heads); the plot goes to ./compare.png or --out, never into a run dir."""
+    name = "gpt_tiny-20250101-120000-dp2-accumulate"
+    a = fake_run(tmp_path / "runs" / f"{name}-a", [1, 2, 3])
+    b = fake_run(tmp_path / "runs" / f"{name}-b", [1, 2, 3])
+    run = run_dtrain(["compare", str(a), str(b)], tmp_path, env={"COLUMNS": "60"})
+    assert run.returncode == 0, run.stderr
+    assert f"A = {a}" in run.stdout and f"B = {b}" in run.stdout
+    head = next(line for line in run.stdout.splitlines() if "step" in line and "max" in line)
+    assert " A " in head and " B " in head
+    assert (tmp_path / "compare.png").is_file() and "plot: compare.png" in run.stdout
+    assert not (a / "report").exists()
+    other = run_dtrain(["compare", str(a), str(b), "--out", str(tmp_path / "x.png")], tmp_path)
+    assert other.returncode == 0 and (tmp_path / "x.png").is_file()
+
+
 def record(rank: int, count: int, inside: bool, where: str = "x.py:1 in f") -> dict:
     return {
         "rank": rank,

@@ -165,7 +165,8 @@ class TrainMetrics:
             self.sink.log(
                 step,
                 {
-                    "loss": self.last_loss,
+                    "loss": self.last_loss,  # the mean over the window's counted steps
+                    "loss_steps": self.loss_steps,
                     "lr": self.plan.lr.lr_at(step - 1),
                     "grad_norm": float(norm) if norm is not None else float("nan"),
                     f"{self.plan.batch.unit}_per_s": tps,
