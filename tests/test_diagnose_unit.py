@@ -4,7 +4,10 @@ rules, dtrain env."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+import pytest
 
 from dtrain_cli.launch.hang_report import hang_report
 from tests.conftest import run_dtrain
@@ -207,3 +210,22 @@ def test_env_names_the_hugging_face_packages_that_are_missing():
     assert hf == (
         "transformers 5.0  datasets not installed  tokenizers not installed  safetensors 0.8"
     )
+
+
+def test_a_summary_without_throughput_is_strict_json_and_says_not_measured(tmp_path):
+    """Issue 24 #6: nothing but the first step ran (no window to measure): null in
+    summary.json (NaN is not JSON), "not measured" on the console."""
+    import io
+
+    from rich.console import Console
+
+    from dtrain_cli.runtime.components.sinks import summary_table, write_summary
+
+    summary = {"steps": 1, "final_loss": 5.1, "tokens_per_s": float("nan"), "x": [math.inf]}
+    write_summary(tmp_path, summary)
+    text = (tmp_path / "summary.json").read_text()
+    back = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in {text}"))
+    assert back["tokens_per_s"] is None and back["x"] == [None] and back["final_loss"] == 5.1
+    out = io.StringIO()
+    Console(file=out, width=100).print(summary_table(back))
+    assert "not measured" in out.getvalue() and "nan" not in out.getvalue().lower()

@@ -12,7 +12,6 @@ ask for: the reported loss is summed on device and reduced every ``logging.every
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from dtrain_cli.runtime.components.metrics import TrainMetrics
 from dtrain_cli.runtime.components.numerics import NumericsPolicy
 from dtrain_cli.runtime.components.profiling import Profiler
 from dtrain_cli.runtime.components.replica import ReplicaChecker
-from dtrain_cli.runtime.components.sinks import MetricsSink, startup_phases
+from dtrain_cli.runtime.components.sinks import MetricsSink, startup_phases, write_summary
 from dtrain_cli.runtime.components.validator import Validator
 from dtrain_cli.runtime.data.loader import Batches
 from dtrain_cli.runtime.data.stream import BatchLayout, open_splits
@@ -304,7 +303,7 @@ class Trainer:
             **self.mode_extra,
         }
         if self.ctx.is_logging_rank:
-            RunDir(self.run_dir).summary.write_text(json.dumps(summary, indent=2))
+            write_summary(self.run_dir, summary)
             if self.sink:
                 self.sink.print_summary(summary, self.run_dir)
         return summary
