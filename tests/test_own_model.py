@@ -153,3 +153,41 @@ def test_the_readme_example_runs_as_written(tmp_path):
     curve = losses(run)
     assert len(curve) == 5 and curve[-1] < 0.5 * curve[0]  # it learns the linear map
     assert run.summary()["val_loss"] < curve[0]
+
+
+def test_a_model_without_a_recipe_is_named_after_it_and_the_plan_says_whose_values(
+    tmp_path, monkeypatch
+):
+    """Issue 24 #7: no recipe named, model=custom: the run dir and the plan's header name
+    the model, not gpt_tiny, and the plan lists gpt_tiny's values it trains with (those
+    the command line did not set). With a recipe, the recipe names the run."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+    from dtrain_cli.config.compose import compose_config, split_recipe
+    from dtrain_cli.launch.rundir import new_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    args = [
+        "model=custom",
+        "model._target_=my_models.net.Net",
+        "data=custom",
+        "data._target_=my_models.net.Pairs",
+        "train.loss=mse",
+        "steps=4",
+    ]
+    result = CliRunner().invoke(app, ["plan", *args])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "none (gpt_tiny's values) / Net (" in text
+    assert (
+        "warning: no recipe named: model Net trains with recipe gpt_tiny's values "
+        "(train.global_batch_size=16, optim.base_lr=0.001, optim.warmup_steps=10, "
+        "logging.every=10); set them, or name a recipe (dtrain recipes)"
+    ) in text
+    assert new_run_dir(compose_config(*split_recipe(args))).name.startswith("Net-")
+    own = compose_config(*split_recipe(["recipe=my_experiment"]), [EXAMPLES / "conf"])
+    assert new_run_dir(own).name.startswith("my_experiment-")
+    plain = compose_config(*split_recipe(["dp=2"]))  # gpt_tiny's own model: its name
+    assert new_run_dir(plain).name.startswith("gpt_tiny-")

@@ -94,6 +94,10 @@ def compose_and_plan(
         problems += exc.problems
     if problems:
         fail(problems)
+    from dtrain_cli.plan.naming import defaults_note
+
+    if note := defaults_note(cfg, rest):
+        plan.warnings.insert(0, note)
     return cfg, plan
 
 

@@ -64,7 +64,9 @@ def plan(
     if the_plan.script is not None:
         lc = cfg.launcher
         console.print(render_script(the_plan, lc.rdzv_endpoint, lc.rdzv_timeout_s))
-    console.print(render_plan(the_plan))
+    from dtrain_cli.plan.naming import borrows_defaults
+
+    console.print(render_plan(the_plan, recipe_named=not borrows_defaults(cfg)))
     console.print(step_line(cfg, the_plan), highlight=False)
 
 

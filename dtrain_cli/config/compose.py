@@ -109,8 +109,14 @@ def expand_shorthands(overrides: Sequence[str]) -> list[str]:
     return out
 
 
+class DefaultRecipe(str):
+    """The recipe a command composes when its command line names none (``run.recipe_named``
+    false): a ``str`` that remembers it was not asked for."""
+
+
 def split_recipe(overrides: Sequence[str], default: str = "gpt_tiny") -> tuple[str, list[str]]:
-    recipe, rest = default, []
+    """(the recipe named by ``recipe=``, or :class:`DefaultRecipe` of ``default``; the rest)."""
+    recipe, rest = DefaultRecipe(default), []
     for ov in overrides:
         if ov.lstrip("+").startswith("recipe="):  # +recipe= means the same, as for keys
             recipe = ov.split("=", 1)[1]
@@ -160,7 +166,8 @@ def compose_dictconfig(
         problems += list(bad.values())
         checked = [ov for ov in checked if ov.key not in bad]
         cfg = _compose(recipes[recipe], config_dirs, checked)
-    OmegaConf.update(cfg, "run.recipe", recipe, merge=False)
+    OmegaConf.update(cfg, "run.recipe", str(recipe), merge=False)
+    OmegaConf.update(cfg, "run.recipe_named", not isinstance(recipe, DefaultRecipe), merge=False)
     # where _target_ modules import from, fixed now so every worker and node imports the same
     OmegaConf.update(cfg, "run.import_roots", import_roots(config_dirs), merge=False)
     missing = sorted(OmegaConf.missing_keys(cfg))

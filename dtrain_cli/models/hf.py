@@ -80,6 +80,14 @@ class HFSpec(ModelSpec):
     config_class = HFConfig
     cfg: HFConfig
 
+    @property
+    def name(self) -> str:
+        """``model.name`` when a recipe set one, else the model type or the local folder."""
+        m = self.cfg
+        if m.name != "hf":
+            return m.name
+        return m.model_type or (Path(m.pretrained).name if m.pretrained else "") or "hf"
+
     # -- the transformers config ---------------------------------------------------------------
     def config_problems(self) -> list[str]:
         """What stops the transformers config from being made (checked before anything else)."""

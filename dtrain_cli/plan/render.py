@@ -32,13 +32,16 @@ def _kv(title: str, rows: list[tuple[str, object]]) -> Table:
     return t
 
 
-def render_plan(plan: Plan) -> Group:
+def render_plan(plan: Plan, recipe_named: bool = True) -> Group:
+    """``recipe_named`` False: the command line named no recipe (the header says whose
+    values apply; a warning names them)."""
     b, lr, e, ck = plan.batch, plan.lr, plan.estimates, plan.checkpoint
     mesh = plan.mesh.label()
+    recipe = plan.recipe if recipe_named else f"none ({plan.recipe}'s values)"
     layout = _kv(
         "layout",
         [
-            ("recipe / model", f"{plan.recipe} / {plan.model} ({e.num_params:,} parameters)"),
+            ("recipe / model", f"{recipe} / {plan.model} ({e.num_params:,} parameters)"),
             (
                 "world size",
                 f"{plan.world_size} = {plan.nnodes} node(s) x "
