@@ -191,3 +191,34 @@ def test_a_model_without_a_recipe_is_named_after_it_and_the_plan_says_whose_valu
     assert new_run_dir(own).name.startswith("my_experiment-")
     plain = compose_config(*split_recipe(["dp=2"]))  # gpt_tiny's own model: its name
     assert new_run_dir(plain).name.startswith("gpt_tiny-")
+
+
+def test_train_loss_model_takes_the_forms_models_return_and_names_any_other():
+    """Issue 24 #8: a scalar, {"loss": scalar, ...}, (scalar, ...), an object with .loss;
+    anything else says what came back and what is accepted."""
+    import torch
+
+    from dtrain_cli.models.losses import MODEL_LOSS_FORMS, model_loss
+
+    loss, logits = torch.tensor(2.5, dtype=torch.float16), torch.zeros(8, 5)
+    for returned in (
+        loss,
+        {"loss": loss, "logits": logits},
+        (loss, logits),
+        [loss],
+        type("Out", (), {"loss": loss})(),
+    ):
+        got = model_loss(returned)
+        assert got.dtype == torch.float32 and got.item() == 2.5
+    for returned, said in (
+        ((logits, loss), "returned a tuple (tensor (8, 5), tensor ())"),
+        ({"logits": logits}, "returned a dict {'logits': tensor (8, 5)}"),
+        (logits, "returned a tensor of shape (8, 5)"),
+        ({"loss": logits}, "returned a dict {'loss': tensor (8, 5)}"),
+        (None, "returned a NoneType"),
+    ):
+        with pytest.raises(ValueError) as err:
+            model_loss(returned)
+        assert str(err.value) == (
+            f"train.loss=model: forward(inputs, targets) {said}; accepted: {MODEL_LOSS_FORMS}"
+        )
