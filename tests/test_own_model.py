@@ -113,6 +113,8 @@ def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
         (["tp=2", "parallel.tp_plan={trunk.*.up:diagonal}"], "unknown style"),
         (["train.loss=os.path.join"], "standard library"),
         (["train.loss=huber"], "train.loss=huber: not allowed"),
+        (["model._targt_=x"], "model._targt_: did you mean model._target_? (arguments of"),
+        (["data._targt_=x"], "data._targt_: did you mean data._target_? (arguments of"),
         (["parallel=fsdp", "dp=2", "parallel.fsdp_units=[Block]"], "no module of those classes"),
     ],
 )
@@ -120,6 +122,28 @@ def test_bad_own_model_input_is_one_line_before_anything_starts(
     tmp_path, monkeypatch, overrides, expected
 ):
     assert expected in plan_error(tmp_path, monkeypatch, *overrides)
+
+
+def test_arguments_of_a_model_or_dataset_take_either_form(tmp_path):
+    """Issue 24 #10: model.NAME=V and model.kwargs.NAME=V are the same argument, as
+    data.NAME=V and data.kwargs.NAME=V are."""
+    import yaml
+
+    def plan(*extra: str) -> dict:
+        run = run_dtrain(
+            ["plan", *OWN, *extra, "--format", "yaml", "--show-config"], tmp_path, env=ENV
+        )
+        assert run.returncode == 0, run.stderr
+        return yaml.safe_load(run.stdout)
+
+    flat, nested = (
+        plan("model.width=16", "data.n=64"),
+        plan("model.kwargs.width=16", "data.kwargs.n=64"),
+    )
+    assert flat["plan"]["estimates"] == nested["plan"]["estimates"]
+    assert flat["config"]["model"] == nested["config"]["model"]
+    assert nested["config"]["model"]["width"] == 16 and "kwargs" not in nested["config"]["model"]
+    assert flat["config"]["data"]["kwargs"]["n"] == nested["config"]["data"]["kwargs"]["n"] == 64
 
 
 def test_plan_of_an_own_model_counts_the_module_it_builds(tmp_path, monkeypatch):

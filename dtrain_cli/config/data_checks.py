@@ -198,6 +198,10 @@ def nested_targets(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
 
 def target_problems(data: DataConfig, roots: Sequence[str]) -> list[str]:
     """Every target of a custom dataset imports, is not the standard library, and can be called."""
+    from dtrain_cli.config.targets import argument_key_problems
+
+    if typos := argument_key_problems(data.kwargs, "data"):
+        return typos
     wanted = [("data._target_", data._target_)]
     if data.val_target:
         wanted.append(("data.val_target", data.val_target))

@@ -42,9 +42,17 @@ class CustomModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CustomModelConfig:
+        """Every key but ``kind`` and ``_target_`` is an argument; ``kwargs.<name>`` is the
+        same argument (the form ``data.kwargs.<name>`` takes: one convention for both)."""
         data = dict(data)
         data.pop("kind", None)
-        return cls(target=str(data.pop("_target_", "") or ""), kwargs=data)
+        target = str(data.pop("_target_", "") or "")
+        nested = data.pop("kwargs", None)
+        if isinstance(nested, dict):
+            data = {**data, **nested}
+        elif nested is not None:
+            data["kwargs"] = nested  # a class's own argument named kwargs
+        return cls(target=target, kwargs=data)
 
     @property
     def name(self) -> str:
@@ -74,6 +82,10 @@ class CustomSpec(ModelSpec):
 
     # -- plan -----------------------------------------------------------------------------
     def problems(self, cfg: DtrainConfig) -> list[str]:
+        from dtrain_cli.config.targets import argument_key_problems
+
+        if typos := argument_key_problems(self.cfg.kwargs, "model"):
+            return typos
         if not self.cfg.target:
             return [
                 "model._target_: not set; name your nn.Module class, "
