@@ -20,6 +20,41 @@ BAD = {
     "train.on_spike=yes": "train.on_spike=yes: not allowed; choose one of off, stop, skip,",
     "debug.straggler_factor=1": "debug.straggler_factor=1.0: must be > 1",
 }
+ROLLBACK = {  # issue 24 #11: a rollback needs a checkpoint to restore
+    "train.on_nan=rollback": "train.on_nan=rollback: no checkpoint to roll back to "
+    "(checkpoint.every_steps and checkpoint.every_minutes are 0); set "
+    "checkpoint.every_steps=N, or train.on_nan=skip",
+    "train.on_spike=rollback": "train.on_spike=rollback: no checkpoint to roll back to",
+}
+
+
+def test_rollback_without_a_checkpoint_cadence_is_refused_by_the_plan(tmp_path):
+    run = run_dtrain(["plan", "recipe=gpt_tiny", *ROLLBACK], tmp_path)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    lines = [x for x in run.stderr.splitlines() if x.strip()]
+    assert len(lines) == 2, run.stderr
+    for line, expected in zip(lines, ROLLBACK.values(), strict=True):
+        assert line.startswith(f"error: {expected}"), line
+    for cadence in ("checkpoint.every_steps=5", "checkpoint.every_minutes=10"):
+        ok = run_dtrain(["plan", "recipe=gpt_tiny", *ROLLBACK, cadence], tmp_path)
+        assert ok.returncode == 0, ok.stderr
+
+
+def test_a_rollback_before_the_first_checkpoint_names_the_setting_and_no_step():
+    """The launcher's report names the step ("failed after step 3"); the error names the
+    policy that needed a checkpoint (not on_nan/on_spike) and no second step."""
+    import re
+
+    from dtrain_cli.config.schema import TrainConfig
+    from dtrain_cli.runtime.components.numerics import NumericsError, NumericsPolicy
+
+    policy = NumericsPolicy(TrainConfig(on_spike="rollback"), None, None, 1, True)
+    policy.rollback_due, policy.rollback_why = True, ("spike", "a loss spike (41.2)")
+    with pytest.raises(NumericsError) as err:
+        policy.rolled_back(4, None)
+    text = str(err.value)
+    assert text.startswith("train.on_spike=rollback: a loss spike (41.2) before the run's first")
+    assert not re.search(r"step \d", text) and "on_nan" not in text
 
 
 def test_bad_debug_input_is_one_line_each_exit_2(tmp_path):
