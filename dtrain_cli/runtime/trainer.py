@@ -179,6 +179,8 @@ class Trainer:
         None when the numerics policy dropped the update."""
         step, rank = self.step + 1, self.ctx.rank
         faults.before_step(step, rank)
+        if faults.drops_data(step, rank):
+            self.train_batches.leave_out_step()
         loss = self.step_fn(self.train_batches, self.step)
         loss = faults.after_backward(loss, self.pm.parameters, step, rank)
         guard = None

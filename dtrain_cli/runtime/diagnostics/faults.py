@@ -13,7 +13,9 @@ group's timeout, ``launcher.collective_timeout_s``).
 Diagnosis drills (:func:`armed`, read by the loop at fixed points): ``slow`` (``ms`` of
 sleep in every step: a straggler), ``nan`` (that step's loss and a gradient become NaN),
 ``spike`` (its loss x1000), ``mismatch`` (the logging all-reduce with another shape),
-``perturb`` (a parameter changed after the optimizer step: a diverging replica).
+``perturb`` (a parameter changed after the optimizer step: a diverging replica),
+``drop`` (the step's data window is cut from the stream: the step trains on the next one;
+a reference for the skip and rollback policies).
 ``step`` and ``rank`` select where; a drill without them fires everywhere. Every fault
 fires on the first attempt only, so an elastic restart can show that the run recovers.
 Membership drills: ``kill_node`` / ``kill_node_in_save`` (the points of ``kill``) SIGKILL
@@ -88,6 +90,12 @@ def before_step(step: int, rank: int) -> None:
     """``slow``: this rank sleeps ``ms`` (default 200) before the step: a straggler."""
     if (slow := armed("slow", step=step, rank=rank)) and "factor" not in slow:  # factor: straggle
         time.sleep(slow.get("ms", 200) / 1000)
+
+
+def drops_data(step: int, rank: int) -> bool:
+    """``drop:step=S``: step S trains on the next step's window, and every later step one
+    further (the window of S is cut from the stream; without ``rank``, on every rank)."""
+    return armed("drop", step=step, rank=rank) is not None
 
 
 def after_backward(loss: Any, params: Callable[[], list[Any]], step: int, rank: int) -> Any:
