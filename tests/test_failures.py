@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dtrain_cli.launch.failures import describe, from_agent
+from dtrain_cli.launch.failures import Failed, describe, from_agent
 
 RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Read error: Connection reset by peer"
 
@@ -113,6 +113,19 @@ def test_the_same_error_on_every_rank_is_one_short_report_whichever_arrives_firs
             f"  at {where}; traceback in logs/rank_0.log",
         )
     }
+
+
+def test_a_script_that_ends_itself_is_not_reported_as_an_error():
+    """Colleague's d: ``print("hello"); sys.exit(3)`` on both ranks: the last line the script
+    printed is quoted as such, not shown as if it were the error."""
+    failed = [
+        Failed(rank=r, exitcode=3, headline="hello", detail="hello", time=1000.0 + r, exited=True)
+        for r in (1, 0)
+    ]
+    code, text = describe(failed, steps_known=False)
+    assert (code, text) == (3, 'rank 0 exited with code 3 (its last line: "hello"); rank 1 too')
+    silent = Failed(rank=1, exitcode=3, time=1000.0, exited=True)
+    assert describe([silent], steps_known=False) == (3, "rank 1 exited with code 3")
 
 
 def test_a_rank_that_stopped_answering_is_named():

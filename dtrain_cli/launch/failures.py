@@ -62,6 +62,9 @@ class Failed:
     time: float = float("inf")
     step: int | None = None
     signal: str | None = None
+    exited: bool = False
+    """Your script ended itself (``sys.exit(3)``): ``headline`` is the last line it
+    printed, not an error."""
 
     @property
     def lost_peer(self) -> bool:
@@ -181,6 +184,9 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
         root = min((f for f in causes if _same(f, root)), key=lambda f: f.rank)
         if root.signal is not None:
             text = f"rank {root.rank} was killed by {root.signal}{lost_when}"
+        elif root.exited:
+            said = f' (its last line: "{root.headline}")' if root.headline else ""
+            text = f"rank {root.rank} exited with code {root.exitcode}{when(root.step)}{said}"
         else:
             code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""
             said = f": {root.headline}" if root.headline else ""
@@ -207,6 +213,7 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
     for f in causes:
         if f is not root and f.rank not in same:
             how = f"was killed by {f.signal}" if f.signal else f"failed ({f.headline})"
+            how = f"exited with code {f.exitcode}" if f.exited else how
             text += f"; rank {f.rank} also {how}"
     detail = root.detail if root is not None else ""
     if detail and detail != root.headline:  # a traceback: dtrain's own errors are one line
