@@ -319,6 +319,27 @@ def test_bad_script_is_one_line_exit_2_and_nothing_started(tmp_path, args, says)
     assert not (tmp_path / "runs").exists()
 
 
+def test_plan_of_a_script_shows_its_interpreter_and_only_what_applies(tmp_path, monkeypatch):
+    """Colleague's e and f: launcher.python is the command's interpreter; no parameters,
+    memory, step time, strategy or "saves at steps" of dtrain's trainer, only the plan's
+    values a script may read through script_env."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("print('never')\n")
+    args = ["plan", "launcher.python=/usr/bin/python3", "checkpoint.every_steps=50", "--", "x.py"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "/usr/bin/python3 x.py" in out and "python x.py" not in out.replace("python3", "")
+    for trainer_only in ("parameters", "saves at steps", "MFU", "estimated on", "strategy"):
+        assert trainer_only not in out, trainer_only
+    assert "for your script, if it reads them (dtrain_cli.script_env)" in out
+    assert "should_checkpoint(step)  │ at steps 50, 100" in out
+
+
 def test_plan_shows_what_would_run(tmp_path):
     (tmp_path / "train.py").write_text("print('never')\n")
     proc = subprocess.run(

@@ -67,7 +67,8 @@ def plan(
     from dtrain_cli.plan.naming import borrows_defaults
 
     console.print(render_plan(the_plan, recipe_named=not borrows_defaults(cfg)))
-    console.print(step_line(cfg, the_plan), highlight=False)
+    if the_plan.script is None:  # a script's step time is its own business
+        console.print(step_line(cfg, the_plan), highlight=False)
 
 
 def step_line(cfg, the_plan) -> str:

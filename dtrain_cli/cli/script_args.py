@@ -42,9 +42,9 @@ def split_script(
             return tokens[:i], tokens[i + 1 :]
         if tok == "-m" or (tok.endswith(".py") and "=" not in tok):
             return tokens[:i], tokens[i:]
-        if not tok.startswith("-") and not _is_override(tok):
-            if bare_is_script or os.path.isfile(tok):
-                return tokens[:i], tokens[i:]
+        bare = not tok.startswith("-") and not _is_override(tok)
+        if bare and (bare_is_script or os.path.isfile(tok)):
+            return tokens[:i], tokens[i:]
     return tokens, None
 
 

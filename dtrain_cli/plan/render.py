@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rich.console import Group
@@ -38,17 +39,22 @@ def render_plan(plan: Plan, recipe_named: bool = True) -> Group:
     b, lr, e, ck = plan.batch, plan.lr, plan.estimates, plan.checkpoint
     mesh = plan.mesh.label()
     recipe = plan.recipe if recipe_named else f"none ({plan.recipe}'s values)"
+    what = (
+        ("recipe", recipe)
+        if plan.script
+        else ("recipe / model", f"{recipe} / {plan.model} ({e.num_params:,} parameters)")
+    )
     layout = _kv(
         "layout",
         [
-            ("recipe / model", f"{recipe} / {plan.model} ({e.num_params:,} parameters)"),
+            what,
             (
                 "world size",
                 f"{plan.world_size} = {plan.nnodes} node(s) x "
                 + plural(plan.nproc_per_node, "process", "processes"),
             ),
             ("mesh", mesh),
-            ("strategy", plan.strategy),
+            *([] if plan.script else [("strategy", plan.strategy)]),  # a script's own
             ("device / backend", f"{plan.device} / {plan.backend}"),
             ("threads per process", plan.threads_per_proc),
             ("start method / restarts", f"{plan.start_method} / {plan.max_restarts}"),
@@ -152,7 +158,9 @@ def render_plan(plan: Plan, recipe_named: bool = True) -> Group:
             ranks.add_row(*(str(row[k]) for k in ("rank", *plan.mesh.dim_names)))
     if plan.world_size > MAX_RANK_ROWS:
         ranks.add_row("...", *("" for _ in plan.mesh.dim_names))
-    parts: list = [layout, batch, sched, ckpt] + ([] if plan.script else [mem])
+    parts: list = (
+        [layout, _script_values(plan)] if plan.script else [layout, batch, sched, ckpt, mem]
+    )
     if plan.pipeline is not None:
         parts.append(_pipeline_table(plan))
     if plan.elastic is not None:
@@ -166,6 +174,26 @@ def render_plan(plan: Plan, recipe_named: bool = True) -> Group:
     return Group(*parts)
 
 
+def _script_values(plan: Plan) -> Table:
+    """A script's run: the plan's values it may read (``dtrain_cli.script_env``); the
+    trainer's own sections (parameters, memory, step time) do not apply to it."""
+    b, lr, ck = plan.batch, plan.lr, plan.checkpoint
+    saves = ", ".join(map(str, ck.steps[:8])) + (" ..." if len(ck.steps) > 8 else "")
+    return _kv(
+        "for your script, if it reads them (dtrain_cli.script_env)",
+        [
+            ("micro batch x accum x dp", f"{b.micro_batch_size} x {b.grad_accum} x {b.dp}"),
+            ("global batch / steps", f"{b.global_batch_size} / {plan.steps:,}"),
+            (
+                "lr_at(step)",
+                f"{lr.peak_lr:.4g} peak, warmup {plural(lr.warmup_steps, 'step')}, {lr.decay} "
+                f"to {lr.min_lr:g}",
+            ),
+            ("should_checkpoint(step)", f"at steps {saves}" if saves else "never"),
+        ],
+    )
+
+
 def render_script(plan: Plan, rdzv_endpoint: str, rdzv_timeout_s: int) -> Table:
     """``dtrain plan ... -- train.py``: what every rank runs and what it is given."""
     import shlex
@@ -176,7 +204,7 @@ def render_script(plan: Plan, rdzv_endpoint: str, rdzv_timeout_s: int) -> Table:
     return _kv(
         "script (run on every rank as __main__, as torchrun would)",
         [
-            ("command", shlex.join(["python", *sc.argv()])),
+            ("command", shlex.join([sc.python or sys.executable, *sc.argv()])),
             ("file", sc.file),
             ("working directory", sc.workdir),
             ("processes", f"{n} = {plan.nnodes} node(s) x {local}, start {plan.start_method}"),
