@@ -198,3 +198,20 @@ def test_sigterm_is_watched_only_inside_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     assert watched_signals("USR1", True) == ["USR1", "TERM"]
     assert watched_signals("USR1", False) == ["USR1"]
+
+
+def test_validate_cluster_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """Colleague's g: the run-dir check makes runs/ (and parents) to probe it, then
+    removes what it made; a folder that was there stays."""
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    for args in ([], ["--run-dir", "a/b/runs"]):
+        result = runner.invoke(
+            app, ["validate-cluster", "--no-live", *args], env={"COLUMNS": "200"}
+        )
+        assert result.exit_code == 0, result.output
+        assert "runs writable" in result.output
+        assert list(tmp_path.iterdir()) == []
+    (tmp_path / "runs").mkdir()
+    assert runner.invoke(app, ["validate-cluster", "--no-live"]).exit_code == 0
+    assert (tmp_path / "runs").is_dir()

@@ -79,7 +79,9 @@ def port_is_free(port: int) -> bool:
 
 
 def dir_writable(path: Path) -> str | None:
-    """None when a file can be created and removed in ``path``; else the reason."""
+    """None when a file can be created and removed in ``path``; else the reason. The
+    folders made for the probe are removed again: a check leaves nothing behind."""
+    made = missing_dirs(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".dtrain-probe-{uuid.uuid4().hex[:8]}"
@@ -87,7 +89,23 @@ def dir_writable(path: Path) -> str | None:
         probe.unlink()
     except OSError as exc:
         return exc.strerror or str(exc)
+    finally:
+        remove_empty(made)
     return None
+
+
+def missing_dirs(path: Path) -> list[Path]:
+    """``path`` and its parents that do not exist yet, deepest first."""
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def remove_empty(dirs: list[Path]) -> None:
+    """Remove each of ``dirs`` (deepest first) that is still empty; leave the rest."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            return
 
 
 def local_addresses() -> set[str]:
