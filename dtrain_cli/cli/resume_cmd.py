@@ -54,22 +54,22 @@ def resume(
         fail(problems)
 
     env.mark_launch_start()
-    from dtrain_cli.launch import worker_server
-
-    worker_server.start(overrides)
     from dtrain_cli.checkpoint import catalog
-    from dtrain_cli.config.compose import config_from_yaml, config_to_yaml
-    from dtrain_cli.config.resume_changes import override_config, unsafe_resume_changes
-    from dtrain_cli.plan.build import build_plan
 
     def warn(msg: str) -> None:
         err_console.print(f"[yellow]warning:[/] {msg}", highlight=False)
 
-    try:
+    try:  # the path first: a wrong one starts nothing (no fork server, no torch)
         run_dir, path = catalog.resolve(ckpt, warn)
     except catalog.CheckpointError as exc:
         fail([str(exc)])
     run_dir = run_dir.resolve()
+    from dtrain_cli.launch import worker_server
+
+    worker_server.start(overrides)
+    from dtrain_cli.config.compose import config_from_yaml, config_to_yaml
+    from dtrain_cli.config.resume_changes import override_config, unsafe_resume_changes
+    from dtrain_cli.plan.build import build_plan
     try:
         old = config_from_yaml(RunDir(path).config)  # the checkpoint's copy
         cfg = override_config(old, overrides or [], config_dir)
