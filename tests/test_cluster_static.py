@@ -215,3 +215,18 @@ def test_validate_cluster_leaves_no_folder_behind(tmp_path, monkeypatch):
     (tmp_path / "runs").mkdir()
     assert runner.invoke(app, ["validate-cluster", "--no-live"]).exit_code == 0
     assert (tmp_path / "runs").is_dir()
+
+
+def test_one_node_with_an_rdzv_id_names_its_run_dir_after_it(tmp_path):
+    """Colleague's h: as on several nodes, --rdzv-id names the run (config.yaml's rdzv_id
+    and the folder agree); a run.name given wins."""
+    from dtrain_cli.launch.rundir import new_run_dir
+
+    cfg = compose_config("gpt_tiny", [f"run.root={tmp_path}"])
+    assert apply_node_args(cfg, NodeArgs(rdzv_id="exp1")) == []
+    assert cfg.launcher.rdzv_id == "exp1" and new_run_dir(cfg) == tmp_path / "exp1"
+    named = compose_config("gpt_tiny", ["run.name=mine"])
+    assert apply_node_args(named, NodeArgs(rdzv_id="exp1")) == []
+    assert named.run.name == "mine" and named.launcher.rdzv_id == "exp1"
+    plain = compose_config("gpt_tiny")
+    assert apply_node_args(plain, NodeArgs()) == [] and plain.run.name is None

@@ -293,6 +293,9 @@ def test_reusing_a_run_name_is_blamed_on_the_name(tmp_path):
     assert run.stderr.startswith(f"error: run.name=exp: {old} already holds a run"), run.stderr
     assert "run.root" not in run.stderr
     assert sorted(p.name for p in old.iterdir()) == ["plan.yaml"]  # an existing run untouched
+    by_id = run_dtrain(["launch", "recipe=gpt_tiny", "--rdzv-id", "exp"], tmp_path, timeout=60)
+    assert by_id.returncode == 2  # one node: --rdzv-id names the run dir, as on many
+    assert by_id.stderr.startswith(f"error: --rdzv-id=exp: {old} already holds a run")
 
 
 def test_ctrl_c_stops_every_worker_with_one_clean_message(tmp_path):

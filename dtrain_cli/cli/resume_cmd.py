@@ -70,6 +70,7 @@ def resume(
     from dtrain_cli.config.compose import config_from_yaml, config_to_yaml
     from dtrain_cli.config.resume_changes import override_config, unsafe_resume_changes
     from dtrain_cli.plan.build import build_plan
+
     try:
         old = config_from_yaml(RunDir(path).config)  # the checkpoint's copy
         cfg = override_config(old, overrides or [], config_dir)
