@@ -284,7 +284,22 @@ def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, 
     run_dir = next((tmp_path / "runs").iterdir())
     marker = json.loads((run_dir / "preempted.json").read_text())
     assert marker["by"] == "script" and marker["rank"] == 0
-    assert "preempted" in err
+    # colleague's b: the message names the command that continues it, and it does
+    said = f"`dtrain resume --ckpt {run_dir}` runs it again in its run directory"
+    assert said in err.replace("\n", " "), err
+    if start == "forkserver":
+        resumed = run_dtrain(
+            ["resume", "--ckpt", str(run_dir)],
+            tmp_path,
+            timeout=120,
+            env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+        )
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        seen = json.loads((out / "resumed_rank_0").read_text())
+        assert seen == {"run_dir": str(run_dir)} and list((tmp_path / "runs").iterdir()) == [
+            run_dir
+        ]
+        assert not (run_dir / "preempted.json").exists()
 
 
 @pytest.mark.parametrize(

@@ -197,7 +197,8 @@ def preempted_result(marker: dict, run_dir: Path) -> LaunchResult:
     if marker.get("by") == "script":
         text = (
             f"preempted: rank {marker.get('rank')}'s script saved its checkpoint and exited "
-            f"{code}; a requeued SLURM job (or running it again) continues"
+            f"{code}; `dtrain resume --ckpt {shlex.quote(str(run_dir))}` runs it again in "
+            "its run directory (a requeued SLURM job does so by itself)"
         )
     else:
         text = (
