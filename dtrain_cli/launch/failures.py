@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain_cli.rundir.layout import RunDir
-from dtrain_cli.rundir.notes import innermost_frame
+from dtrain_cli.rundir.notes import PEER_LOSS, innermost_frame
 
 # Errors the runtime raises on purpose, with a message that names the cause: shown as one
 # line (their traceback stays in logs/rank_<k>.log).
@@ -33,19 +33,6 @@ EXPECTED_ERRORS = (
     "NumericsError:",
     "ReplicaError:",
     "CollectiveMismatch:",
-)
-# What a rank reports when another rank died or stopped answering (gloo, NCCL, the store).
-PEER_LOSS = (
-    "connection reset by peer",
-    "connection closed by peer",
-    "broken pipe",
-    "connection refused",
-    "timed out",
-    "timeout",
-    "socket timeout",
-    "distnetworkerror",
-    "remote process exited",
-    "communicator was aborted",
 )
 
 

@@ -84,6 +84,55 @@ def innermost_frame(stack: str) -> str | None:
     return pick_frame(frames)
 
 
+# What a rank reports when another rank died or stopped answering (gloo, NCCL, the store).
+PEER_LOSS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "timed out",
+    "timeout",
+    "socket timeout",
+    "distnetworkerror",
+    "remote process exited",
+    "communicator was aborted",
+)
+
+
+def attempt_cause(run_dir: Path, attempt: int) -> str:
+    """What ended restart attempt ``attempt``, from its ranks' notes (a restarted group
+    says it): a rank killed by a signal, else an error of a rank's own, else the ranks
+    that lost a peer. Short of the launcher's report (:mod:`dtrain_cli.launch.failures`):
+    a rank killed without a drill leaves no note."""
+    notes = [n for n in _all_notes(run_dir) if n.get("attempt", 0) == attempt]
+    notes.sort(key=lambda n: float(n.get("time", 0)))
+
+    def after(n: dict[str, Any]) -> str:
+        return "" if n.get("step") is None else f" after step {n['step']}"
+
+    for n in notes:
+        if n.get("signal"):
+            return f"rank {n['rank']} was killed by {n['signal']}{after(n)}"
+    for n in notes:
+        error = str(n.get("error", "")).split("\n")[0]
+        if error and not any(p in error.lower() for p in PEER_LOSS):
+            return f"rank {n['rank']} failed{after(n)}: {error}"
+    if notes:
+        lost = ", ".join(str(n["rank"]) for n in notes)
+        return f"rank(s) {lost} lost a peer{after(notes[0])} (another rank was killed?)"
+    return "a worker failed"
+
+
+def _all_notes(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in RunDir(Path(run_dir)).failures.glob("*.json"):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def read_notes(run_dir: Path, since: float = 0.0) -> dict[int, dict[str, Any]]:
     """pid -> note, for the notes written after ``since`` by the latest restart attempt."""
     out: dict[int, dict[str, Any]] = {}

@@ -25,6 +25,7 @@ from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.notes import attempt_cause
 from dtrain_cli.runtime.components import preemption
 from dtrain_cli.runtime.components.checkpointer import Checkpointer
 from dtrain_cli.runtime.components.membership import Membership
@@ -113,6 +114,8 @@ class Trainer:
         )
         self.profiler = Profiler(cfg.debug.profile_steps, run_dir, ctx.rank, ctx.device)
         self.step = self.checkpointer.resume()
+        if env.restart_count() and ctx.rank == 0 and plan.elastic is None:
+            self._say_restarted()
         self.membership = Membership(run_dir, plan, ctx.rank, self.step)
         self.mode_sync.start(self.step)  # param_server: seed the servers, pull
         self.mode_extra: dict[str, Any] = {}
@@ -255,6 +258,22 @@ class Trainer:
             t = local_tensor(p)
             params += t.numel() * t.element_size()
         return {"params": params, "optimizer": self.optimizers.state_bytes()}
+
+    def _say_restarted(self) -> None:
+        """An automatic restart (``launcher.max_restarts``), on the console: which rank
+        ended the attempt before, which attempt this is, the checkpoint it goes on from.
+        (An elastic run's membership change says so itself: :class:`.Membership`.)"""
+        attempt = env.restart_count()
+        ckpt = self.checkpointer.resumed_from
+        log.warning(
+            "restarted (attempt %d of %d) after %s; %s",
+            attempt,
+            self.plan.max_restarts,
+            attempt_cause(self.run_dir, attempt - 1),
+            f"resuming from checkpoint {ckpt} (step {self.step})"
+            if ckpt
+            else "starting from step 0 (no complete checkpoint yet)",
+        )
 
     def _mark_first_step(self) -> None:
         """The run trained: rank 0 says so in the run dir (the launcher keeps a dir that
