@@ -264,3 +264,33 @@ def test_a_summary_without_throughput_is_strict_json_and_says_not_measured(tmp_p
     out = io.StringIO()
     Console(file=out, width=100).print(summary_table(back))
     assert "not measured" in out.getvalue() and "nan" not in out.getvalue().lower()
+
+
+def test_python_warnings_reach_the_rank_log_and_rank_0_console_once(tmp_path, monkeypatch):
+    """Issue 24 #12: torch's warning of a scheduler stepped before its optimizer (a sign of
+    a bug) goes to the rank's log and rank 0's console, once however often it repeats."""
+    import io
+    import logging
+    import warnings
+
+    import torch
+    from rich.console import Console
+
+    from dtrain_cli.runtime.diagnostics.logs import setup_logging
+
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    out = io.StringIO()
+    setup_logging(tmp_path, 0, Console(file=out, width=300))
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # even when every call warns: shown once
+        for _ in range(3):
+            sched.step()  # before optimizer.step()
+    for handler in logging.getLogger("dtrain").handlers:
+        handler.flush()
+    said = "UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+    console = out.getvalue()
+    log = (tmp_path / "logs" / "rank_0.log").read_text()
+    assert console.count(said) == 1 and log.count(said) == 1, console
+    assert "(tests/test_diagnose_unit.py:" in console  # where it was called from
