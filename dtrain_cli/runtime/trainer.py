@@ -306,6 +306,7 @@ class Trainer:
             **self.metrics.rank_summary(),
             "resumed_from": self.checkpointer.resumed_from,
             "membership_changes": self.membership.changes(),
+            **self.membership.summary(wall),  # elastic: the whole run, the sizes it ran at
             "checkpoint_stall_s": self.checkpointer.save_stall_s,
             "data_wait_ms_per_step": 1000 * self.train_batches.wait_s / max(1, steps_run),
             "strategy": self.plan.strategy,

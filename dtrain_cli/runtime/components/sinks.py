@@ -198,7 +198,12 @@ def summary_table(summary: dict[str, Any]) -> Table:
         table.add_row("samples/s", _rate(summary.get("samples_per_s")))
     else:
         table.add_row("tokens/s", _rate(summary.get("tokens_per_s")))
-    table.add_row("wall time", f"{_num(summary.get('train_wall_s'), ',.1f')} s")
+    wall = f"{_num(summary.get('train_wall_s'), ',.1f')} s"
+    if len(sizes := summary.get("memberships") or []) > 1:  # elastic: the whole run
+        ran = " -> ".join(str(m["world_size"]) for m in sizes)
+        last = _num(summary.get("train_wall_s_last_membership"), ",.1f")
+        wall += f" (at {ran} processes; the last {last} s)"
+    table.add_row("wall time", wall)
     if summary.get("resumed_from"):
         table.add_row("resumed from", str(summary["resumed_from"]))
     if summary.get("replicas_identical") is False:
