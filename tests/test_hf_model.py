@@ -382,3 +382,24 @@ def test_config_vocab_size_reads_the_transformers_config():
     assert HFConfig(model_type="llama", config={"vocab_size": 300}).vocab_size == 300
     assert HFConfig(model_type="gpt2").vocab_size == 50257
     assert HFConfig().vocab_size is None
+
+
+def test_checkpointing_saves_and_tp_keeps_norms_whole_in_the_estimates():
+    """Issue 24 #4: an HF model's checkpointed layer keeps only its input, and the
+    parameters no tp style splits (norms) count whole on every tp rank."""
+    spec = spec_of("llama")
+    per_layer, _ = spec.activation_bytes(4, 4, 1)
+    assert spec.checkpoint_bytes(4, 4, 1) == 4 * T * LLAMA["hidden_size"] * 4 < per_layer / 10
+    model = built(spec)
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    assert spec.facts().params_tp_replicated == norms > 0  # llama: no biases
+    from dtrain_cli.plan.layout import part_activations
+
+    def kept(mode: str) -> int:
+        c = SimpleNamespace(
+            precision=SimpleNamespace(name="fp32"),
+            parallel=SimpleNamespace(tp=1, activation_checkpointing=mode),
+        )
+        return part_activations(c, spec, 4, 0, LLAMA["num_hidden_layers"], True)[0]
+
+    assert kept("full") < kept("selective") < kept("none")

@@ -246,3 +246,44 @@ def test_train_loss_model_takes_the_forms_models_return_and_names_any_other():
         assert str(err.value) == (
             f"train.loss=model: forward(inputs, targets) {said}; accepted: {MODEL_LOSS_FORMS}"
         )
+
+
+def test_the_plan_measures_an_own_token_model_and_names_what_it_cannot(monkeypatch):
+    """Issue 24 #4: a custom model on token data: activations measured once on the meta
+    device, equal to what autograd keeps on CPU; checkpointing saves. On data=custom the
+    inputs are the dataset's: "not estimated", in the plan and the advisor."""
+    import torch
+    import torch.nn.functional as F
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.plan.build import build_plan
+    from dtrain_cli.runtime.parallel.activation_checkpoint import SavedTensorMeter
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    from own_targets import TinyLM
+
+    lm = ["model=custom", "model._target_=own_targets.TinyLM", "model.block_size=32"]
+    lm += ["model.vocab_size=256", "train.global_batch_size=4", "train.micro_batch_size=4"]
+    plan = build_plan(compose_config("gpt_tiny", lm))
+    assert plan.estimates.activations_estimated
+    model = TinyLM(block_size=32)
+    x = torch.randint(0, 256, (4, 32))
+    with SavedTensorMeter(model) as meter:
+        F.cross_entropy(model(x).reshape(-1, 256), x.reshape(-1))
+    assert plan.estimates.bytes_activations == pytest.approx(meter.bytes, rel=0.02)
+    blocks = [*lm, "pipeline.layers=blocks"]  # the blocks the plan knows of
+    none = build_plan(compose_config("gpt_tiny", blocks)).estimates.bytes_activations
+    assert none == pytest.approx(meter.bytes, rel=0.02)
+    ac = [*blocks, "parallel.activation_checkpointing=full"]
+    assert build_plan(compose_config("gpt_tiny", ac)).estimates.bytes_activations < 0.7 * none
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])  # my_models, for data=custom
+    runner = CliRunner()
+    shown = runner.invoke(app, ["plan", *OWN], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "not estimated (the model's inputs come from your dataset)" in shown.output
+    advised = runner.invoke(app, ["advise", *OWN, "hardware=cpu", "--json"])
+    assert advised.exit_code == 0, advised.output
+    assert __import__("json").loads(advised.output)["activations_estimated"] is False

@@ -91,6 +91,7 @@ def advise(
             "hardware": advice.hardware,
             "world_size": advice.world_size,
             "nnodes": advice.nnodes,
+            "activations_estimated": advice.activations_estimated,
             "ranked": [v.to_dict() for v in advice.ranked],
             "rejected": [v.to_dict() for v in advice.rejected],
         }

@@ -219,6 +219,7 @@ class HFSpec(ModelSpec):
             flops_per_unit=6 * (c["num_params"] - c["params_position"])
             + 12 * layers * c["hidden"] * t,
             matrix_shapes=[tuple(s) for s in c["matrix_shapes"]],
+            params_tp_replicated=c.get("tp_replicated", 0),
         )
 
     def activation_bytes(
@@ -230,6 +231,11 @@ class HFSpec(ModelSpec):
         s, d, a = self.cfg.block_size, c["hidden"], c["heads"]
         per_layer = s * micro_batch * d * (34 + 5 * a * s / d) * (bytes_per_value / 2) / tp
         return per_layer, float(micro_batch * s * c["vocab"] * 4 * 2)
+
+    def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
+        """A checkpointed decoder layer keeps only its input, the (b, s, hidden) residual
+        stream (replicated under tp)."""
+        return float(micro_batch * self.cfg.block_size * self._meta["hidden"] * bytes_per_value)
 
     def problems(self, cfg: DtrainConfig) -> list[str]:
         try:

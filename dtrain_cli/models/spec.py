@@ -89,6 +89,11 @@ class ModelSpec(ABC):
         Default: the block's whole activations (a kind that does not say gets no saving)."""
         return self.activation_bytes(micro_batch, bytes_per_value, tp)[0]
 
+    def activations_estimated(self) -> bool:
+        """False when :meth:`activation_bytes` knows nothing (0): the plan says "not
+        estimated" and the advisor does not rank on them."""
+        return True
+
     def value_problems(self) -> list[str]:
         """The model's own values out of range (checked before anything computes with them)."""
         return []

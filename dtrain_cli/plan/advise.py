@@ -133,6 +133,9 @@ class Advice:
     """The layout the user gave (``dtrain advise ... dp=48 tp=8``), costed the same way."""
     reference_why: str = ""
     """Where the given layout stands against #1 (:mod:`.advise_compare`)."""
+    activations_estimated: bool = True
+    """False: the model's activations are unknown (0 in every estimate): memory and fit are
+    without them, and no layout wins or loses on them."""
 
 
 def divisors(n: int) -> list[int]:
@@ -273,9 +276,9 @@ def advise(
             -v.layout.micro_batch_size,  # equal estimates: fewer, larger kernels
         )
     )
-    advice = Advice(
-        cfg.hardware.name, devices, nnodes, model_spec(cfg).facts().unit, ranked, rejected
-    )
+    spec = model_spec(cfg)
+    advice = Advice(cfg.hardware.name, devices, nnodes, spec.facts().unit, ranked, rejected)
+    advice.activations_estimated = spec.activations_estimated()
     if not ranked:
         raise ConfigError([nothing_fits(cfg, advice, verdicts)])
     explain(advice)

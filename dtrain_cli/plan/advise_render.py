@@ -59,11 +59,18 @@ def _cells(i: int, v: Verdict) -> list[str]:
     ]
 
 
+NOT_ESTIMATED = (
+    "activations not estimated (the model's inputs come from your dataset): memory and fit "
+    "leave them out"
+)
+
+
 def _title(advice: Advice) -> str:
+    unknown = "" if advice.activations_estimated else f"; {NOT_ESTIMATED}"
     return (
         f"{advice.world_size} x {advice.hardware} ({advice.nnodes} node(s)): "
         f"{len(advice.ranked)} layouts fit, {len(advice.rejected)} rejected; memory in GiB "
-        f"per device"
+        f"per device{unknown}"
     )
 
 

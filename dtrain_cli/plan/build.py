@@ -250,6 +250,7 @@ def build_plan(
         script=script_run,
         sync=sync_plan(cfg, facts, comm_bytes_per_step(cfg, facts, ddp=True)),
     )
+    plan.estimates.activations_estimated = spec.activations_estimated()  # issue 24 #4
     if par.min_nnodes is not None and par.min_nnodes < nnodes:
         from dtrain_cli.plan.elastic import elastic_plan
 

@@ -132,14 +132,19 @@ def render_plan(plan: Plan, recipe_named: bool = True) -> Group:
             (
                 "activations (per micro batch"
                 + (f", checkpointing {e.activation_checkpointing})" if e.bytes_recompute else ")"),
-                _bytes(e.bytes_activations),
+                _bytes(e.bytes_activations)
+                if e.activations_estimated
+                else "not estimated (the model's inputs come from your dataset)",
             ),
             *(
                 [("recompute (one block, backward)", _bytes(e.bytes_recompute))]
                 if e.bytes_recompute
                 else []
             ),
-            ("total", _bytes(e.bytes_total)),
+            (
+                "total",
+                _bytes(e.bytes_total) + ("" if e.activations_estimated else " + activations"),
+            ),
             (
                 f"FLOPs per {'token' if b.unit == 'tokens' else 'sample'} (fwd+bwd)",
                 f"{e.flops_per_token:,}",
