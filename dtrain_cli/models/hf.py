@@ -2,7 +2,7 @@
 
     dtrain launch recipe=llama_tiny_hf dp=2 parallel.strategy=fsdp
     dtrain launch model=hf model.model_type=gpt2 model.config.n_layer=2 model.config.n_embd=64 \
-        model.config.n_head=4 parallel.strategy=fsdp dp=2
+        model.config.n_head=4 model.config.vocab_size=256 parallel.strategy=fsdp dp=2
     dtrain launch model=hf model.pretrained=/models/my-llama ...   # local weights, no download
 
 The model is built with ``AutoModelForCausalLM.from_config`` from ``model.model_type`` and
@@ -79,6 +79,7 @@ class HFSpec(ModelSpec):
     kind = "hf"
     config_class = HFConfig
     cfg: HFConfig
+    vocab_key = "model.config.vocab_size"
 
     @property
     def name(self) -> str:

@@ -117,8 +117,19 @@ class ModelSpec(ABC):
         """How pipeline errors name the model's layer count (the key that sets it)."""
         return f"the model's layers ({num_layers})"
 
+    vocab_key: ClassVar[str] = "model.vocab_size"
+    """The key that sets this kind's vocabulary (what the plan's warnings name)."""
+
     def warnings(self, cfg: DtrainConfig) -> list[str]:
-        return []
+        """What the plan warns of: a vocabulary far larger than the data's."""
+        from dtrain_cli.config.data_checks import vocab_warning
+
+        try:
+            vocab = self.vocab_size
+        except Exception:  # a config that cannot be made: the plan's problems say why
+            return []
+        warning = vocab_warning(cfg.data, vocab, self.vocab_key)
+        return [warning] if warning else []
 
     def supports_tensor_parallel(self) -> bool:
         return False
