@@ -175,6 +175,36 @@ def test_hang_ends_soon_and_names_the_rank_that_never_joined(tmp_path):
     assert no_process_left(tmp_path) == []
 
 
+def test_a_stopped_rank_ends_the_run_within_the_stated_bound(tmp_path):
+    """Issue 24 #15: a rank frozen from outside (SIGSTOP) writes no record and ignores the
+    agent's SIGTERM; the launcher kills it 10 s after the first record, so the run ends
+    within collective_timeout_s + 15 s of the step (+ a few s of start-up on a loaded
+    machine), not after the agent's 30 s grace."""
+    run, ended = drill(tmp_path, "stop:step=3:rank=1", "debug.collective_timeout_s=5")
+    assert run.returncode == 124, run.stderr[-2000:]
+    record = json.loads((run.run_dir / "logs" / "hang" / "rank_0.json").read_text())
+    started = record["time"] - record["waited_s"]
+    assert ended - started < 5 + 15 + 5, ended - started
+    msg = next(x for x in run.stderr.splitlines() if "hang:" in x)
+    assert "rank 1 wrote no record" in msg and "rank 0 waited in it" in msg
+    assert no_process_left(tmp_path) == []
+
+
+def test_a_save_slower_than_the_watchdog_is_no_hang(tmp_path):
+    """Issue 24 #15: every rank's save takes 8 s, the watchdog's limit is 5 s: the save is
+    not counted, the run completes."""
+    run, _ = drill(
+        tmp_path,
+        "slow_save:ms=8000",
+        "debug.collective_timeout_s=5",
+        "train.steps=2",
+        "checkpoint.every_steps=2",
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert not (run.run_dir / "logs" / "hang").exists()
+    assert (run.run_dir / "checkpoints" / "step_000002").is_dir()
+
+
 def test_check_collectives_names_the_first_mismatch(tmp_path):
     run, _ = drill(tmp_path, "mismatch:step=2:rank=1", "debug.check_collectives=true")
     assert run.returncode == 1

@@ -169,7 +169,9 @@ class Trainer:
                     self.metrics.log(self.step, {"val_loss": self.validator.validate()}, "val")
                     self.metrics.restart_clock()  # keep validation out of tokens/s
                 asked = votes is not None and (votes.save or votes.stop)  # a logging-step vote
-                if self.checkpointer.maybe_save(self.step, self.meta(), asked):
+                with self.watchdog.paused():  # a slow save is no hang
+                    saved = self.checkpointer.maybe_save(self.step, self.meta(), asked)
+                if saved:
                     self.metrics.restart_clock()
                 if votes is not None and votes.stop:
                     return self.preempted()

@@ -6,6 +6,8 @@
 
 Points: ``kill`` (end of a training step) and ``kill_in_save`` (while a checkpoint's
 temporary folder is being written): the process dies by SIGKILL, as on a lost node;
+``stop`` (end of a training step): the process stops itself with SIGSTOP, as when frozen
+from outside (its watchdog cannot run); ``slow_save:ms=M`` (a save takes M ms longer);
 ``hang`` (end of a training step): the process stays alive but never reaches the next
 collective, as on a stuck device (the hang watchdog names it after
 ``debug.collective_timeout_s``; with the watchdog off, its peers fail after the process
@@ -72,13 +74,19 @@ def maybe_fail(point: str, **where: int) -> None:
     if env.restart_count() != 0:
         return
     for name, params in _FAULTS:
-        at = {"hang": "kill", "kill_node": "kill", "kill_node_in_save": "kill_in_save"}.get(
-            name, name
-        )  # a hang fires where kill does
+        at = {
+            "hang": "kill",
+            "stop": "kill",
+            "kill_node": "kill",
+            "kill_node_in_save": "kill_in_save",
+        }.get(name, name)  # a hang fires where kill does
         if at == point and all(where.get(k) == v for k, v in params.items()):
             if name == "hang":  # frozen: alive, silent (a real hang leaves no note)
                 while True:
                     time.sleep(3600)
+            if name == "stop":  # stopped from outside (SIGSTOP): not even its watchdog runs
+                os.kill(os.getpid(), signal.SIGSTOP)
+                continue
             if name.startswith("kill_node"):  # the node is gone: no note, nobody left
                 os.killpg(os.getpgrp(), signal.SIGKILL)
             _note_drill(name, where)
@@ -86,6 +94,13 @@ def maybe_fail(point: str, **where: int) -> None:
 
 
 # -- the diagnosis drills, called by the loop at fixed points (no-ops when none is armed) --
+def slow_save(step: int, rank: int) -> None:
+    """``slow_save:ms=M``: a checkpoint save takes M ms longer (a slow file system), on
+    every rank unless ``rank`` says which: longer than the hang watchdog's limit is no hang."""
+    if drill := armed("slow_save", step=step, rank=rank):
+        time.sleep(drill.get("ms", 1000) / 1000)
+
+
 def before_step(step: int, rank: int) -> None:
     """``slow``: this rank sleeps ``ms`` (default 200) before the step: a straggler."""
     if (slow := armed("slow", step=step, rank=rank)) and "factor" not in slow:  # factor: straggle

@@ -19,6 +19,7 @@ from typing import Any, TextIO
 from rich.console import Console
 
 from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.protocol import PID_LINE
 
 log = logging.getLogger("dtrain")
 QUIET = {"console": False}
@@ -53,7 +54,8 @@ def setup_logging(run_dir: Path, rank: int, console: Console | None) -> None:
         handler = _ConsoleHandler(console)
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
-    log.info("rank %d pid %d on %s", rank, os.getpid(), socket.gethostname(), extra=QUIET)
+    pid_line = PID_LINE.format(rank=rank, pid=os.getpid(), host=socket.gethostname())
+    log.info(pid_line, extra=QUIET)  # the launcher finds rank k's process by it
     route_warnings()
 
 
