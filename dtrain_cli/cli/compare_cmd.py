@@ -12,9 +12,13 @@ windows merged, weighted by their steps). Exit 0 when every common step agrees w
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from dtrain_cli.report.runs import Comparison
 
 from dtrain_cli.cli.common import console, fail
 
@@ -30,6 +34,25 @@ def column_heads(names: list[str]) -> tuple[list[str], list[str]]:
     return letters, [f"{h} = {n}" for h, n in zip(letters, names, strict=True)]
 
 
+def loss_table(result: Comparison, heads: list[str], tol: float, rows: int) -> Table:
+    """The losses step by step, ``rows`` of them around the first divergent step."""
+    from dtrain_cli.report.runs import rel_diff
+
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("step", justify="right", no_wrap=True)
+    for head in heads:
+        table.add_column(head, justify="right", no_wrap=True)
+    table.add_column("max rel diff", justify="right", no_wrap=True)
+    start = 0
+    if result.first_divergent is not None:
+        start = max(0, result.steps.index(result.first_divergent) - rows // 2)
+    for step, row in list(zip(result.steps, result.losses, strict=True))[start : start + rows]:
+        diff = max(rel_diff(row[0], v) for v in row[1:])
+        mark = "[red]" if diff > tol else ""
+        table.add_row(str(step), *(f"{v:.6f}" for v in row), f"{mark}{diff:.2e}")
+    return table
+
+
 def compare(
     runs: list[Path] = typer.Argument(..., help="Two or more run directories."),
     tol: float = typer.Option(1e-4, "--tol", help="Relative difference that counts as diverged."),
@@ -42,7 +65,7 @@ def compare(
 
     Guide: docs/debugging.md
     """
-    from dtrain_cli.report.runs import RunDirError, compare_runs, load_run, rel_diff
+    from dtrain_cli.report.runs import RunDirError, compare_runs, load_run
 
     if len(runs) < 2:
         fail(["dtrain compare needs two or more run dirs"])
@@ -56,19 +79,7 @@ def compare(
     heads, legend = column_heads([str(p) for p in runs])
     for line in legend:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    table = Table(show_header=True, header_style="bold")
-    table.add_column("step", justify="right", no_wrap=True)
-    for head in heads:
-        table.add_column(head, justify="right", no_wrap=True)
-    table.add_column("max rel diff", justify="right", no_wrap=True)
-    start = 0
-    if result.first_divergent is not None:
-        start = max(0, result.steps.index(result.first_divergent) - rows // 2)
-    for step, row in list(zip(result.steps, result.losses, strict=True))[start : start + rows]:
-        diff = max(rel_diff(row[0], v) for v in row[1:])
-        mark = "[red]" if diff > tol else ""
-        table.add_row(str(step), *(f"{v:.6f}" for v in row), f"{mark}{diff:.2e}")
-    console.print(table)
+    console.print(loss_table(result, heads, tol, rows))
     if result.merged:
         console.print(
             "logged at different steps: each loss above is the mean over the steps since "
