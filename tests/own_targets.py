@@ -1,5 +1,38 @@
-"""Targets for the bad-input tests of tests/test_own_model.py."""
+"""Targets for the tests of tests/test_own_model.py: bad inputs, and a token model."""
+
+import torch
+from torch import nn
 
 
 def not_a_module(**kwargs: object) -> dict:
     return dict(kwargs)
+
+
+class Block(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.up = nn.Linear(width, 4 * width)
+        self.down = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class TinyLM(nn.Module):
+    """A language model of someone's own: token ids in, next-token scores out."""
+
+    def __init__(
+        self, vocab_size: int = 256, block_size: int = 32, width: int = 32, depth: int = 2
+    ):
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, width)
+        self.pos = nn.Parameter(torch.zeros(block_size, width))
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.head = nn.Linear(width, vocab_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x) + self.pos[: x.shape[1]]
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)

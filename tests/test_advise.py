@@ -200,3 +200,36 @@ def test_schedules_hold_activations_and_idle_as_the_theory_says():
     assert gpipe.bubble == one_f.bubble == pytest.approx(1 / 9)
     busy = one_f.step_s - one_f.bubble_s - one_f.optimizer_s  # the optimizer runs after the flush
     assert one_f.bubble_s == pytest.approx(busy * (1 / 9) / (8 / 9))
+
+
+def _numbers(advice, top: int) -> list[str]:
+    from dtrain_cli.plan.advise_render import _cells
+
+    return [c for i, v in enumerate(advice.ranked[:top], 1) for c in _cells(i, v)[2:] if c != "-"]
+
+
+def test_an_80_column_terminal_or_a_pipe_never_splits_a_number():
+    """Issue 24 #14: at 80 columns the table becomes paragraphs that wrap between values;
+    piped, the table keeps its natural width; the rejected rows say how many they stand
+    for."""
+    import io
+
+    from rich.console import Console
+
+    from dtrain_cli.plan.advise_render import render_advice
+
+    a = _advice("gpt_small", "hardware=cpu")
+    buf = io.StringIO()
+    narrow = Console(width=80, file=buf)
+    narrow.print(render_advice(a, 5, narrow, 80))
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for number in _numbers(a, 5):
+        assert number.split(" ")[0] in text, number  # "4,999.2" of "4,999.2 ms" whole
+    r = runner.invoke(app, ["advise", "recipe=gpt_small", "hardware=cpu"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if line.startswith("│ 1 ")]
+    assert len(rows) == 2  # one row of the table, one of "why": nothing wrapped
+    assert all(n in rows[0] for n in _numbers(a, 1)), rows[0]
+    rejected = next(line for line in r.output.splitlines() if "dp1xpp2 1f1b mb32" in line)
+    assert rejected.split("│")[1].strip() == str(len(a.rejected)) == "3"

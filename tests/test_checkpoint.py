@@ -148,6 +148,13 @@ def test_automatic_recovery_after_sigkill(straight, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     # async: the step-10 save may still have been in flight when rank 1 died at step 13
     assert run.summary()["resumed_from"] in ("step_000005", "step_000010")
+    # colleague's c: the console says who died, that the group restarted, and from where
+    said = next(line for line in run.stdout.splitlines() if line.startswith("restarted"))
+    step = int(run.summary()["resumed_from"].split("_")[1])
+    assert said == (
+        "restarted (attempt 1 of 1) after rank 1 was killed by SIGKILL after step 13; "
+        f"resuming from checkpoint {run.summary()['resumed_from']} (step {step})"
+    )
     assert train_steps(run) == list(range(1, 21))
     assert run.summary()["param_digest"] == straight[2].summary()["param_digest"]
     assert [c.step for c in catalog.list_checkpoints(run.run_dir)] == [10, 15, 20]

@@ -216,3 +216,17 @@ def test_wheel_carries_configs_and_recipes(tmp_path):
     )
     assert plan.returncode == 0 and "gpt_small" in plan.stdout
     json.dumps(plan.stdout)
+
+
+def test_resume_checks_the_checkpoint_path_before_starting_anything(tmp_path, monkeypatch):
+    """Colleague's i: a wrong --ckpt is one line, exit 2, before the fork server (which
+    imports torch) is started."""
+    from dtrain_cli.launch import worker_server
+
+    started = []
+    monkeypatch.setattr(worker_server, "start", lambda *a, **k: started.append(a))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["resume", "--ckpt", "runs/nope"])
+    assert result.exit_code == 2, result.output
+    assert "runs/nope: no such file or folder" in result.output
+    assert started == [] and not (tmp_path / "runs").exists()

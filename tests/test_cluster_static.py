@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from dtrain_cli.cli.app import app
 from dtrain_cli.config.compose import compose_config
-from dtrain_cli.launch.cluster_env import Facts, Request, expand_nodelist, static_checks
+from dtrain_cli.launch.cluster_env import Facts, Request, static_checks
+from dtrain_cli.launch.host_facts import expand_nodelist
 from dtrain_cli.launch.multinode import NodeArgs, apply_node_args, parse_endpoint, parse_nnodes
 from dtrain_cli.runtime.components.preemption import (
     PreemptionWatcher,
@@ -198,3 +199,35 @@ def test_sigterm_is_watched_only_inside_slurm(monkeypatch):
     monkeypatch.setenv("SLURM_JOB_ID", "12")
     assert watched_signals("USR1", True) == ["USR1", "TERM"]
     assert watched_signals("USR1", False) == ["USR1"]
+
+
+def test_validate_cluster_leaves_no_folder_behind(tmp_path, monkeypatch):
+    """Colleague's g: the run-dir check makes runs/ (and parents) to probe it, then
+    removes what it made; a folder that was there stays."""
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    for args in ([], ["--run-dir", "a/b/runs"]):
+        result = runner.invoke(
+            app, ["validate-cluster", "--no-live", *args], env={"COLUMNS": "200"}
+        )
+        assert result.exit_code == 0, result.output
+        assert "runs writable" in result.output
+        assert list(tmp_path.iterdir()) == []
+    (tmp_path / "runs").mkdir()
+    assert runner.invoke(app, ["validate-cluster", "--no-live"]).exit_code == 0
+    assert (tmp_path / "runs").is_dir()
+
+
+def test_one_node_with_an_rdzv_id_names_its_run_dir_after_it(tmp_path):
+    """Colleague's h: as on several nodes, --rdzv-id names the run (config.yaml's rdzv_id
+    and the folder agree); a run.name given wins."""
+    from dtrain_cli.launch.rundir import new_run_dir
+
+    cfg = compose_config("gpt_tiny", [f"run.root={tmp_path}"])
+    assert apply_node_args(cfg, NodeArgs(rdzv_id="exp1")) == []
+    assert cfg.launcher.rdzv_id == "exp1" and new_run_dir(cfg) == tmp_path / "exp1"
+    named = compose_config("gpt_tiny", ["run.name=mine"])
+    assert apply_node_args(named, NodeArgs(rdzv_id="exp1")) == []
+    assert named.run.name == "mine" and named.launcher.rdzv_id == "exp1"
+    plain = compose_config("gpt_tiny")
+    assert apply_node_args(plain, NodeArgs()) == [] and plain.run.name is None

@@ -7,15 +7,13 @@ import itertools
 import pytest
 
 from dtrain_cli.config.compose import (
-    builtin_configs_dir,
     compose_config,
     config_from_yaml,
     config_to_yaml,
     expand_shorthands,
-    list_recipes,
-    recipe_description,
 )
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.config.search import builtin_configs_dir, list_recipes, recipe_description
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.plan.build import Resources, build_plan
 

@@ -140,3 +140,43 @@ def test_membership_records_a_change_with_the_steps_redone(tmp_path):
     progress = json.loads((tmp_path / "elastic" / "progress.json").read_text())
     assert progress["world_size"] == 1 and progress["step"] == 11
     assert Membership(tmp_path, full, rank=1, resumed_step=0).changes() == []  # rank 0 only
+
+
+def test_the_summary_counts_the_whole_run_and_the_sizes_it_ran_at(tmp_path, monkeypatch):
+    """Issue 24 #18: after a shrink, train_wall_s is the whole run's (since the first group
+    started), the last group's apart, with the sizes the run trained at; a dtrain resume
+    starts the count again."""
+    from dtrain_cli.runtime.components import membership
+
+    clock = [1000.0]
+    monkeypatch.setattr(membership.time, "time", lambda: clock[0])
+    full = plan_for("nnodes=1:2", "dp=2", "train.global_batch_size=8")
+    two = Membership(tmp_path, full, rank=0, resumed_step=0)
+    for step in range(1, 13):
+        clock[0] += 1
+        two.step_done(step)
+    clock[0] = 1020.0
+    one = Membership(tmp_path, full.for_world_size(1), rank=0, resumed_step=10)
+    for step in range(11, 21):
+        clock[0] += 1
+        one.step_done(step)
+    assert one.summary(wall_s=10.0) == {
+        "train_wall_s": 30.0,
+        "train_wall_s_last_membership": 10.0,
+        "memberships": [
+            {"world_size": 2, "nnodes": 2, "first_step": 1, "last_step": 12},
+            {"world_size": 1, "nnodes": 1, "first_step": 11, "last_step": 20},
+        ],
+    }
+    from dtrain_cli.rundir.layout import RunDir
+
+    RunDir(tmp_path).resumes.write_text(json.dumps({"time": 1040.0}) + "\n")
+    clock[0] = 1050.0
+    again = Membership(tmp_path, full.for_world_size(1), rank=0, resumed_step=20)
+    clock[0] = 1055.0
+    again.step_done(21)
+    assert again.summary(wall_s=5.0)["train_wall_s"] == 5.0
+    assert again.summary(wall_s=5.0)["memberships"] == [
+        {"world_size": 1, "nnodes": 1, "first_step": 21, "last_step": 21}
+    ]
+    assert Membership(tmp_path, full, rank=1, resumed_step=0).summary(1.0) == {}

@@ -159,6 +159,10 @@ def test_a_lost_node_the_run_finishes_on_one_with_the_same_curve(tmp_path, refer
     assert change["old_last_step"] >= 12 and change["resumed_step"] % 5 == 0
     assert change["steps_redone"] == change["old_last_step"] - change["resumed_step"] <= 5
     assert 0 < change["took_s"] < OUTER_TIMEOUT_S
+    # issue 24 #18: the whole run's wall time, not the last membership's; the sizes it ran at
+    assert [m["world_size"] for m in summary["memberships"]] == [2, 1]
+    assert summary["memberships"][-1]["last_step"] == 40
+    assert summary["train_wall_s"] > summary["train_wall_s_last_membership"] + change["took_s"]
     log = (nodes.run_dir / "logs" / "rank_0.log").read_text()
     assert f"{change['steps_redone']} step(s) redone" in log and "the change took" in log
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dtrain_cli.launch.failures import describe, from_agent
+from dtrain_cli.launch.failures import Failed, describe, from_agent
 
 RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Read error: Connection reset by peer"
 
@@ -44,7 +44,7 @@ def test_a_killed_rank_is_named_not_the_rank_that_lost_it():
     assert text == "rank 1 was killed by SIGKILL after step 2" + LOST
 
 
-def test_the_earlier_own_error_is_the_cause_and_its_traceback_shown():
+def test_the_earlier_own_error_is_the_cause_and_where_it_was_raised_shown():
     failures = {0: agent_failure(100, 1, 1001, RESET)}
     notes = {
         100: {"pid": 100, "rank": 0, "step": 0, "time": 1001.9, "error": RESET},
@@ -52,13 +52,80 @@ def test_the_earlier_own_error_is_the_cause_and_its_traceback_shown():
     }
     code, text = describe(from_agent(failures, notes, [0, 1]))
     assert code == 1
-    assert text == "rank 1 failed in step 1: KeyError: 'w'" + LOST
+    assert text == "rank 1 failed in step 1 (exit code 1): KeyError: 'w'" + LOST + (
+        "\n  traceback in logs/rank_1.log"
+    )
     failures = {1: agent_failure(101, 3, 1001, "KeyError: 'w'")}
     code, text = describe(from_agent(failures, notes, [0, 1]))
     assert code == 3 and text.startswith(
         "rank 1 failed in step 1 (exit code 3): KeyError: 'w'" + LOST
     )
-    assert "KeyError: 'w'\nTraceback ..." in text
+
+
+STACK = (
+    """Traceback (most recent call last):
+  File "/work/dtrain_cli/runtime/worker.py", line 99, in main
+    trainer.train()
+"""
+    + "".join(
+        f'  File "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line {n}, in f\n'
+        "    return forward_call(*args, **kwargs)\n"
+        for n in range(1700, 1725)
+    )
+    + """  File "/work/my_models/net.py", line 42, in forward
+    h = self.stem(x) @ self.w
+  File "/venv/lib/python3.11/site-packages/torch/nn/functional.py", line 9, in linear
+    return torch._C._nn.linear(x, w)
+RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x16 and 32x64)
+"""
+)
+ERROR = "RuntimeError: mat1 and mat2 shapes cannot be multiplied (8x16 and 32x64)"
+
+
+def test_the_same_error_on_every_rank_is_one_short_report_whichever_arrives_first():
+    """Issue 24 #9: both ranks raise the same error; torch reports one of them (with its
+    58-line traceback), the other leaves only its note, and either may come first. The
+    report is the same every time: the lowest rank, one line, where it was raised."""
+    from dtrain_cli.rundir.notes import frame_label
+
+    where = frame_label("/work/my_models/net.py", 42, "forward")  # as the note writes it
+    assert where == "work/my_models/net.py:42 in forward"
+    reports = set()
+    for reported, first in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        fail = agent_failure(100 + reported, 1, 1000, ERROR)
+        fail.error_file_data["message"]["extraInfo"]["py_callstack"] = STACK
+        notes = {
+            100 + r: {
+                "pid": 100 + r,
+                "rank": r,
+                "step": 4,
+                "time": 1000.1 if r == first else 1000.3,
+                "error": ERROR,
+                "where": where,
+            }
+            for r in (0, 1)
+        }
+        reports.add(describe(from_agent({reported: fail}, notes, [0, 1])))
+    assert reports == {
+        (
+            1,
+            f"rank 0 failed after step 4 (exit code 1): {ERROR}; rank 1 too\n"
+            f"  at {where}; traceback in logs/rank_0.log",
+        )
+    }
+
+
+def test_a_script_that_ends_itself_is_not_reported_as_an_error():
+    """Colleague's d: ``print("hello"); sys.exit(3)`` on both ranks: the last line the script
+    printed is quoted as such, not shown as if it were the error."""
+    failed = [
+        Failed(rank=r, exitcode=3, headline="hello", detail="hello", time=1000.0 + r, exited=True)
+        for r in (1, 0)
+    ]
+    code, text = describe(failed, steps_known=False)
+    assert (code, text) == (3, 'rank 0 exited with code 3 (its last line: "hello"); rank 1 too')
+    silent = Failed(rank=1, exitcode=3, time=1000.0, exited=True)
+    assert describe([silent], steps_known=False) == (3, "rank 1 exited with code 3")
 
 
 def test_a_rank_that_stopped_answering_is_named():

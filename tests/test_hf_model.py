@@ -383,3 +383,50 @@ def test_config_vocab_size_reads_the_transformers_config():
     assert HFConfig(model_type="llama", config={"vocab_size": 300}).vocab_size == 300
     assert HFConfig(model_type="gpt2").vocab_size == 50257
     assert HFConfig().vocab_size is None
+
+
+def test_checkpointing_saves_and_tp_keeps_norms_whole_in_the_estimates():
+    """Issue 24 #4: an HF model's checkpointed layer keeps only its input, and the
+    parameters no tp style splits (norms) count whole on every tp rank."""
+    spec = spec_of("llama")
+    per_layer, _ = spec.activation_bytes(4, 4, 1)
+    assert spec.checkpoint_bytes(4, 4, 1) == 4 * T * LLAMA["hidden_size"] * 4 < per_layer / 10
+    model = built(spec)
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    assert spec.facts().params_tp_replicated == norms > 0  # llama: no biases
+    from dtrain_cli.plan.layout import part_activations
+
+    def kept(mode: str) -> int:
+        c = SimpleNamespace(
+            precision=SimpleNamespace(name="fp32"),
+            parallel=SimpleNamespace(tp=1, activation_checkpointing=mode),
+        )
+        return part_activations(c, spec, 4, 0, LLAMA["num_hidden_layers"], True)[0]
+
+    assert kept("full") < kept("selective") < kept("none")
+
+
+def test_a_vocabulary_ten_times_the_data_s_is_a_warning_and_the_docs_example_sets_one():
+    """Issue 24 #17: GPT-2's 50,257 tokens on byte-level data (196x) is a plan warning;
+    the example the docs give sets a vocabulary the data matches."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.plan.build import build_plan
+    from tests.conftest import REPO
+
+    base = ["model=hf", "model.model_type=gpt2", "model.config.n_layer=2"]
+    base += ["model.config.n_embd=64", "model.config.n_head=4"]
+    (warning,) = [w for w in build_plan(compose_config("gpt_tiny", base)).warnings if "vocab" in w]
+    assert warning == (
+        "model.config.vocab_size=50,257: 196x the data's 256 tokens (byte-level tokens); the "
+        "embedding and the output layer are that much larger than the data can use (slower "
+        "steps, a higher starting loss); set model.config.vocab_size=256, or train on data of "
+        "that vocabulary (data=tokens, data.tokenizer)"
+    )
+    fixed = build_plan(compose_config("gpt_tiny", [*base, "model.config.vocab_size=256"]))
+    assert not [w for w in fixed.warnings if "vocab" in w]
+    for doc in ("README.md", "docs/own-model.md"):
+        lines = [x for x in (REPO / doc).read_text().splitlines() if "model_type=gpt2" in x]
+        launches = [x for x in lines if x.startswith("dtrain launch")]
+        assert launches and all("model.config.vocab_size=256" in x for x in launches), doc
+    gpt = build_plan(compose_config("gpt_tiny", ["model.vocab_size=4096"]))  # 16x: any kind
+    assert any(w.startswith("model.vocab_size=4,096: 16x the data's 256") for w in gpt.warnings)

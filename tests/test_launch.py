@@ -116,6 +116,35 @@ def test_console_summary_fits_a_screen_and_summary_json_keeps_every_field(run_dp
         assert key in s, key
 
 
+def strict_json(text: str) -> dict:
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_one_logging_window_measures_throughput_and_compares_with_every_step(
+    run_dp1, tmp_path_factory
+):
+    """Issue 24 #6 and #3: the same training as run_dp1, logged once (the last step). Its
+    window's throughput is measured (the warm-up step left out), summary.json is strict
+    JSON; `dtrain compare` against the every-step run merges windows and agrees."""
+    from tests.conftest import MATH, launch
+
+    once = launch(tmp_path_factory, "every10", *MATH, "dp=1", "logging.every=10")
+    assert [r["step"] for r in once.metrics()] == [10]
+    assert once.metrics()[0]["loss_steps"] == 10
+    summary = strict_json((once.run_dir / "summary.json").read_text())
+    assert summary["tokens_per_s"] > 0
+    assert "nan" not in once.stdout.lower()
+    cwd = tmp_path_factory.mktemp("cmp")
+    done = run_dtrain(["compare", str(run_dp1.run_dir), str(once.run_dir)], cwd)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 common steps" in done.stdout and "no step diverges" in done.stdout
+    mean = sum(losses(run_dp1)) / 10
+    assert once.metrics()[0]["loss"] == pytest.approx(mean, rel=1e-6)
+
+
 @pytest.mark.parametrize("mode", ["off", "bar"])
 def test_progress_modes(mode, tmp_path):
     """off: no step lines on the console (the rank's log keeps them); bar: its last state is
@@ -264,6 +293,9 @@ def test_reusing_a_run_name_is_blamed_on_the_name(tmp_path):
     assert run.stderr.startswith(f"error: run.name=exp: {old} already holds a run"), run.stderr
     assert "run.root" not in run.stderr
     assert sorted(p.name for p in old.iterdir()) == ["plan.yaml"]  # an existing run untouched
+    by_id = run_dtrain(["launch", "recipe=gpt_tiny", "--rdzv-id", "exp"], tmp_path, timeout=60)
+    assert by_id.returncode == 2  # one node: --rdzv-id names the run dir, as on many
+    assert by_id.stderr.startswith(f"error: --rdzv-id=exp: {old} already holds a run")
 
 
 def test_ctrl_c_stops_every_worker_with_one_clean_message(tmp_path):

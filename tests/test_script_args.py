@@ -143,3 +143,25 @@ def test_one_process_per_gpu_unless_dp_is_given(tmp_path, monkeypatch):
     monkeypatch.setattr("dtrain_cli.plan.build.visible_gpu_count", lambda: 0)
     _, plan = compose_and_plan([], [], ["train.py"])
     assert plan.world_size == 1 and plan.device == "cpu"
+
+
+def test_plan_and_sbatch_take_a_script_file_without_py_after_dashes(tmp_path, monkeypatch):
+    """Colleague's a: Click drops the ``--`` of ``dtrain plan -- exit3``; a file that
+    exists is the script (as ``dtrain run -- exit3`` takes it), a word that is no file
+    stays an override mistake."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exit3").write_text("import sys\nsys.exit(3)\n")
+    assert split_script(["dp=2", "exit3", "--x"]) == (["dp=2"], ["exit3", "--x"])
+    assert split_script(["dp=2", "nofile"]) == (["dp=2", "nofile"], None)
+    runner = CliRunner()
+    planned = runner.invoke(app, ["plan", "--", "exit3"])
+    assert planned.exit_code == 0, planned.output
+    assert "python exit3" in planned.output and "no value" not in planned.output
+    job = runner.invoke(app, ["sbatch", "--dry-run", "--", "exit3"])
+    assert job.exit_code == 0, job.output
+    assert "exit3" in job.output and "no value" not in job.output
+    assert not (tmp_path / "runs").exists()

@@ -167,7 +167,7 @@ def test_module_form_under_spawn_sees_python_m_and_the_plan(module_run):
     ("mode", "code", "shown"),
     [
         ("raise", 1, ["Traceback", 'probe.py", line', "ValueError: boom from rank 1"]),
-        ("exit3", 3, ["bad data on rank 1"]),
+        ("exit3", 3, ['exited with code 3 (its last line: "bad data on rank 1")']),
     ],
 )
 def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
@@ -179,7 +179,8 @@ def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
     )
     assert run.returncode == code, run.stdout + run.stderr
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
-    assert first.endswith(f"rank 1 failed (exit code {code}): {shown[-1]}"), first
+    said = f"failed (exit code {code}): {shown[-1]}" if mode == "raise" else shown[-1]
+    assert first.endswith(f"rank 1 {said}"), first
     for text in shown:
         assert text in run.stderr
     assert "runpy" not in run.stderr and "script_worker" not in run.stderr  # python's view
@@ -283,7 +284,22 @@ def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, 
     run_dir = next((tmp_path / "runs").iterdir())
     marker = json.loads((run_dir / "preempted.json").read_text())
     assert marker["by"] == "script" and marker["rank"] == 0
-    assert "preempted" in err
+    # colleague's b: the message names the command that continues it, and it does
+    said = f"`dtrain resume --ckpt {run_dir}` runs it again in its run directory"
+    assert said in err.replace("\n", " "), err
+    if start == "forkserver":
+        resumed = run_dtrain(
+            ["resume", "--ckpt", str(run_dir)],
+            tmp_path,
+            timeout=120,
+            env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+        )
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        seen = json.loads((out / "resumed_rank_0").read_text())
+        assert seen == {"run_dir": str(run_dir)} and list((tmp_path / "runs").iterdir()) == [
+            run_dir
+        ]
+        assert not (run_dir / "preempted.json").exists()
 
 
 @pytest.mark.parametrize(
@@ -316,6 +332,27 @@ def test_bad_script_is_one_line_exit_2_and_nothing_started(tmp_path, args, says)
     assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
     assert "Traceback" not in proc.stderr and "never" not in proc.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_plan_of_a_script_shows_its_interpreter_and_only_what_applies(tmp_path, monkeypatch):
+    """Colleague's e and f: launcher.python is the command's interpreter; no parameters,
+    memory, step time, strategy or "saves at steps" of dtrain's trainer, only the plan's
+    values a script may read through script_env."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("print('never')\n")
+    args = ["plan", "launcher.python=/usr/bin/python3", "checkpoint.every_steps=50", "--", "x.py"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "/usr/bin/python3 x.py" in out and "python x.py" not in out.replace("python3", "")
+    for trainer_only in ("parameters", "saves at steps", "MFU", "estimated on", "strategy"):
+        assert trainer_only not in out, trainer_only
+    assert "for your script, if it reads them (dtrain_cli.script_env)" in out
+    assert "should_checkpoint(step)  │ at steps 50, 100" in out
 
 
 def test_plan_shows_what_would_run(tmp_path):
@@ -382,8 +419,8 @@ ENDINGS = [  # how a script can end -> (exit code of dtrain run, text it shows)
     ("exit", 0, "rank 0 ends by exit"),
     ("exit0", 0, "rank 0 ends by exit0"),
     ("os_exit0", 0, "rank 0 ends by os_exit0"),
-    ("exit3", 3, "rank 0 failed (exit code 3)"),
-    ("message", 1, "stopping: a message"),
+    ("exit3", 3, 'rank 0 exited with code 3 (its last line: "rank 0 ends by exit3")'),
+    ("message", 1, "stopping: a message"),  # stdout and stderr: their order may vary
     ("raise", 1, "ValueError: ends by an exception"),
 ]
 
@@ -412,7 +449,7 @@ def test_rank_that_exits_3_while_its_peer_waits_is_named_with_its_code(tmp_path,
     run = run_dtrain([*args, "exit3_in_barrier"], tmp_path, timeout=120)
     assert run.returncode == 3, run.stdout + run.stderr
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
-    assert first.startswith("error: rank 1 failed (exit code 3)"), first
+    assert first.startswith("error: rank 1 exited with code 3"), first
     assert "SIGTERM" not in first
 
 

@@ -91,6 +91,7 @@ def advise(
             "hardware": advice.hardware,
             "world_size": advice.world_size,
             "nnodes": advice.nnodes,
+            "activations_estimated": advice.activations_estimated,
             "ranked": [v.to_dict() for v in advice.ranked],
             "rejected": [v.to_dict() for v in advice.rejected],
         }
@@ -98,6 +99,12 @@ def advise(
             out["reference"] = advice.reference.to_dict() | {"compared": advice.reference_why}
         typer.echo(json.dumps(out, indent=2))
         return
-    from dtrain_cli.plan.advise_render import render_advice
+    from rich.console import Console
 
-    console.print(render_advice(advice, top))
+    from dtrain_cli.cli.common import is_tty
+    from dtrain_cli.plan.advise_render import natural_width, render_advice
+
+    width = console.width if is_tty() else None  # piped: whole lines, never wrapped
+    shown = render_advice(advice, top, console, width)
+    out = console if width else Console(width=max(80, natural_width(console, shown)))
+    out.print(shown)

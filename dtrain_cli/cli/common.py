@@ -27,8 +27,8 @@ CONFIG_DIR_HELP = "Extra config folder (group folders and recipes/); also $DTRAI
 
 def complete_override(incomplete: str) -> list[str]:
     """Shell completion of an override: recipe names, group options, config keys."""
-    from dtrain_cli.config.compose import group_options, list_recipes
     from dtrain_cli.config.overrides import SHORTHANDS, schema_fields
+    from dtrain_cli.config.search import group_options, list_recipes
 
     key, eq, _ = incomplete.partition("=")
     if eq:
@@ -94,6 +94,10 @@ def compose_and_plan(
         problems += exc.problems
     if problems:
         fail(problems)
+    from dtrain_cli.plan.naming import defaults_note
+
+    if note := defaults_note(cfg, rest):
+        plan.warnings.insert(0, note)
     return cfg, plan
 
 

@@ -3,25 +3,61 @@
     dtrain compare runs/<dp2-run> runs/<pp2-run>            # per-step table, max rel diff
     dtrain compare runs/a runs/b --tol 1e-5 --out cmp.png   # first divergent step, plot
 
-Exit 0 when every common step agrees within ``--tol``, 1 when some step diverges, 2 on
-bad input (not a run dir, no common steps).
+A logged loss is the mean over the steps since the previous logged step, so runs logged at
+different ``logging.every`` are compared on the windows they all closed (the finer run's
+windows merged, weighted by their steps). Exit 0 when every common step agrees within
+``--tol``, 1 when some step diverges, 2 on bad input (not a run dir, no common steps).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
 
+if TYPE_CHECKING:
+    from dtrain_cli.report.runs import Comparison
+
 from dtrain_cli.cli.common import console, fail
+
+HEAD_WIDTH = 24  # a run's name as a column head; longer or alike names get a letter
+
+
+def column_heads(names: list[str]) -> tuple[list[str], list[str]]:
+    """(column heads, legend lines): the run names when they are short and distinct
+    whole, else A, B, ... with a legend naming each run in full."""
+    if len(set(names)) == len(names) and all(len(n) <= HEAD_WIDTH for n in names):
+        return names, []
+    letters = [chr(ord("A") + i) if i < 26 else f"R{i}" for i in range(len(names))]
+    return letters, [f"{h} = {n}" for h, n in zip(letters, names, strict=True)]
+
+
+def loss_table(result: Comparison, heads: list[str], tol: float, rows: int) -> Table:
+    """The losses step by step, ``rows`` of them around the first divergent step."""
+    from dtrain_cli.report.runs import rel_diff
+
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("step", justify="right", no_wrap=True)
+    for head in heads:
+        table.add_column(head, justify="right", no_wrap=True)
+    table.add_column("max rel diff", justify="right", no_wrap=True)
+    start = 0
+    if result.first_divergent is not None:
+        start = max(0, result.steps.index(result.first_divergent) - rows // 2)
+    for step, row in list(zip(result.steps, result.losses, strict=True))[start : start + rows]:
+        diff = max(rel_diff(row[0], v) for v in row[1:])
+        mark = "[red]" if diff > tol else ""
+        table.add_row(str(step), *(f"{v:.6f}" for v in row), f"{mark}{diff:.2e}")
+    return table
 
 
 def compare(
     runs: list[Path] = typer.Argument(..., help="Two or more run directories."),
     tol: float = typer.Option(1e-4, "--tol", help="Relative difference that counts as diverged."),
-    out: Path | None = typer.Option(
-        None, "--out", help="The overlaid loss plot (default RUN_A/report/compare.png)."
+    out: Path = typer.Option(
+        Path("compare.png"), "--out", help="The overlaid loss plot (default ./compare.png)."
     ),
     rows: int = typer.Option(20, "--rows", help="Table rows shown around the first divergence."),
 ) -> None:
@@ -29,7 +65,7 @@ def compare(
 
     Guide: docs/debugging.md
     """
-    from dtrain_cli.report.runs import RunDirError, compare_runs, load_run, rel_diff
+    from dtrain_cli.report.runs import RunDirError, compare_runs, load_run
 
     if len(runs) < 2:
         fail(["dtrain compare needs two or more run dirs"])
@@ -40,22 +76,20 @@ def compare(
         result = compare_runs(data, tol)
     except RunDirError as exc:
         fail([str(exc)])
-    table = Table(show_header=True, header_style="bold")
-    table.add_column("step", justify="right")
-    for run in data:
-        table.add_column(run.path.name, justify="right")
-    table.add_column("max rel diff", justify="right")
-    start = 0
-    if result.first_divergent is not None:
-        start = max(0, result.steps.index(result.first_divergent) - rows // 2)
-    for step, row in list(zip(result.steps, result.losses, strict=True))[start : start + rows]:
-        diff = max(rel_diff(row[0], v) for v in row[1:])
-        mark = "[red]" if diff > tol else ""
-        table.add_row(str(step), *(f"{v:.6f}" for v in row), f"{mark}{diff:.2e}")
-    console.print(table)
+    heads, legend = column_heads([str(p) for p in runs])
+    for line in legend:
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(loss_table(result, heads, tol, rows))
+    if result.merged:
+        console.print(
+            "logged at different steps: each loss above is the mean over the steps since "
+            "the previous row (the windows every run closed)",
+            highlight=False,
+            soft_wrap=True,
+        )
     from dtrain_cli.report.plots import compare_plot
 
-    path = compare_plot(data, result, out or runs[0] / "report" / "compare.png")
+    path = compare_plot(data, result, out)  # its legend names every run in full
     console.print(
         f"{len(result.steps)} common steps; max rel diff {result.max_rel:.3e} at step "
         f"{result.max_rel_step}; "

@@ -18,7 +18,9 @@ import typer
 from dtrain_cli import __version__
 from dtrain_cli.cli.common import console
 
-PACKAGES = ("torch", "hydra-core", "omegaconf", "typer", "numpy", "safetensors", "matplotlib")
+PACKAGES = ("torch", "hydra-core", "omegaconf", "typer", "numpy", "matplotlib")
+# What model=hf / data=hf and export need: named even when absent ("not installed")
+HF_PACKAGES = ("transformers", "datasets", "tokenizers", "safetensors")
 ENV_PREFIXES = (
     "MASTER_",
     "TORCHELASTIC_",
@@ -46,6 +48,14 @@ def _version(name: str) -> str | None:
         return None
 
 
+def package_lines(packages: dict[str, str | None]) -> list[str]:
+    """The core packages that are installed; the Hugging Face ones always, each with its
+    version or "not installed" (a model=hf run needs them)."""
+    core = "  ".join(f"{k} {v}" for k, v in packages.items() if v and k not in HF_PACKAGES)
+    hf = "  ".join(f"{k} {packages.get(k) or 'not installed'}" for k in HF_PACKAGES)
+    return [core, hf]
+
+
 def environment() -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -55,7 +65,7 @@ def environment() -> dict[str, Any]:
         "dtrain": __version__,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "packages": {name: _version(name) for name in PACKAGES},
+        "packages": {name: _version(name) for name in (*PACKAGES, *HF_PACKAGES)},
         "torch_cuda": torch.version.cuda,
         "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
         "cpus": os.cpu_count(),
@@ -86,12 +96,11 @@ def env(
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
-    pkgs = "  ".join(f"{k} {v}" for k, v in info["packages"].items() if v)
     backends = " ".join(k for k, ok in info["backends"].items() if ok) or "none"
     devices = ", ".join(info["cuda_devices"]) or "no CUDA devices"
     lines = [
         f"dtrain {info['dtrain']}  python {info['python']}  {info['platform']}",
-        pkgs,
+        *package_lines(info["packages"]),
         f"CUDA {info['torch_cuda'] or '-'}  NCCL {info['nccl'] or '-'}  {info['cpus']} CPUs; "
         f"{devices}",
         f"distributed backends: {backends}",

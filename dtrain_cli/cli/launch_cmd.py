@@ -114,7 +114,8 @@ def start_run(
     try:
         run_dir = join_run_dir(cfg, plan) if plan.nnodes > 1 else materialize(cfg, plan, path)
     except FileExistsError as exc:
-        fail([f"run.name={cfg.run.name}: {exc}"])
+        by_id = rdzv_id is not None and cfg.run.name == rdzv_id  # --rdzv-id names the run
+        fail([f"{'--rdzv-id' if by_id else 'run.name'}={cfg.run.name}: {exc}"])
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or exc
         fail([f"run.root={cfg.run.root}: cannot create the run directory ({why})"])

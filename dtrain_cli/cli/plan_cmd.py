@@ -64,8 +64,11 @@ def plan(
     if the_plan.script is not None:
         lc = cfg.launcher
         console.print(render_script(the_plan, lc.rdzv_endpoint, lc.rdzv_timeout_s))
-    console.print(render_plan(the_plan))
-    console.print(step_line(cfg, the_plan), highlight=False)
+    from dtrain_cli.plan.naming import borrows_defaults
+
+    console.print(render_plan(the_plan, recipe_named=not borrows_defaults(cfg)))
+    if the_plan.script is None:  # a script's step time is its own business
+        console.print(step_line(cfg, the_plan), highlight=False)
 
 
 def step_line(cfg, the_plan) -> str:
@@ -76,10 +79,11 @@ def step_line(cfg, the_plan) -> str:
 
     est = estimate_step(cfg, model_spec(cfg), the_plan, cfg.hardware)
     m, unit = est.memory, the_plan.batch.unit
+    unknown = "" if the_plan.estimates.activations_estimated else " + activations (not estimated)"
     return (
         f"estimated on hardware={cfg.hardware.name}: step {est.step_s * 1e3:,.1f} ms, "
         f"{est.tokens_per_s:,.0f} {unit}/s, MFU {est.mfu:.0%}, bubble {est.bubble:.0%}; peak "
-        f"memory {m.total / GIB:.2f} of {m.capacity / GIB:.2f} GiB per device "
+        f"memory {m.total / GIB:.2f}{unknown} of {m.capacity / GIB:.2f} GiB per device "
         f"(dtrain advise ranks every layout)"
     )
 

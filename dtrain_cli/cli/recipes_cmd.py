@@ -18,7 +18,7 @@ def recipes(
 
     Guide: docs/configuration.md
     """
-    from dtrain_cli.config.compose import list_recipes, recipe_description
+    from dtrain_cli.config.search import list_recipes, recipe_description
 
     try:
         found = list_recipes(config_dir)

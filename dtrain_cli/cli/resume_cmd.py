@@ -54,22 +54,28 @@ def resume(
         fail(problems)
 
     env.mark_launch_start()
-    from dtrain_cli.launch import worker_server
+    from dtrain_cli.cli.agent_cmd import is_script_run
 
-    worker_server.start(overrides)
+    if RunDir(ckpt).is_run() and is_script_run(ckpt):  # its checkpoints are the script's
+        resume_script(ckpt.resolve(), list(overrides or []))
+        return
     from dtrain_cli.checkpoint import catalog
-    from dtrain_cli.config.compose import config_from_yaml, config_to_yaml
-    from dtrain_cli.config.resume_changes import override_config, unsafe_resume_changes
-    from dtrain_cli.plan.build import build_plan
 
     def warn(msg: str) -> None:
         err_console.print(f"[yellow]warning:[/] {msg}", highlight=False)
 
-    try:
+    try:  # the path first: a wrong one starts nothing (no fork server, no torch)
         run_dir, path = catalog.resolve(ckpt, warn)
     except catalog.CheckpointError as exc:
         fail([str(exc)])
     run_dir = run_dir.resolve()
+    from dtrain_cli.launch import worker_server
+
+    worker_server.start(overrides)
+    from dtrain_cli.config.compose import config_from_yaml, config_to_yaml
+    from dtrain_cli.config.resume_changes import override_config, unsafe_resume_changes
+    from dtrain_cli.plan.build import build_plan
+
     try:
         old = config_from_yaml(RunDir(path).config)  # the checkpoint's copy
         cfg = override_config(old, overrides or [], config_dir)
@@ -109,3 +115,36 @@ def resume(
     from dtrain_cli.cli.launch_cmd import start_workers
 
     start_workers(run_dir, cfg, plan, milestones={"composed": composed})
+
+
+def resume_script(run_dir: Path, overrides: list[str]) -> None:
+    """A ``dtrain run`` script's run: its script runs again in the same run directory,
+    with its config and plan (it finds its own checkpoints there, as after a SLURM requeue);
+    what a preempted script run outside SLURM continues with."""
+    from dtrain_cli.config.compose import config_from_yaml
+    from dtrain_cli.plan.plan import Plan
+
+    run = RunDir(run_dir)
+    plan = Plan.load(run.plan)
+    if overrides:
+        fail(
+            [
+                f"{' '.join(overrides)}: a script run resumes as it was started (its checkpoints "
+                "are its own); drop the overrides, or start a new run with dtrain run"
+            ]
+        )
+    if plan.nnodes > 1:
+        fail([f"{run_dir}: a multi-node script run continues with dtrain agent on every node"])
+    from dtrain_cli.launch import worker_server
+    from dtrain_cli.launch.preload import SCRIPT_FIRST
+
+    worker_server.start([f"launcher.start_method={plan.start_method}"], first=SCRIPT_FIRST)
+    cfg = config_from_yaml(run.config)
+    with open(run.resumes, "a") as f:
+        f.write(json.dumps({"time": time.time(), "checkpoint": None, "script": True}) + "\n")
+    err_console.print(
+        f"resuming {run_dir.name}: its script runs again in its run directory", highlight=False
+    )
+    from dtrain_cli.cli.launch_cmd import start_workers
+
+    start_workers(run_dir, cfg, plan, milestones={"composed": time.time()})

@@ -10,6 +10,7 @@ Everything from the script on is the script's own (``--lr=3`` too) and reaches i
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from dtrain_cli.config.schema import DtrainConfig
@@ -23,9 +24,11 @@ def split_script(
     tokens: Sequence[str], bare_is_script: bool = False, value_options: Sequence[str] = ()
 ) -> tuple[list[str], list[str] | None]:
     """(dtrain's tokens, the script's tokens or None). The script starts at ``--``
-    (dropped), ``-m``, the first ``*.py`` token, or, with ``bare_is_script``, the first
-    token that is neither an override nor an option nor an option's value
-    (``value_options``; ``dtrain run`` sees no ``--`` when it comes first)."""
+    (dropped), ``-m``, the first ``*.py`` token, or the first token that is neither an
+    override nor an option nor an option's value (``value_options``) and either names a
+    file or comes with ``bare_is_script``. Click drops a leading ``--``, so a script file
+    without ``.py`` (``dtrain plan -- exit3``) is known by being a file; ``dtrain run``
+    takes any such token as its script (it says when the file is not there)."""
     tokens = list(tokens)
     skip = False
     for i, tok in enumerate(tokens):
@@ -39,7 +42,8 @@ def split_script(
             return tokens[:i], tokens[i + 1 :]
         if tok == "-m" or (tok.endswith(".py") and "=" not in tok):
             return tokens[:i], tokens[i:]
-        if bare_is_script and not tok.startswith("-") and not _is_override(tok):
+        bare = not tok.startswith("-") and not _is_override(tok)
+        if bare and (bare_is_script or os.path.isfile(tok)):
             return tokens[:i], tokens[i:]
     return tokens, None
 

@@ -106,6 +106,7 @@ def check_cluster(
     """Static checks, then (none failed) the live check; the report, ``ok`` included.
     Also what ``dtrain run --validate-cluster`` runs before the script."""
     from dtrain_cli.launch.cluster_env import FAIL, Request, gather_facts, static_checks
+    from dtrain_cli.launch.host_facts import missing_dirs, remove_empty
 
     if node_rank is None:
         node_rank = env.scheduler_node_rank()
@@ -130,7 +131,12 @@ def check_cluster(
     elif any(c["status"] == FAIL for c in checks):
         report["live"] = {"skipped": "a static check failed; fix it first", "checks": []}
     else:
-        report["live"] = run_live(req, rdzv_id, timeout, sizes)
+        made = missing_dirs(req.run_dir)  # the live check writes its probe file there
+        req.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            report["live"] = run_live(req, rdzv_id, timeout, sizes)
+        finally:
+            remove_empty(made)
     live_checks = (report["live"] or {}).get("checks", [])
     report["ok"] = all(c["status"] != FAIL for c in checks + live_checks)
     return report

@@ -29,64 +29,13 @@ from dtrain_cli.config.overrides import (
     unknown_key,
 )
 from dtrain_cli.config.schema import SCHEMA_NAME, DataConfig, DtrainConfig
+from dtrain_cli.config.search import (
+    group_options,
+    list_recipes,
+    search_path,
+)
 from dtrain_cli.config.targets import import_roots
 from dtrain_cli.errors import ConfigError
-from dtrain_cli.rundir import env
-
-
-def _package_dir(name: str) -> Path:
-    """``configs``/``recipes``: inside the wheel (``dtrain_cli/_data``) or at the repo root."""
-    here = Path(__file__).resolve().parent.parent
-    for candidate in (here / "_data" / name, here.parent / name):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError(f"dtrain's built-in '{name}' folder is missing (looked beside {here})")
-
-
-def builtin_configs_dir() -> Path:
-    return _package_dir("configs")
-
-
-def builtin_recipes_dir() -> Path:
-    return _package_dir("recipes")
-
-
-def user_config_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
-    dirs = [Path(d) for d in extra]
-    dirs += [Path(d) for d in env.config_path()]
-    missing = [str(d) for d in dirs if not d.is_dir()]
-    if missing:
-        raise ConfigError([f"config dir {m!r} does not exist" for m in missing])
-    return [d.resolve() for d in dirs]
-
-
-def recipe_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
-    """Where recipes are looked up, first match wins: each user folder's recipes/ and the
-    folder itself (``--config-dir conf`` with ``conf/my_experiment.yaml``), then built-in."""
-    dirs = []
-    for d in user_config_dirs(extra):
-        dirs += [d / "recipes"] if (d / "recipes").is_dir() else []
-        dirs.append(d)
-    return [*dirs, builtin_recipes_dir()]
-
-
-def list_recipes(extra: Sequence[str | Path] = ()) -> dict[str, Path]:
-    found: dict[str, Path] = {}
-    for d in reversed(recipe_dirs(extra)):
-        for p in sorted(d.glob("*.yaml")):
-            found[p.stem] = p
-    return dict(sorted(found.items()))
-
-
-def recipe_description(path: Path) -> str:
-    """The recipe's first header comment that is neither its command nor an example."""
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        text = line.lstrip("#").strip()
-        if text and not text.startswith(("dtrain ", "e.g.", "@package")):
-            return text
-    return ""
 
 
 def expand_shorthands(overrides: Sequence[str]) -> list[str]:
@@ -109,8 +58,14 @@ def expand_shorthands(overrides: Sequence[str]) -> list[str]:
     return out
 
 
+class DefaultRecipe(str):
+    """The recipe a command composes when its command line names none (``run.recipe_named``
+    false): a ``str`` that remembers it was not asked for."""
+
+
 def split_recipe(overrides: Sequence[str], default: str = "gpt_tiny") -> tuple[str, list[str]]:
-    recipe, rest = default, []
+    """(the recipe named by ``recipe=``, or :class:`DefaultRecipe` of ``default``; the rest)."""
+    recipe, rest = DefaultRecipe(default), []
     for ov in overrides:
         if ov.lstrip("+").startswith("recipe="):  # +recipe= means the same, as for keys
             recipe = ov.split("=", 1)[1]
@@ -160,7 +115,8 @@ def compose_dictconfig(
         problems += list(bad.values())
         checked = [ov for ov in checked if ov.key not in bad]
         cfg = _compose(recipes[recipe], config_dirs, checked)
-    OmegaConf.update(cfg, "run.recipe", recipe, merge=False)
+    OmegaConf.update(cfg, "run.recipe", str(recipe), merge=False)
+    OmegaConf.update(cfg, "run.recipe_named", not isinstance(recipe, DefaultRecipe), merge=False)
     # where _target_ modules import from, fixed now so every worker and node imports the same
     OmegaConf.update(cfg, "run.import_roots", import_roots(config_dirs), merge=False)
     missing = sorted(OmegaConf.missing_keys(cfg))
@@ -171,13 +127,6 @@ def compose_dictconfig(
 
 
 _COMPOSED: dict[tuple, DictConfig] = {}
-
-
-def search_path(config_dirs: Sequence[str | Path] = ()) -> list[Path]:
-    """Hydra's search path: the user's folders (and their recipes/), then the built-in."""
-    user_dirs = user_config_dirs(config_dirs)
-    search = [*user_dirs, *(d / "recipes" for d in user_dirs), builtin_configs_dir()]
-    return [d for d in search if d.is_dir()]
 
 
 def _compose(recipe_path: Path, config_dirs: Sequence[str | Path], checked: list[Override]):
@@ -364,28 +313,12 @@ def explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
     m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
     if m:
         group, option = m.group(1).strip("/"), m.group(2)
-        opts = _group_options(group)
+        opts = group_options().get(group, [])
         return (
             f"{group}={option}: no such option{did_you_mean(option, opts)}; "
             f"allowed: {', '.join(opts)}"
         )
     return first
-
-
-def group_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, list[str]]:
-    """Every config group (a folder of YAML options) -> its options, built-in and the user's."""
-    found: dict[str, set[str]] = {}
-    for d in [*user_config_dirs(config_dirs), builtin_configs_dir()]:
-        for sub in d.iterdir():
-            if sub.is_dir() and sub.name != "recipes":
-                opts = {p.stem for p in sub.glob("*.yaml")}
-                if opts:
-                    found.setdefault(sub.name, set()).update(opts)
-    return {g: sorted(o) for g, o in sorted(found.items())}
-
-
-def _group_options(group: str) -> list[str]:
-    return group_options().get(group, [])
 
 
 def register_schema() -> None:

@@ -169,6 +169,41 @@ def tokenizer_problems(folder: str, vocab_size: int | None) -> list[str]:
     return []
 
 
+BYTE_VOCAB = 256
+VOCAB_FACTOR = 10
+"""A model vocabulary this many times the data's is a warning: an embedding and an output
+layer the data can never use (GPT-2's 50,257 tokens on byte-level data: 196x)."""
+
+
+def data_vocab(data: DataConfig) -> tuple[int, str] | None:
+    """(tokens the data can hold, what they are) when the plan can know it: byte-level
+    sources, a tokenizer.json; None otherwise (token files, your dataset)."""
+    if data.source in ("builtin", "text") or (data.source == "hf" and not data.tokenizer):
+        return BYTE_VOCAB, "byte-level tokens"
+    path = Path(data.tokenizer or "").expanduser() / "tokenizer.json"
+    if data.source == "hf" and path.is_file():
+        try:
+            return tokenizer_json_vocab(path), f"the tokenizer's (data.tokenizer={data.tokenizer})"
+        except Exception:  # reported by tokenizer_problems
+            return None
+    return None
+
+
+def vocab_warning(data: DataConfig, vocab_size: int | None, key: str) -> str | None:
+    """The plan's warning when the model's vocabulary (``key``) is ``VOCAB_FACTOR`` times
+    the data's or more."""
+    known = data_vocab(data)
+    if known is None or not vocab_size or vocab_size < VOCAB_FACTOR * known[0]:
+        return None
+    n, what = known
+    return (
+        f"{key}={vocab_size:,}: {vocab_size // n}x the data's {n:,} tokens ({what}); the "
+        f"embedding and the output layer are that much larger than the data can use (slower "
+        f"steps, a higher starting loss); set {key}={n}, or train on data of that "
+        "vocabulary (data=tokens, data.tokenizer)"
+    )
+
+
 def tokenizer_json_vocab(path: Path) -> int:
     from tokenizers import Tokenizer
 
@@ -198,6 +233,10 @@ def nested_targets(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
 
 def target_problems(data: DataConfig, roots: Sequence[str]) -> list[str]:
     """Every target of a custom dataset imports, is not the standard library, and can be called."""
+    from dtrain_cli.config.targets import argument_key_problems
+
+    if typos := argument_key_problems(data.kwargs, "data"):
+        return typos
     wanted = [("data._target_", data._target_)]
     if data.val_target:
         wanted.append(("data.val_target", data.val_target))

@@ -14,15 +14,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from dtrain_cli.config.compose import (
-    builtin_configs_dir,
     explain_compose_error,
-    group_options,
     interpolation_problems,
     to_dataclass,
-    user_config_dirs,
 )
 from dtrain_cli.config.overrides import apply_values, check_overrides, schema_fields
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.config.search import builtin_configs_dir, group_options, user_config_dirs
 from dtrain_cli.errors import ConfigError
 
 # Keys a resume may not change: the checkpoint's weights, optimizer state and data stream

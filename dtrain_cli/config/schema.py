@@ -303,6 +303,9 @@ class RunConfig:
     name: str | None = None
     """Run directory name under root; default <recipe>-<timestamp>."""
     recipe: str = "custom"
+    recipe_named: bool = True
+    """False when the command line named no recipe: the default recipe's values apply, and
+    a run whose model is not that recipe's is named after its model (set by composition)."""
     device: str = "auto"
     """auto (cuda when GPUs are visible, else cpu) | cpu | cuda."""
     import_roots: list[str] = field(default_factory=list)

@@ -27,6 +27,28 @@ class TargetError(ValueError):
     """A ``_target_`` that cannot be used; ``str(e)`` is one line naming the config key."""
 
 
+# Keys of a target's node that Hydra's instantiate reads itself (not the class's arguments)
+HYDRA_KEYS = ("_target_", "_args_", "_convert_", "_recursive_", "_partial_")
+
+
+def argument_key_problems(kwargs: dict, prefix: str) -> list[str]:
+    """A key of a model's or dataset's arguments spelled like one of Hydra's own
+    (``model._targt_``): one line each, with the key it resembles. The arguments
+    themselves are plain names: ``model.width=16``, or ``model.kwargs.width=16``."""
+    import difflib
+
+    out = []
+    for key in kwargs:
+        if isinstance(key, str) and key.startswith("_") and key not in HYDRA_KEYS:
+            close = difflib.get_close_matches(key, HYDRA_KEYS, n=1, cutoff=0.6)
+            hint = f"did you mean {prefix}.{close[0]}?" if close else "not an argument name"
+            out.append(
+                f"{prefix}.{key}: {hint} (arguments of the class are plain names: "
+                f"{prefix}.NAME=VALUE, or {prefix}.kwargs.NAME=VALUE)"
+            )
+    return out
+
+
 def import_roots(config_dirs: Sequence[str | Path] = ()) -> list[str]:
     """cwd, each --config-dir folder, then PYTHONPATH entries: absolute, deduplicated, in order."""
     candidates: list[str | Path] = [Path.cwd(), *config_dirs]

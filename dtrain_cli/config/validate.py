@@ -240,6 +240,21 @@ def node_range_problems(cfg: DtrainConfig) -> list[str]:
     return []
 
 
+def rollback_problems(cfg: DtrainConfig) -> list[str]:
+    """``train.on_nan`` / ``on_spike=rollback`` restores the newest checkpoint: a run that
+    saves none before its end has nothing to roll back to."""
+    ck = cfg.checkpoint
+    if ck.every_steps or ck.every_minutes:
+        return []
+    return [
+        f"train.on_{kind}=rollback: no checkpoint to roll back to (checkpoint.every_steps "
+        f"and checkpoint.every_minutes are 0); set checkpoint.every_steps=N, or "
+        f"train.on_{kind}=skip"
+        for kind, action in (("nan", cfg.train.on_nan), ("spike", cfg.train.on_spike))
+        if action == "rollback"
+    ]
+
+
 def config_problems(cfg: DtrainConfig) -> list[str]:
     problems = range_problems(cfg) + node_range_problems(cfg)
     problems += name_problems("run.name", cfg.run.name)
@@ -271,6 +286,7 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
             f"train.loss={loss}: not allowed; choose one of auto, {', '.join(BUILTIN_LOSSES)} "
             f"or a dotted path to a callable (outputs, targets) -> loss"
         )
+    problems += rollback_problems(cfg)
     if cfg.data.source in ("text", "tokens", "hf") and not cfg.data.path:
         problems.append(f"data.path is required for data.source={cfg.data.source}")
     if cfg.data.prefetch_factor is not None and cfg.data.num_workers == 0:

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
-import socket
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from dtrain_cli.launch.host_facts import (
+    dir_writable,
+    expand_nodelist,
+    is_loopback,
+    local_addresses,
+    port_is_free,
+    resolve_host,
+)
 from dtrain_cli.launch.multinode import parse_endpoint
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
@@ -60,64 +65,6 @@ class Facts:
     local_addresses: set[str] = field(default_factory=set)
     port_free: Callable[[int], bool] = field(default=lambda port: port_is_free(port))
     writable: Callable[[Path], str | None] = field(default=lambda p: dir_writable(p))
-
-
-def resolve_host(host: str) -> list[str]:
-    try:
-        return sorted({a[4][0] for a in socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)})
-    except (socket.gaierror, UnicodeError):
-        return []
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
-
-
-def dir_writable(path: Path) -> str | None:
-    """None when a file can be created and removed in ``path``; else the reason."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".dtrain-probe-{uuid.uuid4().hex[:8]}"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
-
-
-def local_addresses() -> set[str]:
-    out = {"127.0.0.1", "::1", "0.0.0.0"}
-    for name in {socket.gethostname(), socket.getfqdn()}:
-        out.update(resolve_host(name))
-    return out
-
-
-def is_loopback(addr: str) -> bool:
-    return addr.startswith("127.") or addr == "::1"
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """SLURM's compressed host lists: ``node[1-3,5],gpu-a[01-02]`` -> host names."""
-    hosts: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
-        m = re.match(r"^(.*?)\[([^\]]*)\](.*)$", part)
-        if not m:
-            hosts.append(part)
-            continue
-        prefix, ranges, suffix = m.groups()
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            if not hi:
-                hosts.append(f"{prefix}{lo}{suffix}")
-                continue
-            width = len(lo)
-            hosts += [f"{prefix}{i:0{width}d}{suffix}" for i in range(int(lo), int(hi) + 1)]
-    return hosts
 
 
 def gather_facts(env: Mapping[str, str] | None = None, with_torch: bool = True) -> Facts:

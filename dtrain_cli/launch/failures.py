@@ -18,7 +18,11 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.notes import PEER_LOSS, innermost_frame
 
 # Errors the runtime raises on purpose, with a message that names the cause: shown as one
 # line (their traceback stays in logs/rank_<k>.log).
@@ -30,19 +34,6 @@ EXPECTED_ERRORS = (
     "ReplicaError:",
     "CollectiveMismatch:",
 )
-# What a rank reports when another rank died or stopped answering (gloo, NCCL, the store).
-PEER_LOSS = (
-    "connection reset by peer",
-    "connection closed by peer",
-    "broken pipe",
-    "connection refused",
-    "timed out",
-    "timeout",
-    "socket timeout",
-    "distnetworkerror",
-    "remote process exited",
-    "communicator was aborted",
-)
 
 
 @dataclass
@@ -53,10 +44,14 @@ class Failed:
     headline: str = ""
     """The error's first line ("RuntimeError: ..."); "" for a signal or a silent rank."""
     detail: str = ""
-    """What to show under the report: one line for dtrain's own errors, else the traceback."""
+    """What to show under the report: nothing for dtrain's own errors, else where it was
+    raised and the log with the traceback (your script's run: python's traceback)."""
     time: float = float("inf")
     step: int | None = None
     signal: str | None = None
+    exited: bool = False
+    """Your script ended itself (``sys.exit(3)``): ``headline`` is the last line it
+    printed, not an error."""
 
     @property
     def lost_peer(self) -> bool:
@@ -76,6 +71,16 @@ def _signal_name(exitcode: int) -> str:
         return f"signal {-exitcode}"
 
 
+def where_detail(headline: str, where: str | None, rank: int) -> str:
+    """The line under the report for an error that is not one of dtrain's own: the frame
+    that raised it and the log that holds the whole traceback. The same whether the
+    agent's error file or the rank's note told it (one report for one failure)."""
+    if not headline or headline.startswith(EXPECTED_ERRORS):
+        return ""
+    log = RunDir(Path(".")).rank_log(rank)
+    return f"  at {where}; traceback in {log}" if where else f"  traceback in {log}"
+
+
 def from_agent(
     failures: Mapping[int, Any],
     notes: Mapping[int, Mapping[str, Any]],
@@ -87,25 +92,23 @@ def from_agent(
     out: dict[int, Failed] = {}
     by_pid = {f.pid: int(r) for r, f in failures.items()}
     for rank, f in failures.items():
-        message = f.message if isinstance(f.message, str) else str(f.message)
-        headline, detail = message, message
+        headline = f.message if isinstance(f.message, str) else str(f.message)
+        note = notes.get(f.pid, {})
+        where = note.get("where")
         data = f.error_file_data or {}
         trace = data.get("message", {}) if isinstance(data, dict) else {}
         if isinstance(trace, dict) and trace:
             headline = str(trace.get("message", ""))
-            stack = trace.get("extraInfo", {}).get("py_callstack", "")
-            detail = f"{headline}\n{stack}"
+            where = innermost_frame(trace.get("extraInfo", {}).get("py_callstack", "")) or where
         sig = _signal_name(f.exitcode) if f.exitcode < 0 else None
         if sig:  # torch's "Signal 9 (SIGKILL) received by PID ..." says no more
-            headline = detail = ""
-        if detail.startswith(EXPECTED_ERRORS):
-            detail = detail.splitlines()[0]
-        note = notes.get(f.pid, {})
+            headline = ""
+        headline = headline.splitlines()[0] if headline else ""
         out[int(rank)] = Failed(
             rank=int(rank),
             exitcode=int(f.exitcode),
-            headline=headline.splitlines()[0] if headline else "",
-            detail=detail.strip(),
+            headline=headline,
+            detail=where_detail(headline, where, int(rank)),
             time=float(note.get("time", f.timestamp)),
             step=note.get("step"),
             signal=sig or note.get("signal"),
@@ -114,11 +117,13 @@ def from_agent(
         rank = int(note.get("rank", -1))
         if pid in by_pid or rank < 0 or rank in out:
             continue
+        headline = str(note.get("error", "")).splitlines()[0] if note.get("error") else ""
         out[rank] = Failed(
             rank=rank,
-            exitcode=note.get("exitcode"),  # your script's sys.exit(3), before it ended
-            headline=str(note.get("error", "")).splitlines()[0] if note.get("error") else "",
-            detail=str(note.get("error", "")),
+            # your script's sys.exit(3), before it ended; an exception that escaped: 1
+            exitcode=note.get("exitcode", 1 if headline else None),
+            headline=headline,
+            detail=where_detail(headline, note.get("where"), rank),
             time=float(note["time"]),
             step=note.get("step"),
             signal=note.get("signal"),
@@ -136,6 +141,10 @@ def _when(step: int | None, unknown: str = "during start-up") -> str:
 
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _same(a: Failed, b: Failed) -> bool:
+    return (a.headline, a.signal) == (b.headline, b.signal)
 
 
 def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
@@ -158,8 +167,13 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
     lost_when = when(min(steps)) if steps else ""
     if causes:
         root = min(causes, key=lambda f: (f.time, f.signal is None))
+        # the same error on several ranks: the lowest rank, whichever arrived first
+        root = min((f for f in causes if _same(f, root)), key=lambda f: f.rank)
         if root.signal is not None:
             text = f"rank {root.rank} was killed by {root.signal}{lost_when}"
+        elif root.exited:
+            said = f' (its last line: "{root.headline}")' if root.headline else ""
+            text = f"rank {root.rank} exited with code {root.exitcode}{when(root.step)}{said}"
         else:
             code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""
             said = f": {root.headline}" if root.headline else ""
@@ -180,12 +194,13 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
     if followers:
         verb = "lost its peer" if len(followers) == 1 else "lost their peer"
         text += f"; {_ranks([f.rank for f in followers])} then {verb} ({followers[0].headline})"
-    same = [f.rank for f in causes if f is not root and root and f.headline == root.headline]
+    same = [f.rank for f in causes if f is not root and root and _same(f, root)]
     if same:
         text += f"; {_ranks(same)} too"
     for f in causes:
         if f is not root and f.rank not in same:
             how = f"was killed by {f.signal}" if f.signal else f"failed ({f.headline})"
+            how = f"exited with code {f.exitcode}" if f.exited else how
             text += f"; rank {f.rank} also {how}"
     detail = root.detail if root is not None else ""
     if detail and detail != root.headline:  # a traceback: dtrain's own errors are one line

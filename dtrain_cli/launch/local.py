@@ -24,6 +24,7 @@ from typing import Any
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.launch import failures, hang_report
+from dtrain_cli.launch.hang_guard import reap_frozen_ranks
 from dtrain_cli.launch.preload import WORKER_ENTRY, entry_point, worker_modules
 from dtrain_cli.launch.signals import forward_signal, interrupted, no_orphans
 from dtrain_cli.plan.plan import Plan
@@ -110,7 +111,11 @@ def launch_local(
             message="stopped by SIGINT before the workers started",
         )
     try:
-        with forward_signal(cfg.cluster.signal), no_orphans(plan.script is not None):
+        with (
+            forward_signal(cfg.cluster.signal),
+            no_orphans(plan.script is not None),
+            reap_frozen_ranks(run_dir, plan.world_size),  # a stopped rank ends the run too
+        ):
             elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick
         return failed_result(exc, run_dir, plan, since=milestones["agent_ready"])
@@ -197,7 +202,8 @@ def preempted_result(marker: dict, run_dir: Path) -> LaunchResult:
     if marker.get("by") == "script":
         text = (
             f"preempted: rank {marker.get('rank')}'s script saved its checkpoint and exited "
-            f"{code}; a requeued SLURM job (or running it again) continues"
+            f"{code}; `dtrain resume --ckpt {shlex.quote(str(run_dir))}` runs it again in "
+            "its run directory (a requeued SLURM job does so by itself)"
         )
     else:
         text = (

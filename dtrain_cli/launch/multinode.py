@@ -5,9 +5,10 @@
         --rdzv-endpoint host0:29500 --rdzv-id exp1
 
 Each node composes the same config and plan; the run dir is named after the rendezvous id
-(``run.name`` defaults to it, and the id to ``run.name``), so every node writes to the same
-folder on a shared file system. The first node to arrive creates it (``launch.json`` with
-O_EXCL: no race); the others check that it holds their config. Torch-free.
+(``run.name`` defaults to it, and the id to ``run.name``; one node with ``--rdzv-id`` too),
+so every node writes to the same folder on a shared file system. The first node to arrive
+creates it (``launch.json`` with O_EXCL: no race); the others check that it holds their
+config. Torch-free.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def apply_node_args(cfg: DtrainConfig, args: NodeArgs) -> list[str]:
     if args.rdzv_id is not None:
         cfg.launcher.rdzv_id = args.rdzv_id
         problems += name_problems("--rdzv-id", args.rdzv_id)  # it names the run dir
+        cfg.run.name = cfg.run.name or args.rdzv_id  # on one node as on many
     if args.node_rank is not None and not 0 <= args.node_rank < nnodes:
         problems.append(
             f"--node-rank={args.node_rank}: must be in [0, {nnodes}) for --nnodes {nnodes}"

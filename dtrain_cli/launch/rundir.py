@@ -18,9 +18,12 @@ from dtrain_cli.rundir.layout import RunDir
 
 
 def new_run_dir(cfg: DtrainConfig) -> Path:
-    """``run.root/run.name``, or ``<recipe>-<timestamp>`` (``-1``, ``-2`` ... if taken)."""
+    """``run.root/run.name``, or ``<recipe>-<timestamp>`` (``-1``, ``-2`` ... if taken); a
+    run without a recipe is named after its model (:func:`.plan.naming.run_label`)."""
     root = Path(cfg.run.root)
-    name = cfg.run.name or f"{cfg.run.recipe}-{time.strftime('%Y%m%d-%H%M%S')}"
+    from dtrain_cli.plan.naming import run_label
+
+    name = cfg.run.name or f"{run_label(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     path = root / name
     suffix = 1
     while path.exists() and cfg.run.name is None:

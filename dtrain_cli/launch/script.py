@@ -69,9 +69,16 @@ def script_failure(failed: list[Any], run_dir: Path, plan: Plan) -> tuple[int, s
     from dtrain_cli.launch import failures
 
     for f in failed:
-        if not f.silent and f.signal is None and (tail := failure_tail(run_dir, f.rank)):
+        if f.silent or f.signal is not None:
+            continue
+        tail = failure_tail(run_dir, f.rank)
+        if tail:
             f.headline, _, f.detail = tail.partition("\n")
             f.detail = f.detail or f.headline
+        # no traceback: the script ended itself, its last line is no error message
+        f.exited = f.exitcode is not None and "Traceback (most recent" not in (tail or "")
+        if f.exited and not tail:
+            f.headline = f.detail = ""
     code, text = failures.describe(failed, steps_known=False)
     first, nl, rest = text.partition("\n")
     if "ModuleNotFoundError" in first:

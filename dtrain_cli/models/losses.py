@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -36,21 +36,54 @@ def mse(outputs: Any, targets: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(pred.float(), targets.float())
 
 
+MODEL_LOSS_FORMS = (
+    "a scalar tensor, a dict with a scalar 'loss', a tuple or list whose first item is the "
+    "scalar loss, or an object with a scalar .loss (Hugging Face outputs)"
+)
+
+
 def model_loss(outputs: Any) -> torch.Tensor:
-    """The loss a model returned: a scalar, a tuple whose first item is the loss (as
-    ``(loss, logits)``), or an object with ``.loss`` (Hugging Face outputs)."""
-    loss = getattr(outputs, "loss", None)
-    if loss is None and isinstance(outputs, tuple | list) and outputs:
-        loss = outputs[0]
-    if loss is None and isinstance(outputs, torch.Tensor):
+    """The loss a model returned (``train.loss=model``): one of :data:`MODEL_LOSS_FORMS`;
+    anything else is a ValueError that says what came back."""
+    if isinstance(outputs, Mapping):
+        loss = outputs.get("loss")
+    elif isinstance(outputs, tuple | list):
+        loss = outputs[0] if outputs else None
+    elif isinstance(outputs, torch.Tensor):
         loss = outputs
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(outputs).__name__
-        raise ValueError(
-            f"train.loss=model: forward(inputs, targets) must return a scalar loss, a tuple "
-            f"starting with it, or an object with .loss; got {shape}"
+    else:
+        loss = getattr(outputs, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+        return loss.float()
+    raise ValueError(
+        f"train.loss=model: forward(inputs, targets) returned {describe(outputs)}; "
+        f"accepted: {MODEL_LOSS_FORMS}"
+    )
+
+
+def describe(value: Any, depth: int = 0) -> str:
+    """What a forward returned, in a few words: ``a tuple (tensor (8, 5), tensor ())``."""
+    if isinstance(value, torch.Tensor):
+        return (
+            f"tensor {tuple(value.shape)}" if depth else f"a tensor of shape {tuple(value.shape)}"
         )
-    return loss.float()
+    if depth > 1:
+        return type(value).__name__
+    if isinstance(value, Mapping):
+        items = ", ".join(f"{k!r}: {describe(v, depth + 1)}" for k, v in list(value.items())[:4])
+        more = ", ..." if len(value) > 4 else ""
+        return f"a {type(value).__name__} {{{items}{more}}}" if value else "an empty dict"
+    if isinstance(value, tuple | list):
+        items = ", ".join(describe(v, depth + 1) for v in value[:4])
+        more = ", ..." if len(value) > 4 else ""
+        return (
+            f"a {type(value).__name__} ({items}{more})"
+            if value
+            else f"an empty {type(value).__name__}"
+        )
+    if hasattr(value, "loss"):
+        return f"a {type(value).__name__} whose .loss is {describe(value.loss, depth + 1)}"
+    return f"a {type(value).__name__}" if not depth else type(value).__name__
 
 
 def _tensor(outputs: Any) -> torch.Tensor:

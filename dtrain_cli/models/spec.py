@@ -100,6 +100,11 @@ class ModelSpec(ABC):
         Default: the block's whole activations (a kind that does not say gets no saving)."""
         return self.activation_bytes(micro_batch, bytes_per_value, tp)[0]
 
+    def activations_estimated(self) -> bool:
+        """False when :meth:`activation_bytes` knows nothing (0): the plan says "not
+        estimated" and the advisor does not rank on them."""
+        return True
+
     def value_problems(self) -> list[str]:
         """The model's own values out of range (checked before anything computes with them)."""
         return []
@@ -123,8 +128,19 @@ class ModelSpec(ABC):
         """How pipeline errors name the model's layer count (the key that sets it)."""
         return f"the model's layers ({num_layers})"
 
+    vocab_key: ClassVar[str] = "model.vocab_size"
+    """The key that sets this kind's vocabulary (what the plan's warnings name)."""
+
     def warnings(self, cfg: DtrainConfig) -> list[str]:
-        return []
+        """What the plan warns of: a vocabulary far larger than the data's."""
+        from dtrain_cli.config.data_checks import vocab_warning
+
+        try:
+            vocab = self.vocab_size
+        except Exception:  # a config that cannot be made: the plan's problems say why
+            return []
+        warning = vocab_warning(cfg.data, vocab, self.vocab_key)
+        return [warning] if warning else []
 
     def supports_tensor_parallel(self) -> bool:
         return False

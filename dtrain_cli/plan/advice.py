@@ -115,3 +115,6 @@ class Advice:
     """The layout the user gave (``dtrain advise ... dp=48 tp=8``), costed the same way."""
     reference_why: str = ""
     """Where the given layout stands against #1 (:mod:`.advise_compare`)."""
+    activations_estimated: bool = True
+    """False: the model's activations are unknown (0 in every estimate): memory and fit are
+    without them, and no layout wins or loses on them."""

@@ -182,13 +182,15 @@ def advise(
             -v.layout.micro_batch_size,  # equal estimates: fewer, larger kernels
         )
     )
+    spec = model_spec(cfg)
     advice = Advice(
         hardware=cfg.hardware.name,
         world_size=devices,
         nnodes=nnodes,
-        unit=model_spec(cfg).facts().unit,
+        unit=spec.facts().unit,
         ranked=ranked,
         rejected=rejected,
+        activations_estimated=spec.activations_estimated(),
     )
     if not ranked:
         raise ConfigError([nothing_fits(cfg, advice, verdicts)])

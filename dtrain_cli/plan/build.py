@@ -151,6 +151,7 @@ def build_plan(
         script=layout.script,
         sync=sync_plan(cfg, facts, comm_bytes_per_step(cfg, facts, ddp=True)),
     )
+    plan.estimates.activations_estimated = spec.activations_estimated()
     if cfg.parallel.min_nnodes is not None and cfg.parallel.min_nnodes < world.nnodes:
         add_elastic(cfg, plan, res)
     return plan

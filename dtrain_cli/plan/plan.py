@@ -156,6 +156,9 @@ class Estimates:
     bytes_recompute: int = 0
     """Activation checkpointing: one block's activations, recomputed in backward (transient)."""
     activation_checkpointing: str = "none"
+    activations_estimated: bool = True
+    """False: the model's activations are unknown (a custom model on data=custom): the
+    bytes above leave them out."""
 
 
 @dataclass(kw_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from rich.console import Group
@@ -32,11 +33,15 @@ def _kv(title: str, rows: list[tuple[str, object]]) -> Table:
     return t
 
 
-def render_plan(plan: Plan) -> Group:
-    """Every section of the plan as a table, then the ranks, then the warnings."""
-    parts: list = [_layout(plan), _batch(plan), _schedule(plan), _checkpoints(plan)]
+def render_plan(plan: Plan, recipe_named: bool = True) -> Group:
+    """Every section of the plan as a table, then the ranks, then the warnings.
+    ``recipe_named`` False: the command line named no recipe (the header says whose values
+    apply; a warning names them). A script's plan shows only what applies to a script."""
+    parts: list = [_layout(plan, recipe_named)]
     if plan.script is None:
-        parts.append(_estimates(plan))
+        parts += [_batch(plan), _schedule(plan), _checkpoints(plan), _estimates(plan)]
+    else:
+        parts.append(_script_values(plan))
     if plan.pipeline is not None:
         parts.append(_pipeline_table(plan))
     if plan.elastic is not None:
@@ -50,19 +55,25 @@ def render_plan(plan: Plan) -> Group:
     return Group(*parts)
 
 
-def _layout(plan: Plan) -> Table:
+def _layout(plan: Plan, recipe_named: bool) -> Table:
     e = plan.estimates
+    recipe = plan.recipe if recipe_named else f"none ({plan.recipe}'s values)"
+    what = (
+        ("recipe", recipe)
+        if plan.script
+        else ("recipe / model", f"{recipe} / {plan.model} ({e.num_params:,} parameters)")
+    )
     return _kv(
         "layout",
         [
-            ("recipe / model", f"{plan.recipe} / {plan.model} ({e.num_params:,} parameters)"),
+            what,
             (
                 "world size",
                 f"{plan.world_size} = {plan.nnodes} node(s) x "
                 + plural(plan.nproc_per_node, "process", "processes"),
             ),
             ("mesh", plan.mesh.label()),
-            ("strategy", plan.strategy),
+            *([] if plan.script else [("strategy", plan.strategy)]),  # a script's own
             ("device / backend", f"{plan.device} / {plan.backend}"),
             ("threads per process", plan.threads_per_proc),
             ("start method / restarts", f"{plan.start_method} / {plan.max_restarts}"),
@@ -138,16 +149,41 @@ def _estimates(plan: Plan) -> Table:
         ("parameter bytes held" + sharded, _bytes(e.bytes_params)),
         ("gradients", _bytes(e.bytes_grads)),
         ("optimizer state", _bytes(e.bytes_optimizer)),
-        ("activations (per micro batch" + recompute, _bytes(e.bytes_activations)),
+        (
+            "activations (per micro batch" + recompute,
+            _bytes(e.bytes_activations)
+            if e.activations_estimated
+            else "not estimated (the model's inputs come from your dataset)",
+        ),
     ]
     if e.bytes_recompute:
         rows.append(("recompute (one block, backward)", _bytes(e.bytes_recompute)))
     unit = "token" if plan.batch.unit == "tokens" else "sample"
     rows += [
-        ("total", _bytes(e.bytes_total)),
+        ("total", _bytes(e.bytes_total) + ("" if e.activations_estimated else " + activations")),
         (f"FLOPs per {unit} (fwd+bwd)", f"{e.flops_per_token:,}"),
     ]
     return _kv("estimates per rank", rows)
+
+
+def _script_values(plan: Plan) -> Table:
+    """A script's run: the plan's values it may read (``dtrain_cli.script_env``); the
+    trainer's own sections (parameters, memory, step time) do not apply to it."""
+    b, lr, ck = plan.batch, plan.lr, plan.checkpoint
+    saves = ", ".join(map(str, ck.steps[:8])) + (" ..." if len(ck.steps) > 8 else "")
+    return _kv(
+        "for your script, if it reads them (dtrain_cli.script_env)",
+        [
+            ("micro batch x accum x dp", f"{b.micro_batch_size} x {b.grad_accum} x {b.dp}"),
+            ("global batch / steps", f"{b.global_batch_size} / {plan.steps:,}"),
+            (
+                "lr_at(step)",
+                f"{lr.peak_lr:.4g} peak, warmup {plural(lr.warmup_steps, 'step')}, {lr.decay} "
+                f"to {lr.min_lr:g}",
+            ),
+            ("should_checkpoint(step)", f"at steps {saves}" if saves else "never"),
+        ],
+    )
 
 
 def _ranks(plan: Plan) -> Table:
@@ -176,7 +212,7 @@ def render_script(plan: Plan, rdzv_endpoint: str, rdzv_timeout_s: int) -> Table:
     return _kv(
         "script (run on every rank as __main__, as torchrun would)",
         [
-            ("command", shlex.join(["python", *sc.argv()])),
+            ("command", shlex.join([sc.python or sys.executable, *sc.argv()])),
             ("file", sc.file),
             ("working directory", sc.workdir),
             ("processes", f"{n} = {plan.nnodes} node(s) x {local}, start {plan.start_method}"),

@@ -106,11 +106,14 @@ def report_plots(run: RunData, out: Path) -> list[Path]:
     return paths + ([ranks] if ranks else [])
 
 
-def compare_plot(runs: list[RunData], comparison: Comparison, path: Path) -> Path:
+def compare_plot(
+    runs: list[RunData], comparison: Comparison, path: Path, labels: list[str] | None = None
+) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, run in enumerate(runs):
-        ax.plot(comparison.steps, [row[i] for row in comparison.losses], label=run.path.name)
+    labels = labels or [str(run.path) for run in runs]
+    for i, label in enumerate(labels):
+        ax.plot(comparison.steps, [row[i] for row in comparison.losses], label=label)
     if comparison.first_divergent is not None:
         ax.axvline(comparison.first_divergent, color="red", linestyle="--", label="first divergent")
     ax.set_xlabel("step")

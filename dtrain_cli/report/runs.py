@@ -36,6 +36,21 @@ class RunData:
         steps, values = self.series("loss")
         return dict(zip(steps, values, strict=True))
 
+    def loss_windows(self) -> dict[int, tuple[float, int]]:
+        """Logged step -> (its loss, the steps it averages). A logged loss is the mean over
+        the window since the previous logged step (``loss_steps``: the steps in it that
+        counted; older runs: the window's length)."""
+        out: dict[int, tuple[float, int]] = {}
+        for r in self.kind("train"):
+            if isinstance(r.get("loss"), (int, float)):
+                out[int(r["step"])] = (float(r["loss"]), r.get("loss_steps"))
+        prev, windows = 0, {}
+        for step in sorted(out):
+            loss, n = out[step]
+            windows[step] = (loss, int(n) if isinstance(n, int) else step - prev)
+            prev = step
+        return windows
+
 
 def load_run(path: Path) -> RunData:
     """A folder ``dtrain launch`` made (plan.yaml + metrics.jsonl); RunDirError otherwise."""
@@ -86,21 +101,45 @@ class Comparison:
     max_rel: float
     max_rel_step: int
     first_divergent: int | None
+    merged: bool = False  # windows of finer-logged runs merged into the common ones
+
+
+def merge_windows(windows: dict[int, tuple[float, int]], ends: list[int]) -> list[float]:
+    """The mean loss over each window (previous end, end] of ``ends``, from a run's logged
+    window means weighted by their step counts (exact: a mean of means by weight)."""
+    out, i = [], 0
+    steps = sorted(windows)
+    for end in ends:
+        total = count = 0.0
+        while i < len(steps) and steps[i] <= end:
+            loss, n = windows[steps[i]]
+            if n:
+                total, count = total + loss * n, count + n
+            i += 1
+        out.append(total / count if count else math.nan)
+    return out
 
 
 def compare_runs(runs: list[RunData], tol: float) -> Comparison:
-    """Train losses at the steps every run logged; the first step whose largest relative
-    difference from the first run is above ``tol``."""
-    per_run = [r.losses() for r in runs]
+    """Train losses at the steps every run logged, each the mean over the same window (a
+    run logged more often has its windows merged into the common ones); the first step
+    whose largest relative difference from the first run is above ``tol``."""
+    per_run = [r.loss_windows() for r in runs]
     common = sorted(set.intersection(*(set(p) for p in per_run)))
     if not common:
         names = ", ".join(str(r.path) for r in runs)
-        raise RunDirError(f"no common logged steps in {names}; compare runs with logging.every")
-    rows = [[p[s] for p in per_run] for s in common]
+        raise RunDirError(
+            f"no common logged steps in {names}: each logged loss is the mean over the "
+            "steps since the one logged before, so windows must end at the same steps; "
+            "compare runs whose logging.every divide each other"
+        )
+    merged = any(sorted(s for s in p if s <= common[-1]) != common for p in per_run)
+    columns = [merge_windows(p, common) for p in per_run]
+    rows = [list(row) for row in zip(*columns, strict=True)]
     diffs = [max(rel_diff(row[0], v) for v in row[1:]) for row in rows]
     worst = max(range(len(diffs)), key=lambda i: diffs[i])
     first = next((s for s, d in zip(common, diffs, strict=True) if d > tol), None)
-    return Comparison(common, rows, diffs[worst], common[worst], first)
+    return Comparison(common, rows, diffs[worst], common[worst], first, merged)
 
 
 def summary_text(run: RunData) -> str:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,8 @@ def write_note(
     Best effort: a note that cannot be written is no error."""
     text = f"{type(exc).__name__}: {exc}".strip() if exc is not None else ""
     note = {"rank": rank, "pid": os.getpid(), "step": step, "time": time.time(), "error": text}
+    if exc is not None and (frames := traceback.extract_tb(exc.__traceback__)):
+        note["where"] = pick_frame([(f.filename, str(f.lineno), f.name) for f in frames])
     note["attempt"] = restart_count()
     if signal:
         note["signal"] = signal
@@ -44,6 +48,89 @@ def write_note(
         (folder / f"{os.getpid()}.json").write_text(json.dumps(note))
     except OSError:
         pass
+
+
+FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+), in (.+)$')
+
+
+def frame_label(path: str, line: int | str | None, function: str) -> str:
+    """``models/net.py:42 in forward``: a frame as the failure report names it (the path
+    relative to the current directory when under it, else its last three parts)."""
+    p = Path(path)
+    try:
+        shown = str(p.resolve().relative_to(Path.cwd()))
+    except (ValueError, OSError):
+        shown = str(Path(*p.parts[-3:])) if len(p.parts) > 3 else str(p)
+    return f"{shown}:{line} in {function}"
+
+
+LIBRARY_PARTS = ("site-packages", "dist-packages", "lib/python3")
+
+
+def pick_frame(frames: list[tuple[str, str, str]]) -> str | None:
+    """Of a traceback's (path, line, function) frames, outermost first: the innermost one
+    in your code or dtrain's (not an installed library or the standard library), else the
+    innermost of all; labelled as :func:`frame_label` labels it."""
+    if not frames:
+        return None
+    own = [f for f in frames if not any(part in f[0] for part in LIBRARY_PARTS)]
+    return frame_label(*(own or frames)[-1])
+
+
+def innermost_frame(stack: str) -> str | None:
+    """:func:`pick_frame` of a formatted traceback (torch's error file); None when the
+    text has no frame."""
+    frames = [m.groups() for line in stack.splitlines() if (m := FRAME.match(line))]
+    return pick_frame(frames)
+
+
+# What a rank reports when another rank died or stopped answering (gloo, NCCL, the store).
+PEER_LOSS = (
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "connection refused",
+    "timed out",
+    "timeout",
+    "socket timeout",
+    "distnetworkerror",
+    "remote process exited",
+    "communicator was aborted",
+)
+
+
+def attempt_cause(run_dir: Path, attempt: int) -> str:
+    """What ended restart attempt ``attempt``, from its ranks' notes (a restarted group
+    says it): a rank killed by a signal, else an error of a rank's own, else the ranks
+    that lost a peer. Short of the launcher's report (:mod:`dtrain_cli.launch.failures`):
+    a rank killed without a drill leaves no note."""
+    notes = [n for n in _all_notes(run_dir) if n.get("attempt", 0) == attempt]
+    notes.sort(key=lambda n: float(n.get("time", 0)))
+
+    def after(n: dict[str, Any]) -> str:
+        return "" if n.get("step") is None else f" after step {n['step']}"
+
+    for n in notes:
+        if n.get("signal"):
+            return f"rank {n['rank']} was killed by {n['signal']}{after(n)}"
+    for n in notes:
+        error = str(n.get("error", "")).split("\n")[0]
+        if error and not any(p in error.lower() for p in PEER_LOSS):
+            return f"rank {n['rank']} failed{after(n)}: {error}"
+    if notes:
+        lost = ", ".join(str(n["rank"]) for n in notes)
+        return f"rank(s) {lost} lost a peer{after(notes[0])} (another rank was killed?)"
+    return "a worker failed"
+
+
+def _all_notes(run_dir: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in RunDir(Path(run_dir)).failures.glob("*.json"):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
 
 
 def read_notes(run_dir: Path, since: float = 0.0) -> dict[int, dict[str, Any]]:

@@ -15,6 +15,7 @@ Torch-free.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -44,6 +45,23 @@ def signal_number(name: str) -> int:
     if short not in SIGNAL_NAMES:
         raise ValueError(f"signal {name!r} is not supported; use one of {', '.join(SIGNAL_NAMES)}")
     return int(getattr(signal, f"SIG{short}"))
+
+
+# -- which process a rank is: the first line of its log ---------------------------------------
+PID_LINE = "rank {rank} pid {pid} on {host}"
+"""Every worker's log starts (each attempt) with this line: a person or the launcher finds
+rank k's process by it."""
+_PID_RE = re.compile(r"rank (\d+) pid (\d+) on (\S+)")
+
+
+def rank_process(run: RunDir, rank: int) -> tuple[int, str] | None:
+    """(pid, host) of ``rank``'s latest attempt, from its log; None when it wrote none."""
+    try:
+        text = run.rank_log(rank).read_text(errors="replace")
+    except OSError:
+        return None
+    found = [m for m in _PID_RE.finditer(text) if int(m.group(1)) == rank]
+    return (int(found[-1].group(2)), found[-1].group(3)) if found else None
 
 
 def _write_json(path: Path, data: dict[str, Any], tag: str = "") -> None:

@@ -13,7 +13,6 @@ ask for: the reported loss is summed on device and reduced every ``logging.every
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.notes import attempt_cause
 from dtrain_cli.runtime.components import preemption
 from dtrain_cli.runtime.components.checkpointer import Checkpointer
 from dtrain_cli.runtime.components.membership import Membership
@@ -34,7 +34,7 @@ from dtrain_cli.runtime.components.metrics import TrainMetrics
 from dtrain_cli.runtime.components.numerics import NumericsPolicy
 from dtrain_cli.runtime.components.profiling import Profiler
 from dtrain_cli.runtime.components.replica import ReplicaChecker
-from dtrain_cli.runtime.components.sinks import MetricsSink, startup_phases
+from dtrain_cli.runtime.components.sinks import MetricsSink, startup_phases, write_summary
 from dtrain_cli.runtime.components.validator import Validator
 from dtrain_cli.runtime.data.loader import Batches
 from dtrain_cli.runtime.data.stream import BatchLayout, open_splits
@@ -79,6 +79,8 @@ class Trainer:
         self.reports_loss = self.pm.has_last_stage and ctx.mesh["tp"].get_local_rank() == 0
         self._build_components()
         self.step = self.checkpointer.resume()
+        if env.restart_count() and ctx.rank == 0 and plan.elastic is None:
+            self._say_restarted()
         self.membership = Membership(run_dir, plan, ctx.rank, self.step)
         self.sync.start(self.step)  # param_server: seed the servers, pull
         self.mode_extra: dict[str, Any] = {}
@@ -183,7 +185,9 @@ class Trainer:
                     self.metrics.log(self.step, {"val_loss": self.validator.validate()}, "val")
                     self.metrics.restart_clock()  # keep validation out of tokens/s
                 asked = votes is not None and (votes.save or votes.stop)  # a logging-step vote
-                if self.checkpointer.maybe_save(self.step, self.meta(), asked):
+                with self.watchdog.paused():  # a slow save is no hang
+                    saved = self.checkpointer.maybe_save(self.step, self.meta(), asked)
+                if saved:
                     self.metrics.restart_clock()
                 if votes is not None and votes.stop:
                     return self.preempted()
@@ -196,6 +200,8 @@ class Trainer:
         None when the numerics policy dropped the update."""
         step, rank = self.step + 1, self.ctx.rank
         faults.before_step(step, rank)
+        if faults.drops_data(step, rank):
+            self.train_batches.leave_out_step()
         loss = self.step_fn(self.train_batches, self.step)
         loss = faults.after_backward(loss, self.pm.parameters, step, rank)
         guard = None
@@ -267,6 +273,22 @@ class Trainer:
             params += t.numel() * t.element_size()
         return {"params": params, "optimizer": self.optimizers.state_bytes()}
 
+    def _say_restarted(self) -> None:
+        """An automatic restart (``launcher.max_restarts``), on the console: which rank
+        ended the attempt before, which attempt this is, the checkpoint it goes on from.
+        (An elastic run's membership change says so itself: :class:`.Membership`.)"""
+        attempt = env.restart_count()
+        ckpt = self.checkpointer.resumed_from
+        log.warning(
+            "restarted (attempt %d of %d) after %s; %s",
+            attempt,
+            self.plan.max_restarts,
+            attempt_cause(self.run_dir, attempt - 1),
+            f"resuming from checkpoint {ckpt} (step {self.step})"
+            if ckpt
+            else "starting from step 0 (no complete checkpoint yet)",
+        )
+
     def _mark_first_step(self) -> None:
         """The run trained: rank 0 says so in the run dir (the launcher keeps a dir that
         trained), every rank logs its start-up breakdown."""
@@ -298,6 +320,7 @@ class Trainer:
             **self.metrics.rank_summary(),
             "resumed_from": self.checkpointer.resumed_from,
             "membership_changes": self.membership.changes(),
+            **self.membership.summary(wall),  # elastic: the whole run, the sizes it ran at
             "checkpoint_stall_s": self.checkpointer.save_stall_s,
             "data_wait_ms_per_step": 1000 * self.train_batches.wait_s / max(1, steps_run),
             "strategy": self.plan.strategy,
@@ -316,7 +339,7 @@ class Trainer:
             **self.mode_extra,
         }
         if self.ctx.is_logging_rank:
-            RunDir(self.run_dir).summary.write_text(json.dumps(summary, indent=2))
+            write_summary(self.run_dir, summary)
             if self.sink:
                 self.sink.print_summary(summary, self.run_dir)
         return summary

@@ -19,6 +19,7 @@ the first and last stage (the stage then runs first -> its layers -> last, in or
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import types
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
 
 TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence")
+_SAVED: dict[str, Any] = {}
+"""Saved-for-backward bytes of one sample by model, loss and layer list (:meth:`_saved`)."""
 
 
 @dataclass(kw_only=True)
@@ -42,9 +45,17 @@ class CustomModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CustomModelConfig:
+        """Every key but ``kind`` and ``_target_`` is an argument; ``kwargs.<name>`` is the
+        same argument (the form ``data.kwargs.<name>`` takes: one convention for both)."""
         data = dict(data)
         data.pop("kind", None)
-        return cls(target=str(data.pop("_target_", "") or ""), kwargs=data)
+        target = str(data.pop("_target_", "") or "")
+        nested = data.pop("kwargs", None)
+        if isinstance(nested, dict):
+            data = {**data, **nested}
+        elif nested is not None:
+            data["kwargs"] = nested  # a class's own argument named kwargs
+        return cls(target=target, kwargs=data)
 
     @property
     def name(self) -> str:
@@ -74,6 +85,10 @@ class CustomSpec(ModelSpec):
 
     # -- plan -----------------------------------------------------------------------------
     def problems(self, cfg: DtrainConfig) -> list[str]:
+        from dtrain_cli.config.targets import argument_key_problems
+
+        if typos := argument_key_problems(self.cfg.kwargs, "model"):
+            return typos
         if not self.cfg.target:
             return [
                 "model._target_: not set; name your nn.Module class, "
@@ -140,6 +155,68 @@ class CustomSpec(ModelSpec):
             matrix_shapes=mats,  # type: ignore[arg-type]
             batchnorm_layers=_count_batchnorm(model),
         )
+
+    # -- activations: measured once, on meta ----------------------------------------------
+    def _saved(self) -> Any:
+        """:class:`.saved_bytes.SavedBytes` of one sample, or None when dtrain cannot form
+        one (``data=custom``: the inputs are your dataset's) or the forward fails on meta.
+        Measured once per model, loss and data (the advisor plans many layouts of one)."""
+        run = self.run
+        seq = self.cfg.block_size
+        if run is None or not seq or run.data.source in ("custom", "shapes"):
+            return None
+        key = json.dumps(
+            [self.cfg.target, self.cfg.kwargs, run.train.loss, run.pipeline.layers],
+            sort_keys=True,
+            default=str,
+        )
+        if key not in _SAVED:
+            _SAVED[key] = self._measure_saved(int(seq))
+        return _SAVED[key]
+
+    def _measure_saved(self, seq: int) -> Any:
+        run = self.run
+        assert run is not None
+        import torch
+
+        from dtrain_cli.models.losses import model_loss, resolve_loss
+        from dtrain_cli.models.saved_bytes import measure_saved
+
+        loss = self.default_loss() if run.train.loss == "auto" else run.train.loss
+        x = torch.zeros(1, seq, dtype=torch.long, device="meta")
+        try:
+            loss_fn = resolve_loss(loss, list(run.run.import_roots)) or self.loss
+
+            def forward_loss(model: Any, inputs: Any) -> Any:
+                if loss == "model":
+                    return model_loss(model(inputs, inputs))
+                return loss_fn(model(inputs), inputs)
+
+            model = self.meta_model()
+            return measure_saved(model, self._layer_list(model), x, forward_loss)
+        except Exception:  # the user's forward on meta, their loss: then not estimated
+            return None
+
+    def activations_estimated(self) -> bool:
+        return self._saved() is not None
+
+    def activation_bytes(
+        self, micro_batch: int, bytes_per_value: int, tp: int
+    ) -> tuple[float, float]:
+        """Measured for one sample (:meth:`_saved`), times the micro-batch; floating-point
+        tensors at ``bytes_per_value``; 0 when not estimated (the plan says so)."""
+        s = self._saved()
+        if s is None:
+            return 0.0, 0.0
+        f = micro_batch * bytes_per_value / 4
+        block = (s.block_float * f + s.block_other * micro_batch) / max(tp, 1)
+        return block, s.outside_float * f + s.outside_other * micro_batch
+
+    def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
+        s = self._saved()
+        if s is None or not s.block_input:
+            return super().checkpoint_bytes(micro_batch, bytes_per_value, tp)
+        return s.block_input * micro_batch * bytes_per_value / 4
 
     # -- runtime ----------------------------------------------------------------------------
     def _instantiate(self) -> Any:

@@ -100,9 +100,26 @@ def meta_counts(spec: HFSpec) -> dict[str, Any]:
         "vocab": int(conf.vocab_size),
         "max_positions": int(getattr(conf, "max_position_embeddings", 0) or 0),
         "tp_plan": tp_plan(model),
+        "tp_replicated": tp_replicated(model),
         "matrix_shapes": [list(p.shape) for p in model.parameters() if p.dim() == 2],
         "batchnorm_layers": sum(isinstance(m, _BatchNorm) for m in model.modules()),
     }
+
+
+def tp_replicated(model: nn.Module) -> int:
+    """Parameters every tp rank holds whole under the model's tp plan: modules the plan
+    does not name (norms, position embeddings) and the biases of row-wise layers (added
+    after the all-reduce); 0 without a plan."""
+    plan = [(re.compile(re.escape(k).replace(r"\*", r"\d+")), v) for k, v in tp_plan(model).items()]
+    if not plan:
+        return 0
+    whole = 0
+    for name, module in model.named_modules():
+        style = next((s for pattern, s in plan if pattern.fullmatch(name)), None)
+        for pname, p in module.named_parameters(recurse=False):
+            if style is None or (style.startswith("rowwise") and pname == "bias"):
+                whole += p.numel()
+    return whole
 
 
 def _layer_list(model: nn.Module) -> list[nn.Module]:

@@ -2,7 +2,7 @@
 
     dtrain launch recipe=llama_tiny_hf dp=2 parallel.strategy=fsdp
     dtrain launch model=hf model.model_type=gpt2 model.config.n_layer=2 model.config.n_embd=64 \
-        model.config.n_head=4 parallel.strategy=fsdp dp=2
+        model.config.n_head=4 model.config.vocab_size=256 parallel.strategy=fsdp dp=2
     dtrain launch model=hf model.pretrained=/models/my-llama ...   # local weights, no download
 
 The model is built with ``AutoModelForCausalLM.from_config`` from ``model.model_type`` and
@@ -70,6 +70,15 @@ class HFSpec(ModelSpec):
     kind = "hf"
     config_class = HFConfig
     cfg: HFConfig
+    vocab_key = "model.config.vocab_size"
+
+    @property
+    def name(self) -> str:
+        """``model.name`` when a recipe set one, else the model type or the local folder."""
+        m = self.cfg
+        if m.name != "hf":
+            return m.name
+        return m.model_type or (Path(m.pretrained).name if m.pretrained else "") or "hf"
 
     # -- the transformers config ---------------------------------------------------------------
     def config_problems(self) -> list[str]:
@@ -203,6 +212,7 @@ class HFSpec(ModelSpec):
             + 12 * layers * c["hidden"] * t,
             matrix_shapes=[tuple(s) for s in c["matrix_shapes"]],
             batchnorm_layers=c.get("batchnorm_layers", 0),
+            params_tp_replicated=c.get("tp_replicated", 0),
         )
 
     def activation_bytes(
@@ -214,6 +224,11 @@ class HFSpec(ModelSpec):
         s, d, a = self.cfg.block_size, c["hidden"], c["heads"]
         per_layer = s * micro_batch * d * (34 + 5 * a * s / d) * (bytes_per_value / 2) / tp
         return per_layer, float(micro_batch * s * c["vocab"] * 4 * 2)
+
+    def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
+        """A checkpointed decoder layer keeps only its input, the (b, s, hidden) residual
+        stream (replicated under tp)."""
+        return float(micro_batch * self.cfg.block_size * self._meta["hidden"] * bytes_per_value)
 
     def problems(self, cfg: DtrainConfig) -> list[str]:
         try:

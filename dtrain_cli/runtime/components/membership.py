@@ -9,7 +9,10 @@ the one before it (a node was lost, or one joined) records the change in
 ``elastic/changes.jsonl`` at its first step: time, old and new size (processes and nodes),
 the steps redone (the old group's last step minus the checkpoint step resumed from) and how
 long the change took (old group's last step to the new group's first). ``summary.json``
-lists them all (``membership_changes``). Torch-free.
+lists them all (``membership_changes``), the sizes the run trained at (``memberships``:
+world size, nodes, first and last step of each) and the whole run's wall time
+(``train_wall_s``, since the first group started; the last group's alone is
+``train_wall_s_last_membership``). A ``dtrain resume`` starts that count again. Torch-free.
 """
 
 from __future__ import annotations
@@ -38,10 +41,17 @@ class Membership:
         )
         self.world_size, self.nnodes = plan.world_size, plan.nnodes
         self.pending: dict[str, Any] | None = None
+        self.started = time.time()
+        self.history: list[list[Any]] = []  # [world size, nodes, first step, last step]
         if not self.enabled:
             return
         self.folder.mkdir(exist_ok=True)
         before = self._read(self.progress_file)
+        if before and not self._resumed_since(run, float(before["time"])):
+            self.started = float(before.get("started", self.started))
+            self.history = list(before.get("history") or [])
+        if not self.history or self.history[-1][0] != self.world_size:
+            self.history.append([self.world_size, self.nnodes, resumed_step + 1, resumed_step])
         if before and before.get("world_size") != self.world_size:
             self.pending = {
                 "old_world_size": before["world_size"],
@@ -76,13 +86,43 @@ class Membership:
                 change["took_s"],
             )
             self.pending = None
+        self.history[-1][3] = step
         tmp = self.folder / f".progress.{os.getpid()}.tmp"
         tmp.write_text(
             json.dumps(
-                {"world_size": self.world_size, "nnodes": self.nnodes, "step": step, "time": now}
+                {
+                    "world_size": self.world_size,
+                    "nnodes": self.nnodes,
+                    "step": step,
+                    "time": now,
+                    "started": self.started,
+                    "history": self.history,
+                }
             )
         )
         tmp.replace(self.progress_file)
+
+    def summary(self, wall_s: float) -> dict[str, Any]:
+        """The whole run's wall time and the sizes it ran at (``wall_s``: this group's)."""
+        if not self.enabled:
+            return {}
+        return {
+            "train_wall_s": time.time() - self.started,
+            "train_wall_s_last_membership": wall_s,
+            "memberships": [
+                {"world_size": w, "nnodes": n, "first_step": a, "last_step": b}
+                for w, n, a, b in self.history
+            ],
+        }
+
+    @staticmethod
+    def _resumed_since(run: RunDir, last_step_time: float) -> bool:
+        """A ``dtrain resume`` after the last recorded step: a new run's wall clock."""
+        try:
+            lines = run.resumes.read_text().splitlines()
+            return bool(lines) and float(json.loads(lines[-1])["time"]) > last_step_time
+        except (OSError, ValueError, KeyError):
+            return False
 
     def changes(self) -> list[dict[str, Any]]:
         path = self.changes_file

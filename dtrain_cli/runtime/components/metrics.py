@@ -92,7 +92,10 @@ class TrainMetrics:
         self.losses: list[torch.Tensor] = []
         self.window_steps = self.loss_steps = 0
         self.train_start = self.window_start = time.perf_counter()
-        self.tokens_per_s: list[float] = []
+        self.tokens_per_s: list[float] = []  # per window after the warm-up one
+        # the warm-up window without its first step: the rate when no other window exists
+        self._after_warmup: tuple[float, int] | None = None  # (clock, steps since)
+        self.warmup_window_tps: float | None = None
         self.busy_s = self.step_wall_s = 0.0
         self.last_loss = float("nan")
         self._wall0 = self._cpu0 = 0.0
@@ -114,11 +117,17 @@ class TrainMetrics:
             self.losses.append(loss)
             self.loss_steps += 1
         self.window_steps += 1
+        if step == self.first_step:
+            self._after_warmup = (time.perf_counter(), 0)
+        elif self._after_warmup is not None:
+            self._after_warmup = (self._after_warmup[0], self._after_warmup[1] + 1)
 
     def restart_clock(self) -> None:
         """After validation or a save: keep them out of tokens/s."""
         self.window_start = time.perf_counter()
         self._wait0 = self.batches.wait_s
+        if self._after_warmup is not None:
+            self._after_warmup = (self.window_start, 0)
 
     def own_times(self, comm_exposed_ms: float) -> list[float]:
         """This rank's [step, data wait, compute] ms per step over the window."""
@@ -172,13 +181,20 @@ class TrainMetrics:
         tps = self.plan.batch.tokens_per_step * self.window_steps / elapsed
         if step - self.window_steps >= self.first_step:  # first window: warm-up costs
             self.tokens_per_s.append(tps)
+        elif self._after_warmup is not None:
+            clock, steps_after = self._after_warmup
+            if steps_after and now > clock:
+                rate = self.plan.batch.tokens_per_step * steps_after / (now - clock)
+                self.warmup_window_tps = rate
+            self._after_warmup = None
         self.step_ms = 1000 * elapsed / self.window_steps
         data_wait_ms = 1000 * (self.batches.wait_s - self._wait0) / self.window_steps
         if self.sink:
             self.sink.log(
                 step,
                 {
-                    "loss": self.last_loss,
+                    "loss": self.last_loss,  # the mean over the window's counted steps
+                    "loss_steps": self.loss_steps,
                     "lr": self.plan.lr.lr_at(step - 1),
                     "grad_norm": float(norm) if norm is not None else float("nan"),
                     f"{self.plan.batch.unit}_per_s": tps,
@@ -242,8 +258,13 @@ class TrainMetrics:
             self.sink.log(step, values, kind=kind)
 
     # -- the summary -------------------------------------------------------------------------
-    def median_tokens_per_s(self) -> float:
-        return float(np.median(self.tokens_per_s)) if self.tokens_per_s else float("nan")
+    def median_tokens_per_s(self) -> float | None:
+        """The median over the windows after the warm-up one; with no such window (one
+        logging window: the last step), the warm-up window's rate without its first step;
+        None when nothing but the first step ran."""
+        if self.tokens_per_s:
+            return float(np.median(self.tokens_per_s))
+        return self.warmup_window_tps
 
     def bubble_report(self) -> dict[str, Any]:
         """Measured idle fraction per pipeline stage (1 - CPU busy time / step wall time,

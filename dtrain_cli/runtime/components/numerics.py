@@ -83,6 +83,7 @@ class NumericsPolicy:
         }
         self.events: list[dict[str, Any]] = []
         self.rollback_due = False
+        self.rollback_why = ("nan", "")  # (kind, what) of the rollback due
         self.last_allowed = True
 
     # -- per step (skip / rollback / spikes only) ----------------------------------------------
@@ -128,15 +129,18 @@ class NumericsPolicy:
             return False
         self.counts[f"{kind}_rollbacks"] += 1
         self.rollback_due = True
+        self.rollback_why = (kind, what)
         log.warning("step %d: %s: rolling back (train.on_%s=rollback)", step, what, kind)
         return False
 
     def rolled_back(self, step: int, restored: int | None) -> None:
         self.rollback_due = False
-        if restored is None:
+        if restored is None:  # the launcher's report names the step
+            kind, what = self.rollback_why
             raise NumericsError(
-                f"step {step}: train.on_nan/on_spike=rollback but the run has no complete "
-                "checkpoint yet; set checkpoint.every_steps"
+                f"train.on_{kind}=rollback: {what} before the run's first complete "
+                f"checkpoint, so there is nothing to restore; save earlier (a smaller "
+                f"checkpoint.every_steps) or use train.on_{kind}=skip"
             )
         log.warning(
             "step %d: restored checkpoint step %d; the data of steps %d-%d is skipped",

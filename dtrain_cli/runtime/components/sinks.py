@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -139,6 +140,23 @@ class MetricsSink:
         self.jsonl.close()
 
 
+def finite_json(value: Any) -> Any:
+    """``value`` with every NaN or infinity as None: JSON that any parser reads."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """``summary.json``: strict JSON (a value not measured is null, never NaN)."""
+    text = json.dumps(finite_json(summary), indent=2, allow_nan=False)
+    RunDir(run_dir).summary.write_text(text)
+
+
 def truncate_metrics(path: Path, step: int) -> None:
     """Drop records after ``step`` (a resume continues from there: no duplicate steps)."""
     if not path.exists():
@@ -164,6 +182,12 @@ def _num(value: Any, fmt: str = ",.4f") -> str:
     return format(value, fmt) if isinstance(value, (int, float)) else "-"
 
 
+def _rate(value: Any) -> str:
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return format(value, ",.0f")
+    return "not measured (only the first step ran)"
+
+
 def summary_table(summary: dict[str, Any]) -> Table:
     """What a person reads at the end of a run (summary.json keeps every field)."""
     table = Table(title="run summary", show_header=False, title_justify="left")
@@ -171,10 +195,15 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_row("final loss", _num(summary.get("final_loss")))
     table.add_row("val loss", _num(summary.get("val_loss")))
     if "samples_per_s" in summary:
-        table.add_row("samples/s", _num(summary.get("samples_per_s"), ",.0f"))
+        table.add_row("samples/s", _rate(summary.get("samples_per_s")))
     else:
-        table.add_row("tokens/s", _num(summary.get("tokens_per_s"), ",.0f"))
-    table.add_row("wall time", f"{_num(summary.get('train_wall_s'), ',.1f')} s")
+        table.add_row("tokens/s", _rate(summary.get("tokens_per_s")))
+    wall = f"{_num(summary.get('train_wall_s'), ',.1f')} s"
+    if len(sizes := summary.get("memberships") or []) > 1:  # elastic: the whole run
+        ran = " -> ".join(str(m["world_size"]) for m in sizes)
+        last = _num(summary.get("train_wall_s_last_membership"), ",.1f")
+        wall += f" (at {ran} processes; the last {last} s)"
+    table.add_row("wall time", wall)
     if summary.get("resumed_from"):
         table.add_row("resumed from", str(summary["resumed_from"]))
     if summary.get("replicas_identical") is False:

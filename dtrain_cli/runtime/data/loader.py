@@ -14,6 +14,7 @@ sources (token windows, shapes) are read a whole micro-batch at a time
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -168,6 +169,16 @@ class Batches:
         if self.pin:
             batch = _pin(batch)
         return as_pair(_to_device(batch, self.device, self.pin))
+
+    def leave_out_step(self) -> None:
+        """From here on every step reads one step further in the stream: the window of the
+        step about to run is never trained on (the ``drop`` drill: the reference run of
+        ``train.on_nan=skip``/``rollback``, as if that window were cut from the data)."""
+        shift = self.layout.global_batch
+        self.layout = dataclasses.replace(
+            self.layout, base_samples=self.layout.base_samples + shift
+        )
+        self.close()
 
     def close(self) -> None:
         """Stop the loader's worker processes (if any)."""

@@ -6,6 +6,8 @@
 
 Points: ``kill`` (end of a training step) and ``kill_in_save`` (while a checkpoint's
 temporary folder is being written): the process dies by SIGKILL, as on a lost node;
+``stop`` (end of a training step): the process stops itself with SIGSTOP, as when frozen
+from outside (its watchdog cannot run); ``slow_save:ms=M`` (a save takes M ms longer);
 ``hang`` (end of a training step): the process stays alive but never reaches the next
 collective, as on a stuck device (the hang watchdog names it after
 ``debug.collective_timeout_s``; with the watchdog off, its peers fail after the process
@@ -13,7 +15,9 @@ group's timeout, ``debug.collective_timeout_s`` with ``debug.hang_watchdog=false
 Diagnosis drills (:func:`armed`, read by the loop at fixed points): ``slow`` (``ms`` of
 sleep in every step: a straggler), ``nan`` (that step's loss and a gradient become NaN),
 ``spike`` (its loss x1000), ``mismatch`` (the logging all-reduce with another shape),
-``perturb`` (a parameter changed after the optimizer step: a diverging replica).
+``perturb`` (a parameter changed after the optimizer step: a diverging replica),
+``drop`` (the step's data window is cut from the stream: the step trains on the next one;
+a reference for the skip and rollback policies).
 ``step`` and ``rank`` select where; a drill without them fires everywhere. Every fault
 fires on the first attempt only, so an elastic restart can show that the run recovers.
 Membership drills: ``kill_node`` / ``kill_node_in_save`` (the points of ``kill``) SIGKILL
@@ -70,13 +74,19 @@ def maybe_fail(point: str, **where: int) -> None:
     if env.restart_count() != 0:
         return
     for name, params in _FAULTS:
-        at = {"hang": "kill", "kill_node": "kill", "kill_node_in_save": "kill_in_save"}.get(
-            name, name
-        )  # a hang fires where kill does
+        at = {
+            "hang": "kill",
+            "stop": "kill",
+            "kill_node": "kill",
+            "kill_node_in_save": "kill_in_save",
+        }.get(name, name)  # a hang fires where kill does
         if at == point and all(where.get(k) == v for k, v in params.items()):
             if name == "hang":  # frozen: alive, silent (a real hang leaves no note)
                 while True:
                     time.sleep(3600)
+            if name == "stop":  # stopped from outside (SIGSTOP): not even its watchdog runs
+                os.kill(os.getpid(), signal.SIGSTOP)
+                continue
             if name.startswith("kill_node"):  # the node is gone: no note, nobody left
                 os.killpg(os.getpgrp(), signal.SIGKILL)
             _note_drill(name, where)
@@ -84,10 +94,23 @@ def maybe_fail(point: str, **where: int) -> None:
 
 
 # -- the diagnosis drills, called by the loop at fixed points (no-ops when none is armed) --
+def slow_save(step: int, rank: int) -> None:
+    """``slow_save:ms=M``: a checkpoint save takes M ms longer (a slow file system), on
+    every rank unless ``rank`` says which: longer than the hang watchdog's limit is no hang."""
+    if drill := armed("slow_save", step=step, rank=rank):
+        time.sleep(drill.get("ms", 1000) / 1000)
+
+
 def before_step(step: int, rank: int) -> None:
     """``slow``: this rank sleeps ``ms`` (default 200) before the step: a straggler."""
     if (slow := armed("slow", step=step, rank=rank)) and "factor" not in slow:  # factor: straggle
         time.sleep(slow.get("ms", 200) / 1000)
+
+
+def drops_data(step: int, rank: int) -> bool:
+    """``drop:step=S``: step S trains on the next step's window, and every later step one
+    further (the window of S is cut from the stream; without ``rank``, on every rank)."""
+    return armed("drop", step=step, rank=rank) is not None
 
 
 def after_backward(loss: Any, params: Callable[[], list[Any]], step: int, rank: int) -> Any:

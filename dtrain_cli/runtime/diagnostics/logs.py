@@ -2,7 +2,8 @@
 
 Every rank logs to ``<run>/logs/rank_<k>.log``; rank 0 also to the console, through the
 same rich console as its progress bar. A record with ``extra={"console": False}`` goes to
-the file only.
+the file only. Python warnings (torch's ``lr_scheduler.step() before optimizer.step()``,
+say) take the same way, each one once: they may be the first sign of a bug.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import logging
 import os
 import socket
 import sys
+import warnings
 from pathlib import Path
+from typing import Any, TextIO
 
 from rich.console import Console
 
 from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.protocol import PID_LINE
 
 log = logging.getLogger("dtrain")
 QUIET = {"console": False}
@@ -50,7 +54,33 @@ def setup_logging(run_dir: Path, rank: int, console: Console | None) -> None:
         handler = _ConsoleHandler(console)
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
-    log.info("rank %d pid %d on %s", rank, os.getpid(), socket.gethostname(), extra=QUIET)
+    pid_line = PID_LINE.format(rank=rank, pid=os.getpid(), host=socket.gethostname())
+    log.info(pid_line, extra=QUIET)  # the launcher finds rank k's process by it
+    route_warnings()
+
+
+def route_warnings() -> None:
+    """Python's warnings of this process to its log (and rank 0's console), each distinct
+    one once (by category, message and place): not to a stderr nobody reads."""
+    seen: set[tuple[Any, ...]] = set()
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        key = (category, str(message), filename, lineno)
+        if key in seen:
+            return
+        seen.add(key)
+        where = Path(filename)
+        where_text = str(Path(*where.parts[-2:])) if len(where.parts) > 2 else filename
+        log.warning("warning: %s: %s (%s:%d)", category.__name__, message, where_text, lineno)
+
+    warnings.showwarning = show
 
 
 def make_console(is_logging_rank: bool) -> Console | None:

@@ -110,6 +110,7 @@ class Watchdog:
         )
         self.step = 0
         self.since = time.monotonic()
+        self._paused = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._main = threading.main_thread().ident
@@ -117,6 +118,18 @@ class Watchdog:
     def beat(self, step: int) -> None:
         """The loop is at ``step`` now (cheap: every step)."""
         self.step, self.since = step, time.monotonic()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """A checkpoint save: not counted (a slow file system is no hang; a rank frozen in
+        the save's collectives meets the process group's timeout, the watchdog's + 15 s);
+        the clock starts again when it is done."""
+        self._paused = True
+        try:
+            yield
+        finally:
+            self.since = time.monotonic()
+            self._paused = False
 
     def __enter__(self) -> Watchdog:
         if self.timeout_s > 0 and self._thread is None:
@@ -135,7 +148,7 @@ class Watchdog:
         poll = min(1.0, self.timeout_s / 10)
         while not self._stop.wait(poll):
             waited = time.monotonic() - self.since
-            if waited > self.timeout_s:
+            if waited > self.timeout_s and not self._paused:
                 self.fire(waited)
                 return
 

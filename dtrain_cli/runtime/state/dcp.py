@@ -145,6 +145,7 @@ class CheckpointManager:
             own = {f"{RANK_STATE}{k}": v.contiguous() for k, v in (rank_state or {}).items()}
             save_file({**rng_state(), **own}, str(tmp / f"rng_rank_{self.rank}.safetensors"))
             faults.maybe_fail("kill_in_save", step=step, rank=self.rank)
+            faults.slow_save(step, self.rank)
             if self.async_save:
                 # the save plan is reused across saves (the layout does not change), so the
                 # stall is staging the CPU copy, not planning collectives every time

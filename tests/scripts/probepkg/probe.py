@@ -80,6 +80,8 @@ elif MODE == "late":  # rank 1 never reaches init_process_group
     dist.init_process_group("gloo")
 elif MODE == "preempt" and os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
     write(f"resumed_rank_{RANK}", {"restart": os.environ["SLURM_RESTART_COUNT"]})
+elif MODE == "preempt" and os.path.exists(os.path.join(OUT, f"checkpoint_rank_{RANK}")):
+    write(f"resumed_rank_{RANK}", {"run_dir": os.environ["DTRAIN_RUN_DIR"]})  # its checkpoint
 elif MODE in ("hang", "preempt"):
     stop = []
     sig = getattr(signal, "SIG" + script_env.current().preemption_signal)

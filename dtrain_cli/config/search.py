@@ -1,0 +1,85 @@
+"""Where configs and recipes are found: the built-in folders (in the wheel or the repo),
+the user's (``--config-dir``, ``$DTRAIN_CONFIG_PATH``), Hydra's search path, the recipes
+and the options of every config group. Torch-free, Hydra-free."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from dtrain_cli.errors import ConfigError
+from dtrain_cli.rundir import env
+
+
+def _package_dir(name: str) -> Path:
+    """``configs``/``recipes``: inside the wheel (``dtrain_cli/_data``) or at the repo root."""
+    here = Path(__file__).resolve().parent.parent
+    for candidate in (here / "_data" / name, here.parent / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"dtrain's built-in '{name}' folder is missing (looked beside {here})")
+
+
+def builtin_configs_dir() -> Path:
+    return _package_dir("configs")
+
+
+def builtin_recipes_dir() -> Path:
+    return _package_dir("recipes")
+
+
+def user_config_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
+    dirs = [Path(d) for d in extra]
+    dirs += [Path(d) for d in env.config_path()]
+    missing = [str(d) for d in dirs if not d.is_dir()]
+    if missing:
+        raise ConfigError([f"config dir {m!r} does not exist" for m in missing])
+    return [d.resolve() for d in dirs]
+
+
+def recipe_dirs(extra: Sequence[str | Path] = ()) -> list[Path]:
+    """Where recipes are looked up, first match wins: each user folder's recipes/ and the
+    folder itself (``--config-dir conf`` with ``conf/my_experiment.yaml``), then built-in."""
+    dirs = []
+    for d in user_config_dirs(extra):
+        dirs += [d / "recipes"] if (d / "recipes").is_dir() else []
+        dirs.append(d)
+    return [*dirs, builtin_recipes_dir()]
+
+
+def list_recipes(extra: Sequence[str | Path] = ()) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for d in reversed(recipe_dirs(extra)):
+        for p in sorted(d.glob("*.yaml")):
+            found[p.stem] = p
+    return dict(sorted(found.items()))
+
+
+def recipe_description(path: Path) -> str:
+    """The recipe's first header comment that is neither its command nor an example."""
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text = line.lstrip("#").strip()
+        if text and not text.startswith(("dtrain ", "e.g.", "@package")):
+            return text
+    return ""
+
+
+def search_path(config_dirs: Sequence[str | Path] = ()) -> list[Path]:
+    """Hydra's search path: the user's folders (and their recipes/), then the built-in."""
+    user_dirs = user_config_dirs(config_dirs)
+    search = [*user_dirs, *(d / "recipes" for d in user_dirs), builtin_configs_dir()]
+    return [d for d in search if d.is_dir()]
+
+
+def group_options(config_dirs: Sequence[str | Path] = ()) -> dict[str, list[str]]:
+    """Every config group (a folder of YAML options) -> its options, built-in and the user's."""
+    found: dict[str, set[str]] = {}
+    for d in [*user_config_dirs(config_dirs), builtin_configs_dir()]:
+        for sub in d.iterdir():
+            if sub.is_dir() and sub.name != "recipes":
+                opts = {p.stem for p in sub.glob("*.yaml")}
+                if opts:
+                    found.setdefault(sub.name, set()).update(opts)
+    return {g: sorted(o) for g, o in sorted(found.items())}
