@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import typer
@@ -28,10 +29,12 @@ from dtrain_cli.cli.common import (
     err_console,
     fail,
 )
-from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.errors import ConfigError
-from dtrain_cli.launch.k8s.job import K8sJob
-from dtrain_cli.plan.plan import Plan
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.launch.k8s.job import K8sJob
+    from dtrain_cli.plan.plan import Plan
 
 OVERRIDE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 CONTEXT_HELP = "kube-context (default: the current one)."

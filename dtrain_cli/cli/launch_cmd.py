@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -21,13 +22,14 @@ from dtrain_cli.cli.common import (
     err_console,
     fail,
 )
-from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.errors import ConfigError
-from dtrain_cli.launch.rundir import materialize, new_run_dir
-from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.plan.plan import Plan
 
 
 def launch(
@@ -106,6 +108,8 @@ def start_run(
         before_start(cfg, plan)
     if plan.script is None:  # a script's data is its own
         prepare_data(cfg)
+
+    from dtrain_cli.launch.rundir import materialize, new_run_dir
 
     path = (Path(cfg.run.root) / str(cfg.run.name)) if plan.nnodes > 1 else new_run_dir(cfg)
     # only what this start creates is removed; never a script's (its checkpoints may be there)

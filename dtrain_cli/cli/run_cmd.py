@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from dtrain_cli.cli.common import CONFIG_DIR_HELP, fail
-from dtrain_cli.config.schema import DtrainConfig
-from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import env
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.plan.plan import Plan
 
 RUN_SETTINGS = {
     "allow_extra_args": True,

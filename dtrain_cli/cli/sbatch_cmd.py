@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
@@ -32,12 +32,14 @@ from dtrain_cli.cli.common import (
     err_console,
     fail,
 )
-from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.errors import ConfigError
-from dtrain_cli.launch.slurm import SbatchJob
-from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import env as launch_env
 from dtrain_cli.rundir.layout import RunDir
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.launch.slurm import SbatchJob
+    from dtrain_cli.plan.plan import Plan
 
 # sbatch's own shorthands, on top of dtrain's (dp=, steps= ...)
 SBATCH_SHORTHANDS = {
@@ -207,6 +209,8 @@ def submit_join(run_dir: Path, overrides: list[str], submit: bool) -> None:
         problems.append(f"--join {run_dir}: not a run dir (no config.yaml/plan.yaml)")
     if problems:
         fail(problems)
+    from dtrain_cli.plan.plan import Plan
+
     plan = Plan.load(run.plan)
     if problems := join_problems(plan, nodes):
         fail(problems)

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from dtrain_cli.config.schema import DtrainConfig
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+
 
 
 def _is_override(token: str) -> bool:
