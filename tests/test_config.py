@@ -202,18 +202,16 @@ def test_powersgd_resume_at_another_dp_is_refused_with_the_way_out():
 def test_replicas_that_step_alone_resume_at_their_dp_and_mode_only(mode):
     """Each replica's optimizer state is its own entry of the checkpoint: another dp or
     another sync mode is one line naming the checkpoint's."""
-    from dtrain_cli.config.resume_changes import unsafe_resume_changes
+    from dtrain_cli.plan.resume import resume_problems
 
     old = compose_config("gpt_tiny", ["dp=2", f"sync.mode={mode}"])
-    assert (
-        unsafe_resume_changes(old, compose_config("gpt_tiny", ["dp=2", f"sync.mode={mode}"])) == []
-    )
-    (line,) = unsafe_resume_changes(old, compose_config("gpt_tiny", ["dp=4", f"sync.mode={mode}"]))
+    assert resume_problems(old, compose_config("gpt_tiny", ["dp=2", f"sync.mode={mode}"])) == []
+    (line,) = resume_problems(old, compose_config("gpt_tiny", ["dp=4", f"sync.mode={mode}"]))
     assert line.startswith(f"parallel.dp=4: sync.mode={mode} checkpoints each replica's own")
     assert line.endswith("resume at dp=2")
-    (line,) = unsafe_resume_changes(old, compose_config("gpt_tiny", ["dp=2"]))
+    (line,) = resume_problems(old, compose_config("gpt_tiny", ["dp=2"]))
     assert line.startswith("sync.mode=sync: the checkpoint (sync.mode=" + mode)
-    (line,) = unsafe_resume_changes(compose_config("gpt_tiny", ["dp=2"]), old)
+    (line,) = resume_problems(compose_config("gpt_tiny", ["dp=2"]), old)
     assert line.endswith("resume with sync.mode=sync")
 
 

@@ -73,13 +73,14 @@ def resume(
 
     worker_server.start(overrides)
     from dtrain_cli.config.compose import config_from_yaml, config_to_yaml
-    from dtrain_cli.config.resume_changes import override_config, unsafe_resume_changes
+    from dtrain_cli.config.resume_changes import override_config
     from dtrain_cli.plan.build import build_plan
+    from dtrain_cli.plan.resume import resume_problems
 
     try:
         old = config_from_yaml(RunDir(path).config)  # the checkpoint's copy
         cfg = override_config(old, overrides or [], config_dir)
-        problems = unsafe_resume_changes(old, cfg)
+        problems = resume_problems(old, cfg)
         if problems:
             raise ConfigError(problems)
         plan = build_plan(cfg)

@@ -18,7 +18,6 @@ if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
 
 
-
 def _is_override(token: str) -> bool:
     return "=" in token or token.startswith(("~", "+"))
 

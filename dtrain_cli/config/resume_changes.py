@@ -92,10 +92,6 @@ def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
             f"(the checkpoint has dp={old.parallel.dp}); resume at dp={old.parallel.dp}, or "
             "drop it with comm.compression=none"
         )
-    from dtrain_cli.sync_modes import mode_for
-
-    for mode in dict.fromkeys([old.sync.mode, new.sync.mode]):  # either may refuse
-        out += [p for p in mode_for(mode).resume_problems(old, new) if p not in out]
     return out
 
 

@@ -1,0 +1,20 @@
+"""What a resume from a checkpoint of one config may not do as another: the keys a resume
+must keep (:mod:`dtrain_cli.config.resume_changes`) and what the sync modes of both say
+(replicas that step alone checkpoint state of their own). Torch-free.
+
+    dtrain resume --ckpt runs/<run> dp=4     # exit 2 when the checkpoint cannot go there
+"""
+
+from __future__ import annotations
+
+from dtrain_cli.config.resume_changes import unsafe_resume_changes
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.sync_modes import mode_for
+
+
+def resume_problems(old: DtrainConfig, new: DtrainConfig) -> list[str]:
+    """One line per change a resume cannot make, each naming the checkpoint's value."""
+    out = unsafe_resume_changes(old, new)
+    for mode in dict.fromkeys([old.sync.mode, new.sync.mode]):  # either may refuse
+        out += [p for p in mode_for(mode).resume_problems(old, new) if p not in out]
+    return out
