@@ -2,7 +2,8 @@
 ``torchrun --standalone --nproc-per-node 2`` and under ``dtrain run dp=2 --`` in the same
 test, and compared: exit code, what the script printed, the final loss (seeded scripts:
 the same arithmetic gives the same number), ``torch.get_num_threads()`` and the rest of
-what a rank sees (start method, torchrun's variables), and the wall time (within 1.5x).
+what a rank sees (start method, torchrun's variables). Wall time is compared in
+bench/ (``bench/run.py``), not here.
 """
 
 from __future__ import annotations
