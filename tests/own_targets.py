@@ -1,4 +1,4 @@
-"""Targets for the bad-input tests of tests/test_own_model.py."""
+"""Targets for the bad-input tests of tests/unit/test_own_model.py."""
 
 
 def not_a_module(**kwargs: object) -> dict:
