@@ -9,7 +9,7 @@ PEERS_VENV := bench/.venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: help install run test lint format bench bench-peers-env clean
+.PHONY: help install run test test-fast lint format bench bench-peers-env clean
 
 help:  ## Show the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -25,8 +25,11 @@ install: $(STAMP)  ## Create .venv and install dtrain (editable) with the CPU to
 run: $(STAMP)  ## Train the built-in default: gpt_small, 2 processes, on Python's stdlib sources
 	$(VENV)/bin/dtrain launch recipe=gpt_small dp=2
 
-test: $(STAMP)  ## Run the whole test suite (CPU, gloo)
+test: $(STAMP)  ## Run the whole test suite (CPU, gloo): tests/unit, then tests/launch
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP)  ## Run the unit room (tests/unit: no process started): after every change
+	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff format check + lint
 	$(VENV)/bin/ruff format --check .

@@ -109,7 +109,7 @@ def advise_bench(ws: Workspace) -> Section:
             "step-time model for the same config (configs/hardware/cpu.yaml). Measured step = "
             "tokens per step / median tokens/s; memory = rank 0's parameter + optimizer bytes "
             "from summary.json (activations are measured exactly in "
-            "tests/test_activation_checkpoint.py, not at run time)."
+            "tests/unit/test_activation_checkpoint.py, not at run time)."
         ),
         table=table,
         commands=commands[:1],

@@ -1,4 +1,4 @@
-"""Models with BatchNorm and their data, for tests/test_sync_batchnorm.py: a user's own MLP
+"""Models with BatchNorm and their data, for tests/launch/test_sync_batchnorm.py: a user's own MLP
 with BatchNorm1d, and images for a Hugging Face ResNet (BatchNorm2d) built by ``_target_``."""
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Shared helpers. Multi-process launches are expensive (~5 s each on 2 cores): tests that
-only read a run's outputs share one launch through session-scoped fixtures."""
+"""Shared helpers of both rooms (tests/rooms.py says what goes where). Multi-process
+launches are expensive (~5 s each on 2 cores): tests that only read a run's outputs share one
+launch through session-scoped fixtures."""
 
 from __future__ import annotations
 
@@ -12,8 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.rooms import room
+
 REPO = Path(__file__).resolve().parent.parent
 DTRAIN = [sys.executable, "-m", "dtrain_cli"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test of tests/launch is ``multiproc``: ``-m "not multiproc"`` is the unit room."""
+    for item in items:
+        if room(item.path) == "launch":
+            item.add_marker(pytest.mark.multiproc)
 
 
 @dataclass
@@ -83,3 +93,14 @@ def run_dp1(tmp_path_factory: pytest.TempPathFactory) -> Run:
 @pytest.fixture(scope="session")
 def run_dp2(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return launch(tmp_path_factory, "dp2", *MATH, "dp=2")
+
+
+@pytest.fixture(scope="session")
+def hf_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, int]:
+    """A JSONL corpus, the tokenizer trained on it, and its vocabulary size (tests/hf_corpus.py)."""
+    from tests.hf_corpus import train_tokenizer, write_corpus
+
+    root = tmp_path_factory.mktemp("hfdata")
+    corpus = write_corpus(root / "corpus.jsonl")
+    vocab = train_tokenizer(corpus, root / "tok")
+    return corpus, root / "tok", vocab

@@ -1,5 +1,5 @@
-"""The dtrain commands of README.md and docs/*.md, read the way tests/test_docs.py and
-tests/test_docs_launch.py run them.
+"""The dtrain commands of README.md and docs/*.md, read the way tests/unit/test_docs.py and
+tests/launch/test_docs_launch.py run them.
 
 - ```bash / ```sh / plain blocks: every line that starts with ``dtrain`` (after optional
   ``VAR=value`` words) is a command; ``cd DIR`` applies to the lines after it; ``\\`` joins
@@ -9,7 +9,7 @@ tests/test_docs_launch.py run them.
 - ```text / ```yaml / ```python blocks are not commands.
 
 Lines that name the reader's own files, hosts or runs (``runs/<run>``, ``/models/...``,
-``node0``) are placeholders: tests/test_docs_launch.py runs the ``runs/<run>`` ones
+``node0``) are placeholders: tests/launch/test_docs_launch.py runs the ``runs/<run>`` ones
 against a run it made; the others cannot run here and are listed in PLACEHOLDERS.
 """
 
@@ -30,8 +30,8 @@ PLACEHOLDERS = (
 )
 # Commands that start processes or need a live cluster: never run by the doc tests.
 NOT_RUN = {
-    "validate-cluster": "starts ranks for its live check (tests/test_cluster_live.py)",
-    "agent": "runs a SLURM job's node (tests/test_slurm.py)",
+    "validate-cluster": "starts ranks for its live check (tests/launch/test_cluster_live.py)",
+    "agent": "runs a SLURM job's node (tests/launch/test_slurm.py)",
 }
 SHELL_BLOCKS = ("", "bash", "sh", "shell")
 

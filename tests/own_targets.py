@@ -1,4 +1,4 @@
-"""Targets for the tests of tests/test_own_model.py: bad inputs, and a token model."""
+"""Targets for the tests of tests/unit/test_own_model.py: bad inputs, and a token model."""
 
 import torch
 from torch import nn

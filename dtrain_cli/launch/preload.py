@@ -6,7 +6,7 @@ workers, which inherit them (one import on one core instead of one per worker); 
 :mod:`.server_preload`). Modules a run does not use before step 1 stay out:
 ``torch.distributed.checkpoint`` (about 0.7 s) is imported at the first save, pipelining
 and DTensor (about 1 s together) only when the layout uses them. Every name here must
-resolve (``tests/test_startup.py`` checks them with ``importlib.util.find_spec``): a name
+resolve (``tests/unit/test_startup.py`` checks them with ``importlib.util.find_spec``): a name
 that does not is a speed-up silently lost.
 """
 

@@ -1,4 +1,4 @@
-"""Vendor a CRD's openAPIV3Schema for tests/test_k8s_schema.py (descriptions removed: they
+"""Vendor a CRD's openAPIV3Schema for tests/k8s_schema.py (descriptions removed: they
 are a third of the size and validate nothing).
 
     git -C jobset show v0.12.0:config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml > crd.yaml

@@ -5,7 +5,7 @@
 
 Rank 0 writes the final parameters (and when its first step finished) to --out; with
 --dump DIR every rank writes what it saw (environment, argv, __name__, __file__,
-sys.path[0], a value imported from the module next to it). Used by tests/test_script_run.py
+sys.path[0], a value imported from the module next to it). Used by tests/launch/test_script_run.py
 and bench/script_bench.py.
 """
 

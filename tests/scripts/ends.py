@@ -1,4 +1,4 @@
-"""Ends the way MODE says, as a script can end (tests/test_script_run.py).
+"""Ends the way MODE says, as a script can end (tests/launch/test_script_run.py).
 
 dtrain run dp=1 -- ends.py exit        # sys.exit(): a clean end, exit code 0
 """

@@ -60,7 +60,7 @@ class GPTSpec(ModelSpec):
         self, micro_batch: int, bytes_per_value: int, tp: int
     ) -> tuple[float, float]:
         """What autograd saves for this implementation (``gpt.net``; measured exactly by
-        tests/test_activation_estimates.py). Per block, in (b, s, d) tensors: the block
+        tests/unit/test_activation_checkpoint.py). Per block, in (b, s, d) tensors: the block
         input and its norm, the MLP input and its norm (replicated under tp: 4), q, k, v
         and the attention output (SDPA's flash kernel keeps no s x s matrix: 4/tp), the MLP's
         4d hidden before and after GELU (8/tp); plus fp32 norm statistics and the attention

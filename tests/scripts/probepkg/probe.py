@@ -1,4 +1,4 @@
-"""What a script sees and does under ``dtrain run`` (tests/test_script_run.py).
+"""What a script sees and does under ``dtrain run`` (tests/launch/test_script_run.py).
 
     dtrain run dp=2 -m probepkg.probe MODE OUT [ARGS...]    # from tests/scripts
 

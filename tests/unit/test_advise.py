@@ -1,0 +1,206 @@
+"""``dtrain advise``: the seed's rules on synthetic cases, bad input, --json and --apply
+(the launch of what --apply prints: tests/launch/test_advise.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from dtrain_cli.cli.app import app
+from dtrain_cli.config.compose import compose_config
+from dtrain_cli.errors import ConfigError
+from dtrain_cli.plan.advise import advise
+from dtrain_cli.plan.steptime import placement
+
+runner = CliRunner()
+
+# ~22B parameters (48 layers, width 6144): 16 bytes/parameter of state is ~325 GiB, so one
+# 80 GiB device cannot hold it replicated.
+BIG = ["model.n_layer=48", "model.n_embd=6144", "model.n_head=48", "model.vocab_size=32000"]
+
+
+def _advice(recipe: str, *overrides: str, **kw):
+    return advise(compose_config(recipe, list(overrides), validate=False), **kw)
+
+
+def test_small_model_on_8_devices_gets_pure_data_parallel():
+    a = _advice("gpt_small", "hardware=a100_80g", "train.global_batch_size=256")
+    best = a.ranked[0].layout
+    assert a.world_size == 8
+    assert (best.dp, best.tp, best.pp) == (8, 1, 1)
+    assert best.activation_checkpointing == "none"  # nothing to save memory for
+    assert "data parallel only" in a.ranked[0].why
+
+
+def test_model_too_big_for_one_device_gets_fsdp_or_tp_before_pp():
+    a = _advice("gpt_small", "hardware=a100_80g", "train.global_batch_size=64", *BIG)
+    replicated = [v for v in a.rejected if v.layout.strategy == "ddp" and v.layout.dp == 8]
+    assert replicated and all(v.kind == "memory" for v in replicated)  # ddp does not fit
+    best = a.ranked[0].layout
+    assert best.pp == 1 and (best.strategy == "fsdp" or best.tp > 1)
+    pp_only = [v for v in a.ranked if v.layout.pp > 1]
+    assert pp_only and a.ranked.index(pp_only[0]) > 0
+
+
+def test_tp_never_crosses_nodes_unless_asked():
+    args = ("gpt_small", "hardware=a100_80g", "parallel.nnodes=2", "train.global_batch_size=64")
+    a = _advice(*args, "model.n_head=16", "model.n_embd=1024")
+    assert a.world_size == 16
+    assert all(v.layout.tp <= 8 for v in a.ranked)
+    crossing = [v for v in a.rejected if v.layout.tp == 16]
+    assert crossing and all(v.kind in ("cross-node tp", "plan") for v in crossing)
+    assert any(v.kind == "cross-node tp" for v in crossing)
+    forced = _advice(*args, "model.n_head=16", "model.n_embd=1024", allow_cross_node_tp=True)
+    assert any(v.layout.tp == 16 for v in forced.ranked)
+
+
+def test_layouts_that_do_not_fit_are_never_ranked():
+    a = _advice("gpt_small", "hardware=a100_80g", "train.global_batch_size=64", *BIG)
+    assert all(v.estimate.memory.total <= v.estimate.memory.capacity for v in a.ranked)
+    assert any(v.kind == "memory" for v in a.rejected)
+    # the same layout with checkpointing fits where without it it does not
+    lays = {(v.layout.dp, v.layout.strategy, v.layout.micro_batch_size): v for v in a.ranked}
+    assert any(k[2] >= 4 for k in lays)
+
+
+def test_links_follow_the_mesh():
+    assert placement(8, 8) == "intra" and placement(16, 8) == "inter"
+    assert placement(3, 8) == "inter"  # 3 does not tile an 8-device node
+    a = _advice("gpt_small", "hardware=h100_80g", "parallel.nnodes=2", "train.global_batch_size=64")
+    for v in a.ranked:
+        links = {x.axis: x.where for x in v.estimate.links}
+        if v.layout.tp > 1:
+            assert links["tp"] == "intra"
+        if v.layout.dp > 1:
+            assert links["dp"] == ("intra" if v.layout.dp * v.layout.tp <= 8 else "inter")
+
+
+def test_checkpointing_lowers_memory_and_costs_time():
+    a = _advice("gpt_small", "hardware=a100_80g", "train.global_batch_size=256")
+    by = {
+        v.layout.activation_checkpointing: v.estimate
+        for v in a.ranked
+        if (v.layout.dp, v.layout.strategy, v.layout.micro_batch_size) == (8, "ddp", 32)
+    }
+    assert by["full"].memory.activations < by["selective"].memory.activations
+    assert by["selective"].memory.activations < by["none"].memory.activations
+    assert by["none"].step_s < by["selective"].step_s < by["full"].step_s
+
+
+def test_no_global_batch_is_an_error():
+    with pytest.raises(ConfigError, match=r"train\.global_batch_size"):
+        _advice("gpt_small", "hardware=cpu", "train.global_batch_size=null")
+
+
+# -- the command: bad input, --json, --apply ----------------------------------------------------
+def _cli(*args: str):
+    return runner.invoke(app, ["advise", *args])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["hardware=b200"], "hardware=b200: no such option"),
+        (
+            ["hardware=cpu", "hardware.memory_gib=0.001", "hardware.reserved_gib=0"],
+            "no layout fits 2 x cpu: the smallest",
+        ),
+        (["hardware=cpu", "world=3", "train.global_batch_size=7"], "global_batch_size=7"),
+        (["hardware=cpu", "world=zero"], "world must be a whole number"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    r = _cli("recipe=gpt_tiny", *args)
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:")
+    assert message in " ".join(r.output.split())
+    assert "Traceback" not in r.output
+
+
+def test_not_fitting_says_by_how_much_and_what_would_fit():
+    r = _cli(
+        "recipe=gpt_tiny", "hardware=cpu", "hardware.memory_gib=0.001", "hardware.reserved_gib=0"
+    )
+    text = " ".join(r.output.split())
+    assert "short" in text and "GiB" in text and "parallel.nnodes=" in text
+
+
+def test_json_lists_ranked_and_rejected_with_columns():
+    r = _cli("recipe=gpt_small", "hardware=cpu", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["world_size"] == 2 and out["ranked"]
+    first = out["ranked"][0]
+    for key in ("memory_bytes", "links", "bubble", "step_s", "tokens_per_s", "mfu", "why"):
+        assert key in first
+    m = first["memory_bytes"]
+    assert m["total"] == sum(
+        m[k] for k in ("params", "grads", "optimizer", "activations", "temporary")
+    )
+    assert all(r["rejected"] for r in out["rejected"])
+
+
+def test_table_shows_top_layouts_and_rejections():
+    r = runner.invoke(
+        app, ["advise", "recipe=gpt_small", "hardware=cpu", "--top", "3"], env={"COLUMNS": "200"}
+    )
+    assert r.exit_code == 0, r.output
+    assert "2 x cpu" in r.output and "rejected:" in r.output
+    assert "fastest" in r.output
+
+
+def test_schedules_hold_activations_and_idle_as_the_theory_says():
+    a = _advice("gpt_small", "hardware=cpu", "train.global_batch_size=32")
+    every = {v.layout: v for v in [*a.ranked, *a.rejected] if v.estimate is not None}
+
+    def pick(schedule: str, micro: int):
+        return next(
+            v.estimate
+            for lay, v in every.items()
+            if lay.pp == 2
+            and lay.schedule == schedule
+            and lay.micro_batch_size == micro
+            and lay.activation_checkpointing == "none"
+        )
+
+    gpipe, one_f = pick("gpipe", 4), pick("1f1b", 4)  # 8 micro-batches on 2 stages
+    assert gpipe.memory.activations > 3 * one_f.memory.activations  # m=8 held vs <= pp=2
+    assert gpipe.bubble == one_f.bubble == pytest.approx(1 / 9)
+    busy = one_f.step_s - one_f.bubble_s - one_f.optimizer_s  # the optimizer runs after the flush
+    assert one_f.bubble_s == pytest.approx(busy * (1 / 9) / (8 / 9))
+
+
+def _numbers(advice, top: int) -> list[str]:
+    from dtrain_cli.plan.advise_render import _cells
+
+    return [c for i, v in enumerate(advice.ranked[:top], 1) for c in _cells(i, v)[2:] if c != "-"]
+
+
+def test_an_80_column_terminal_or_a_pipe_never_splits_a_number():
+    """Issue 24 #14: at 80 columns the table becomes paragraphs that wrap between values;
+    piped, the table keeps its natural width; the rejected rows say how many they stand
+    for."""
+    import io
+
+    from rich.console import Console
+
+    from dtrain_cli.plan.advise_render import render_advice
+
+    a = _advice("gpt_small", "hardware=cpu")
+    buf = io.StringIO()
+    narrow = Console(width=80, file=buf)
+    narrow.print(render_advice(a, 5, narrow, 80))
+    text = buf.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for number in _numbers(a, 5):
+        assert number.split(" ")[0] in text, number  # "4,999.2" of "4,999.2 ms" whole
+    r = runner.invoke(app, ["advise", "recipe=gpt_small", "hardware=cpu"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    rows = [line for line in r.output.splitlines() if line.startswith("│ 1 ")]
+    assert len(rows) == 2  # one row of the table, one of "why": nothing wrapped
+    assert all(n in rows[0] for n in _numbers(a, 1)), rows[0]
+    rejected = next(line for line in r.output.splitlines() if "dp1xpp2 1f1b mb32" in line)
+    assert rejected.split("│")[1].strip() == str(len(a.rejected)) == "3"

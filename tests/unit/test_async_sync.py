@@ -1,0 +1,61 @@
+"""Issue 15 without launching: the parameter server's and DiLoCo's bad input, and how
+parameters are sharded over servers. The launches: tests/launch/test_async_sync.py."""
+
+from __future__ import annotations
+
+import pytest
+
+PS = ["sync.mode=param_server"]
+
+
+def plan_refusal(*overrides: str) -> str:
+    """``dtrain plan recipe=gpt_tiny dp=2 ...`` in-process: exit 2 with one line (returned)."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    result = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "dp=2", *overrides])
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit), result.exception  # not a traceback
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["sync.servers=0"], "sync.servers=0: must be >= 1"),
+        (["sync.servers=500"], "sync.servers=500: the model has"),
+        (["sync.max_staleness=-1"], "sync.max_staleness=-1: must be >= 0"),
+        (["parallel.strategy=fsdp"], "does not combine with strategy=fsdp"),
+        (["parallel.strategy=zero1"], "does not combine with strategy=zero1"),
+        (["tp=2"], "tp=2"),
+        (["nproc_per_node=2"], "dp + servers = 2 + 1 = 3 processes but nproc_per_node=2"),
+        (["checkpoint.async_save=true"], "checkpoint.async_save=true: a parameter-server"),
+    ],
+)
+def test_param_server_bad_input(overrides: list[str], expected: str) -> None:
+    assert expected in plan_refusal(*PS, *overrides)
+
+
+def test_diloco_bad_input() -> None:
+    for extra, expected in (
+        ("sync.every=0", "sync.every=0: must be >= 1"),
+        ("parallel.strategy=fsdp", "sync.mode=diloco: replicas step alone"),
+        (
+            "parallel.nnodes=1:2",
+            "parallel.nnodes=1:2: sync.mode=diloco checkpoints each replica's own optimizer state",
+        ),
+    ):
+        assert expected in plan_refusal("sync.mode=diloco", extra)
+
+
+def test_shards_are_whole_tensors_balanced_by_size() -> None:
+    from dtrain_cli.runtime.sync.param_server import assign_shards
+
+    sizes = [100, 10, 60, 40, 1, 1]
+    shards = assign_shards(sizes, 2)
+    assert sorted(i for s in shards for i in s) == list(range(6))  # each tensor once
+    loads = [sum(sizes[i] for i in s) for s in shards]
+    assert max(loads) - min(loads) <= 10 and all(s == sorted(s) for s in shards)

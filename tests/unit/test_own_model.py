@@ -1,0 +1,187 @@
+"""Your own model's bad inputs (examples/my_models/net.py through the seam), refused by
+``dtrain plan`` before any worker starts: one line, exit 2, nothing written. The launches
+under every layout: tests/launch/test_own_model.py."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.conftest import REPO
+
+EXAMPLES = REPO / "examples"
+ENV = {
+    "PYTHONPATH": os.pathsep.join(
+        [str(EXAMPLES), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    )
+}
+# 4 steps of 8 samples; dp=1 accumulates 2 micro-batches of 4 (as dp=2 runs one each).
+OWN = [
+    "recipe=my_experiment",
+    "--config-dir",
+    str(EXAMPLES / "conf"),
+    "train.steps=4",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+    "logging.every=1",
+    "train.eval_every=0",
+    "logging.tensorboard=false",
+    "debug.replica_check_at_end=true",  # param_digest
+]
+
+
+def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
+    """``dtrain plan`` in-process (the CLI's own entry point; torch imported once for all
+    cases, not once per case): exit 2, one line, no exception, nothing written."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    for path in reversed(ENV["PYTHONPATH"].split(os.pathsep)):
+        if path:
+            monkeypatch.syspath_prepend(path)
+    result = CliRunner().invoke(app, ["plan", *OWN, *overrides])
+    assert result.exit_code == 2, f"expected exit 2:\n{result.output}"
+    assert isinstance(result.exception, SystemExit), result.exception  # not a traceback
+    assert not (tmp_path / "runs").exists()
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["model._target_=no_such_pkg.Net"], "no module 'no_such_pkg'"),
+        (["model._target_=os.system"], "standard library"),
+        (["model._target_=own_targets.not_a_module"], "returned dict, not a torch.nn.Module"),
+        (["model._target_=my_models.net.Nope"], "has no attribute 'Nope'"),
+        (["model.colour=3"], "model._target_=my_models.net.Net"),
+        (["tp=2"], "has no tensor-parallel plan; give one with parallel.tp_plan"),
+        (["pp=2"], "name its layer list with pipeline.layers"),
+        (["pp=2", "pipeline.layers=body"], "pipeline.layers=body"),
+        (["tp=2", "parallel.tp_plan={trunk.*.up:diagonal}"], "unknown style"),
+        (["train.loss=os.path.join"], "standard library"),
+        (["train.loss=huber"], "train.loss=huber: not allowed"),
+        (["model._targt_=x"], "model._targt_: did you mean model._target_? (arguments of"),
+        (["data._targt_=x"], "data._targt_: did you mean data._target_? (arguments of"),
+        (["parallel=fsdp", "dp=2", "parallel.fsdp_units=[Block]"], "no module of those classes"),
+    ],
+)
+def test_bad_own_model_input_is_one_line_before_anything_starts(
+    tmp_path, monkeypatch, overrides, expected
+):
+    assert expected in plan_error(tmp_path, monkeypatch, *overrides)
+
+
+def test_a_model_without_a_recipe_is_named_after_it_and_the_plan_says_whose_values(
+    tmp_path, monkeypatch
+):
+    """Issue 24 #7: no recipe named, model=custom: the run dir and the plan's header name
+    the model, not gpt_tiny, and the plan lists gpt_tiny's values it trains with (those
+    the command line did not set). With a recipe, the recipe names the run."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+    from dtrain_cli.config.compose import compose_config, split_recipe
+    from dtrain_cli.launch.rundir import new_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    args = [
+        "model=custom",
+        "model._target_=my_models.net.Net",
+        "data=custom",
+        "data._target_=my_models.net.Pairs",
+        "train.loss=mse",
+        "steps=4",
+    ]
+    result = CliRunner().invoke(app, ["plan", *args])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "none (gpt_tiny's values) / Net (" in text
+    assert (
+        "warning: no recipe named: model Net trains with recipe gpt_tiny's values "
+        "(train.global_batch_size=16, optim.base_lr=0.001, optim.warmup_steps=10, "
+        "logging.every=10); set them, or name a recipe (dtrain recipes)"
+    ) in text
+    assert new_run_dir(compose_config(*split_recipe(args))).name.startswith("Net-")
+    own = compose_config(*split_recipe(["recipe=my_experiment"]), [EXAMPLES / "conf"])
+    assert new_run_dir(own).name.startswith("my_experiment-")
+    plain = compose_config(*split_recipe(["dp=2"]))  # gpt_tiny's own model: its name
+    assert new_run_dir(plain).name.startswith("gpt_tiny-")
+
+
+def test_train_loss_model_takes_the_forms_models_return_and_names_any_other():
+    """Issue 24 #8: a scalar, {"loss": scalar, ...}, (scalar, ...), an object with .loss;
+    anything else says what came back and what is accepted."""
+    import torch
+
+    from dtrain_cli.models.losses import MODEL_LOSS_FORMS, model_loss
+
+    loss, logits = torch.tensor(2.5, dtype=torch.float16), torch.zeros(8, 5)
+    for returned in (
+        loss,
+        {"loss": loss, "logits": logits},
+        (loss, logits),
+        [loss],
+        type("Out", (), {"loss": loss})(),
+    ):
+        got = model_loss(returned)
+        assert got.dtype == torch.float32 and got.item() == 2.5
+    for returned, said in (
+        ((logits, loss), "returned a tuple (tensor (8, 5), tensor ())"),
+        ({"logits": logits}, "returned a dict {'logits': tensor (8, 5)}"),
+        (logits, "returned a tensor of shape (8, 5)"),
+        ({"loss": logits}, "returned a dict {'loss': tensor (8, 5)}"),
+        (None, "returned a NoneType"),
+    ):
+        with pytest.raises(ValueError) as err:
+            model_loss(returned)
+        assert str(err.value) == (
+            f"train.loss=model: forward(inputs, targets) {said}; accepted: {MODEL_LOSS_FORMS}"
+        )
+
+
+def test_the_plan_measures_an_own_token_model_and_names_what_it_cannot(monkeypatch):
+    """Issue 24 #4: a custom model on token data: activations measured once on the meta
+    device, equal to what autograd keeps on CPU; checkpointing saves. On data=custom the
+    inputs are the dataset's: "not estimated", in the plan and the advisor."""
+    import torch
+    import torch.nn.functional as F
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.plan.build import build_plan
+    from dtrain_cli.runtime.parallel.activation_checkpoint import SavedTensorMeter
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    from own_targets import TinyLM
+
+    lm = ["model=custom", "model._target_=own_targets.TinyLM", "model.block_size=32"]
+    lm += ["model.vocab_size=256", "train.global_batch_size=4", "train.micro_batch_size=4"]
+    plan = build_plan(compose_config("gpt_tiny", lm))
+    assert plan.estimates.activations_estimated
+    model = TinyLM(block_size=32)
+    x = torch.randint(0, 256, (4, 32))
+    with SavedTensorMeter(model) as meter:
+        F.cross_entropy(model(x).reshape(-1, 256), x.reshape(-1))
+    assert plan.estimates.bytes_activations == pytest.approx(meter.bytes, rel=0.02)
+    blocks = [*lm, "pipeline.layers=blocks"]  # the blocks the plan knows of
+    none = build_plan(compose_config("gpt_tiny", blocks)).estimates.bytes_activations
+    assert none == pytest.approx(meter.bytes, rel=0.02)
+    ac = [*blocks, "parallel.activation_checkpointing=full"]
+    assert build_plan(compose_config("gpt_tiny", ac)).estimates.bytes_activations < 0.7 * none
+    monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])  # my_models, for data=custom
+    runner = CliRunner()
+    shown = runner.invoke(app, ["plan", *OWN], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    said = " ".join(shown.output.split())  # however wide the console is
+    assert "not estimated (the model's inputs come from your dataset)" in said
+    advised = runner.invoke(app, ["advise", *OWN, "hardware=cpu", "--json"])
+    assert advised.exit_code == 0, advised.output
+    assert __import__("json").loads(advised.output)["activations_estimated"] is False

@@ -1,0 +1,69 @@
+"""Start-up without a launch: what the launcher and the workers import before step 1 (the
+preload lists follow the plan; every module named as a string resolves). The fork server's
+hygiene and the worker module's imports in a fresh interpreter: tests/launch/test_startup.py."""
+
+from __future__ import annotations
+
+from dtrain_cli.config.compose import compose_config
+from dtrain_cli.launch.preload import CHECKPOINT_MODULES, modules_before_first_step
+from dtrain_cli.plan.build import build_plan
+
+
+def _modules(*overrides: str, resuming: bool = False) -> list[str]:
+    cfg = compose_config("gpt_tiny", list(overrides))
+    return modules_before_first_step(cfg, build_plan(cfg), resuming)
+
+
+def test_preload_follows_the_plan():
+    assert _modules("dp=1") == ["dtrain_cli.runtime.worker"]  # one process: no DDP
+    ddp = _modules("dp=2")
+    assert "torch._dynamo" in ddp  # DistributedDataParallel's constructor imports it
+    assert not set(CHECKPOINT_MODULES) & set(ddp)  # a fresh run saves later, not before step 1
+    assert "dtrain_cli.runtime.parallel.pipeline" in _modules("pp=2")
+    assert "torch.distributed.tensor.parallel" in _modules("tp=2")  # DTensor's TP API
+    assert "torch.distributed.fsdp" in _modules("dp=2", "parallel.strategy=fsdp")
+    assert set(CHECKPOINT_MODULES) <= set(_modules("dp=2", resuming=True))
+    # the model's own modules (an HF model: transformers and its modeling module)
+    cfg = compose_config("llama_tiny_hf", ["dp=2"])
+    hf = modules_before_first_step(cfg, build_plan(cfg), False)
+    assert {"transformers", "transformers.models.llama.modeling_llama"} <= set(hf)
+    assert "transformers" not in _modules("dp=2")
+
+
+def _every_module_name_written_as_a_string() -> list[str]:
+    """The module paths the launcher names as strings: preload lists for every kind of
+    plan, the fork server's first imports and preload module, the workers' entry points."""
+    from dtrain_cli.launch import preload, worker_server
+
+    names = [*worker_server.BASE_PRELOAD, *preload.WORKER_FIRST, *preload.SCRIPT_FIRST]
+    names += [*preload.SCRIPT_PRELOAD, *preload.CHECKPOINT_MODULES]
+    names += [*preload.TENSOR_PARALLEL_MODULES, *preload.PIPELINE_MODULES]
+    for layout in (["dp=2"], ["tp=2"], ["pp=2"], ["dp=2", "parallel.strategy=fsdp"]):
+        names += _modules(*layout, resuming=True)
+    names += [*_modules("dp=2", "parallel.strategy=zero1"), *_modules("dp=2", "train.compile=true")]
+    entries = (preload.WORKER_ENTRY, preload.SCRIPT_ENTRY, preload.CLUSTER_CHECK_ENTRY)
+    return sorted({*names, preload.SCRIPT_MODULE, *(e.split(":")[0] for e in entries)})
+
+
+def test_every_module_path_written_as_a_string_resolves():
+    """A preload name that no longer exists is a speed-up silently lost (the fork server
+    swallows the ImportError): every one must resolve, and every entry point exist."""
+    import importlib
+    import importlib.util
+
+    from dtrain_cli.launch import preload
+
+    missing = [n for n in _every_module_name_written_as_a_string() if not _found(n)]
+    assert missing == []
+    for entry in (preload.WORKER_ENTRY, preload.SCRIPT_ENTRY, preload.CLUSTER_CHECK_ENTRY):
+        module, _, attr = entry.partition(":")
+        assert callable(getattr(importlib.import_module(module), attr)), entry
+
+
+def _found(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # a parent package that is not there
+        return False
