@@ -28,6 +28,7 @@ from dtrain_cli.cli.export_cmd import export
 from dtrain_cli.cli.k8s_cmd import k8s_app
 from dtrain_cli.cli.launch_cmd import launch
 from dtrain_cli.cli.plan_cmd import plan
+from dtrain_cli.cli.simulate_cmd import simulate
 from dtrain_cli.cli.recipes_cmd import recipes
 from dtrain_cli.cli.report_cmd import report
 from dtrain_cli.cli.resume_cmd import resume
@@ -53,6 +54,7 @@ app.command(
 )(run)
 app.command(context_settings=OVERRIDE_SETTINGS)(plan)
 app.command(context_settings=OVERRIDE_SETTINGS)(advise)
+app.command(context_settings=OVERRIDE_SETTINGS)(simulate)
 app.command(context_settings=OVERRIDE_SETTINGS)(resume)
 app.command()(recipes)
 app.command()(checkpoints)

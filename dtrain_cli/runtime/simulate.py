@@ -62,6 +62,8 @@ def _agree_on_static_shapes() -> None:
     """A pipeline stage votes with its neighbours (a send/recv) on whether every stage
     knows its shapes; a fake recv returns nothing, so answer as the real ranks would: every
     simulated stage is given its shapes (:func:`.pipeline.stage_io_meta`)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
     from torch.distributed.pipelining.stage import PipelineStage
 
     def yes(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -69,6 +71,35 @@ def _agree_on_static_shapes() -> None:
 
     PipelineStage._warmup_forward_vote = yes  # type: ignore[method-assign]
     PipelineStage._warmup_backward_result = yes  # type: ignore[method-assign]
+    warmup = _PipelineSchedule._warmup_p2p
+
+    def real_warmup(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():  # the vote is read with .item()
+            return warmup(*args, **kwargs)
+
+    _PipelineSchedule._warmup_p2p = real_warmup  # type: ignore[method-assign]
+
+
+def _outside_fake_mode(cls: type) -> None:
+    """Every method of ``cls`` runs on real tensors under ``FakeTensorMode``: DeviceMesh
+    keeps its rank table in tensors (its look-ups have no fake shape), and the data loader
+    reads real samples (they enter the fake step as inputs)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def real(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with unset_fake_temporarily():
+                return fn(*args, **kwargs)
+
+        return call
+
+    for name, attr in list(vars(cls).items()):
+        if isinstance(attr, property) and attr.fget is not None:
+            setattr(cls, name, property(real(attr.fget)))
+        elif isinstance(attr, staticmethod):
+            setattr(cls, name, staticmethod(real(attr.__func__)))
+        elif callable(attr) and not isinstance(attr, type) and name != "__class__":
+            setattr(cls, name, real(attr))
 
 
 def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[str, Any]:
@@ -92,6 +123,12 @@ def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[st
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         mode = FakeTensorMode(allow_non_fake_inputs=True)
+        from torch.distributed.device_mesh import DeviceMesh
+
+        from dtrain_cli.runtime.data.loader import Batches
+
+        for cls in (DeviceMesh, Batches):
+            _outside_fake_mode(cls)
     out: dict[str, Any] = {"rank": rank, "coords": mesh_coordinates(ctx), "compute": compute}
     with mode:
         trainer = Trainer(cfg, plan, ctx, run.path, None)
@@ -114,7 +151,9 @@ def _run_steps(trainer: Any, ctx: DistContext, steps: int) -> dict[str, Any]:
     def measured(batches: Any, step: int) -> torch.Tensor:
         with meter:
             loss = run_step(batches, step)
-        grads.append(sum(tensor_bytes(p.grad) for p in trainer.pm.parameters() if p.grad is not None))
+        grads.append(
+            sum(tensor_bytes(p.grad) for p in trainer.pm.parameters() if p.grad is not None)
+        )
         return loss
 
     trainer.step_fn = measured

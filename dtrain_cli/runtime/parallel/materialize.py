@@ -120,13 +120,17 @@ class _Fresh(TorchDispatchMode):
         return out
 
 
-def deferred_build(spec: Any, seed: int) -> tuple[nn.Module, InitRecord]:
-    """The model with its parameters on the meta device, and how to fill them in."""
+def deferred_build(spec: Any, seed: int, replayable: bool = True) -> tuple[nn.Module, InitRecord]:
+    """The model with its parameters on the meta device, and how to fill them in
+    (``replayable=False``: values do not matter, nothing recorded, no RNG draws)."""
     record = InitRecord()
     _Fresh.storages = set()
+    recording = (_Fresh(), _Recorder(record)) if replayable else ()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        with _parameters_on_meta(record), _Fresh(), _Recorder(record):
+        with _parameters_on_meta(record), contextlib.ExitStack() as stack:
+            for mode in recording:
+                stack.enter_context(mode)
             model = spec.build("cpu")
     _Fresh.storages = set()
     record.by_name = {n: p.untyped_storage()._cdata for n, p in model.named_parameters()}

@@ -65,7 +65,7 @@ def _build(spec: ModelSpec, seed: int, ctx: DistContext, deferred: bool) -> tupl
         return build_model(spec, seed, ctx.device), None
     from dtrain_cli.runtime.parallel.materialize import deferred_build
 
-    return deferred_build(spec, seed)
+    return deferred_build(spec, seed, replayable=not ctx.simulated)
 
 
 def _stage_values(
