@@ -123,7 +123,10 @@ def test_diloco_bad_input() -> None:
     for extra, expected in (
         ("sync.every=0", "sync.every=0: must be >= 1"),
         ("parallel.strategy=fsdp", "sync.mode=diloco: replicas step alone"),
-        ("parallel.nnodes=1:2", "parallel.nnodes=1:2: sync.mode=diloco checkpoints each replica's own optimizer state"),
+        (
+            "parallel.nnodes=1:2",
+            "parallel.nnodes=1:2: sync.mode=diloco checkpoints each replica's own optimizer state",
+        ),
     ):
         assert expected in plan_refusal("sync.mode=diloco", extra)
 

@@ -28,12 +28,12 @@ from dtrain_cli.cli.export_cmd import export
 from dtrain_cli.cli.k8s_cmd import k8s_app
 from dtrain_cli.cli.launch_cmd import launch
 from dtrain_cli.cli.plan_cmd import plan
-from dtrain_cli.cli.simulate_cmd import simulate
 from dtrain_cli.cli.recipes_cmd import recipes
 from dtrain_cli.cli.report_cmd import report
 from dtrain_cli.cli.resume_cmd import resume
 from dtrain_cli.cli.run_cmd import RUN_SETTINGS, run
 from dtrain_cli.cli.sbatch_cmd import sbatch
+from dtrain_cli.cli.simulate_cmd import simulate
 from dtrain_cli.cli.validate_cmd import validate_cluster
 
 OVERRIDE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}

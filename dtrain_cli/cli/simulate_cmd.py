@@ -54,7 +54,7 @@ def simulate(
     if isinstance(runs, str):
         fail([runs])
     docs, points = [], []
-    for label, ovs in runs:
+    for _label, ovs in runs:
         doc = _simulate_one(ovs, config_dir, ranks, steps, compute, out)
         docs.append(doc)
         if not as_json:

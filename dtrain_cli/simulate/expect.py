@@ -79,7 +79,7 @@ def _on_stage(t: TensorShape, plan: Plan, pp_rank: int) -> bool:
     for st in plan.pipeline.stages:
         if st.pp_rank != pp_rank:
             continue
-        if t.where == "first" and st.embeddings or t.where == "last" and st.head:
+        if (t.where == "first" and st.embeddings) or (t.where == "last" and st.head):
             return True
         if isinstance(t.where, int) and st.layers[0] <= t.where < st.layers[1]:
             return True

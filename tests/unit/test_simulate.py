@@ -48,8 +48,15 @@ def test_fsdp_counts_follow_torch_chunk():
     ("args", "says"),
     [
         (["recipe=gpt_tiny", "dp=2", "--ranks", "0,2"], "2 is outside the world (ranks 0..1)"),
-        (["recipe=gpt_tiny", "dp=16384", "parallel.nnodes=2048", "train.global_batch_size=16384"],
-         "simulate runs worlds up to 8,192"),
+        (
+            [
+                "recipe=gpt_tiny",
+                "dp=16384",
+                "parallel.nnodes=2048",
+                "train.global_batch_size=16384",
+            ],
+            "simulate runs worlds up to 8,192",
+        ),
         (["recipe=gpt_tiny", "dp=2", "--compute", "gpu"], "--compute=gpu"),
         (["recipe=gpt_tiny", "dp=2,4", "tp=1,2"], "one key only"),
         (["recipe=gpt_tiny", "pp=8", "dp=1"], "model.n_layer"),
