@@ -32,6 +32,8 @@ PLACEHOLDERS = (
 NOT_RUN = {
     "validate-cluster": "starts ranks for its live check (tests/launch/test_cluster_live.py)",
     "agent": "runs a SLURM job's node (tests/launch/test_slurm.py)",
+    "simulate": "starts a process per simulated rank; the guide's layouts are simulated in "
+    "tests/launch/test_simulate.py",
 }
 SHELL_BLOCKS = ("", "bash", "sh", "shell")
 

@@ -36,3 +36,14 @@ class TinyLM(nn.Module):
         for block in self.blocks:
             h = block(h)
         return self.head(h)
+
+
+class WideOnly(TinyLM):
+    """Builds only in a world of at most 64 ranks (a layout that fails at scale, in start-up)."""
+
+    def __init__(self, **kwargs: int) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_world_size() > 64:
+            raise ValueError(f"width 32 does not divide over {dist.get_world_size()} ranks")
+        super().__init__(**kwargs)

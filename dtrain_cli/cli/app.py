@@ -33,6 +33,7 @@ from dtrain_cli.cli.report_cmd import report
 from dtrain_cli.cli.resume_cmd import resume
 from dtrain_cli.cli.run_cmd import RUN_SETTINGS, run
 from dtrain_cli.cli.sbatch_cmd import sbatch
+from dtrain_cli.cli.simulate_cmd import simulate
 from dtrain_cli.cli.validate_cmd import validate_cluster
 
 OVERRIDE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
@@ -53,6 +54,7 @@ app.command(
 )(run)
 app.command(context_settings=OVERRIDE_SETTINGS)(plan)
 app.command(context_settings=OVERRIDE_SETTINGS)(advise)
+app.command(context_settings=OVERRIDE_SETTINGS)(simulate)
 app.command(context_settings=OVERRIDE_SETTINGS)(resume)
 app.command()(recipes)
 app.command()(checkpoints)

@@ -34,6 +34,7 @@ ENTRIES: dict[str, str] = {
     ),
     "profile/": "torch.profiler traces (debug.profile_steps)",
     "report/": "dtrain report's plots and tables",
+    "simulate/": "dtrain simulate: rank_<k>.json and .log per simulated rank, report.json",
 }
 
 

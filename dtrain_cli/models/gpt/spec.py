@@ -122,6 +122,43 @@ class GPTSpec(ModelSpec):
     def layers_label(self, num_layers: int) -> str:
         return f"model.n_layer={num_layers}"
 
+    def tensor_shapes(self) -> list[Any]:
+        """Every parameter's shape, place and tensor-parallel split (``gpt.net``'s plan: q,
+        k, v, fc and the head column-wise, the projections row-wise, the token embedding
+        over the vocabulary); for ``dtrain simulate``'s exact per-rank counts."""
+        from dtrain_cli.simulate.expect import TensorShape as T
+
+        m = self.cfg
+        d, b = m.n_embd, m.bias
+        out = [T(name="tok_embeddings.weight", shape=(m.vocab_size, d), where="first", tp_dim=0)]
+        out.append(T(name="pos_embeddings.weight", shape=(m.block_size, d), where="first"))
+        norm = ["weight", "bias"] if b else ["weight"]
+        linears = [("attn.q", d, d, 0), ("attn.k", d, d, 0), ("attn.v", d, d, 0)]
+        linears += [("attn.proj", d, d, 1), ("mlp.fc", 4 * d, d, 0), ("mlp.proj", d, 4 * d, 1)]
+        for i in range(m.n_layer):
+            out += [
+                T(name=f"layers.{i}.{n}.{w}", shape=(d,), where=i)
+                for n in ("attn_norm", "mlp_norm")
+                for w in norm
+            ]
+            for name, rows, cols, dim in linears:
+                out.append(
+                    T(name=f"layers.{i}.{name}.weight", shape=(rows, cols), where=i, tp_dim=dim)
+                )
+                if b:
+                    out.append(
+                        T(
+                            name=f"layers.{i}.{name}.bias",
+                            shape=(rows,),
+                            where=i,
+                            tp_dim=0 if dim == 0 else None,
+                        )
+                    )
+        out += [T(name=f"norm.{w}", shape=(d,), where="last") for w in norm]
+        if not m.tie_embeddings:
+            out.append(T(name="lm_head.weight", shape=(m.vocab_size, d), where="last", tp_dim=0))
+        return out
+
     def build(self, device: Any) -> Any:
         from dtrain_cli.models.gpt.net import GPT
 

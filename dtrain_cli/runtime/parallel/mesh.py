@@ -34,6 +34,9 @@ class DistContext:
     """worker | server (sync.mode=param_server: ranks after the mesh, no mesh of their own)."""
     ps: Any = None
     """param_server: the gloo group of workers and servers for point-to-point messages."""
+    simulated: bool = False
+    """``dtrain simulate``: a fake process group; the model is built on the meta device and
+    only this rank's shards are allocated (:mod:`.materialize`)."""
 
     @property
     def dp_rank(self) -> int:

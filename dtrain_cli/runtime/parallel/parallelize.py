@@ -58,6 +58,48 @@ def build_model(spec: ModelSpec, seed: int, device: torch.device) -> nn.Module:
     return model.to(device)
 
 
+def _build(spec: ModelSpec, seed: int, ctx: DistContext, deferred: bool) -> tuple[nn.Module, Any]:
+    """The full model, or (a pipeline stage's launch, a simulation) the model with its
+    parameters on the meta device and the record that fills them in (:mod:`.materialize`)."""
+    if not (deferred or ctx.simulated):
+        return build_model(spec, seed, ctx.device), None
+    from dtrain_cli.runtime.parallel.materialize import deferred_build
+
+    return deferred_build(spec, seed, replayable=not ctx.simulated)
+
+
+def _stage_values(
+    parts: list[nn.Module],
+    record: Any,
+    spec: ModelSpec,
+    seed: int,
+    ctx: DistContext,
+    stage_ids: list[int],
+    plan: Plan,
+) -> list[nn.Module]:
+    """The stage parts with the full model's values, allocating only their own layers; a
+    model whose constructor cannot be replayed is built whole and split, as before."""
+    from dtrain_cli.runtime.parallel.materialize import replay_init
+
+    if replay_init(parts, record, ctx.device):
+        return parts
+    assert plan.pipeline is not None
+    model = build_model(spec, seed, ctx.device)
+    return [spec.pipeline_stage(model, plan.pipeline.stages[s]) for s in stage_ids]
+
+
+def _stage_io(spec: ModelSpec, model: nn.Module, cfg: DtrainConfig, plan: Plan) -> Any:
+    """Every stage's input and output shapes, from the meta model (a simulation)."""
+    from dtrain_cli.runtime.parallel.pipeline import stage_io_meta
+    from dtrain_cli.strategies import strategy_for
+
+    assert plan.pipeline is not None
+    low = plan.precision.autocast_dtype
+    dtype = getattr(torch, low) if low else None
+    sharded = not strategy_for(plan.strategy).plain_replicas
+    return stage_io_meta(spec, model, plan.pipeline, plan.batch.micro_batch_size, dtype, sharded)
+
+
 def apply_compile(model: nn.Module, spec: ModelSpec, cfg: DtrainConfig) -> nn.Module:
     """``torch.compile`` each block the model's spec names (off by default: no gain for tiny
     models on CPU); a model without blocks is compiled whole."""
@@ -74,17 +116,20 @@ def apply_compile(model: nn.Module, spec: ModelSpec, cfg: DtrainConfig) -> nn.Mo
 def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -> ParallelModel:
     """Build the model through its spec (:mod:`dtrain_cli.models`) and apply the layout."""
     spec = model_spec(cfg)
-    model = build_model(spec, cfg.train.seed, ctx.device)
     pipe = plan.pipeline
+    model, record = _build(spec, cfg.train.seed, ctx, deferred=pipe is not None)
     # pipelining (torch._dynamo) and DTensor cost about a second to import: only when used
     if pipe is not None:
-        from dtrain_cli.runtime.parallel.pipeline import build_schedule, stages_of_rank
+        from dtrain_cli.runtime.parallel.pipeline import stages_of_rank
 
         stage_ids = stages_of_rank(pipe, ctx.mesh["pp"].get_local_rank())
+        stage_io = _stage_io(spec, model, cfg, plan) if ctx.simulated else None
         parts: list[nn.Module] = [spec.pipeline_stage(model, pipe.stages[s]) for s in stage_ids]
         del model
+        if record is not None and not ctx.simulated:  # a launch: this stage's values only
+            parts = _stage_values(parts, record, spec, cfg.train.seed, ctx, stage_ids, plan)
     else:
-        stage_ids, parts = [0], [model]
+        stage_ids, parts, stage_io = [0], [model], None
     if ctx.mesh["tp"].size() > 1:
         for part in parts:
             spec.apply_tensor_parallel(part, ctx.mesh["tp"])
@@ -104,6 +149,10 @@ def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -
     schedule = pipe.schedule if pipe is not None else None
     dp = data_parallel_runtime(cfg, ctx)
     parts = [dp.apply(apply_compile(p, spec, cfg), spec, cfg, ctx, schedule) for p in parts]
+    if ctx.simulated:  # this rank's shards, allocated only now
+        from dtrain_cli.runtime.parallel.materialize import allocate_local
+
+        allocate_local(parts, ctx.device)
     pm = ParallelModel(
         parts=parts,
         stage_ids=stage_ids,
@@ -112,7 +161,9 @@ def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -
         data_parallel=dp,
     )
     if pipe is not None:
+        from dtrain_cli.runtime.parallel.pipeline import build_schedule
+
         pm.schedule = build_schedule(
-            parts, stage_ids, pipe, ctx.device, ctx.mesh["pp"].get_group(), loss_fn
+            parts, stage_ids, pipe, ctx.device, ctx.mesh["pp"].get_group(), loss_fn, stage_io
         )
     return pm

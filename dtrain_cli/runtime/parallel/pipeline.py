@@ -35,10 +35,21 @@ def build_schedule(
     device: torch.device,
     pp_group: Any,
     loss_fn: Any,
+    stage_io: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Any:
-    """The schedule object for this rank's stages (``step``/``eval`` on whole batches)."""
+    """The schedule object for this rank's stages (``step``/``eval`` on whole batches).
+    ``stage_io``: each stage's (input, output) as meta tensors, so no stage asks its
+    neighbour for shapes (``dtrain simulate``: a fake process group answers nothing)."""
+    io = stage_io or {}
     stages = [
-        PipelineStage(part, stage_id, pipe.num_stages, device, group=pp_group)
+        PipelineStage(
+            part,
+            stage_id,
+            pipe.num_stages,
+            device,
+            *io.get(stage_id, (None, None)),
+            group=pp_group,
+        )
         for part, stage_id in zip(parts, stage_ids, strict=True)
     ]
     cls = get_schedule_class(SCHEDULES[pipe.schedule])
@@ -47,3 +58,30 @@ def build_schedule(
     # call, which would divide the earlier calls' accumulated gradients again.
     kwargs = {"n_microbatches": pipe.microbatches, "loss_fn": loss_fn, "scale_grads": False}
     return cls(stages[0] if pipe.schedule in SINGLE_STAGE else stages, **kwargs)
+
+
+def stage_io_meta(
+    spec: Any,
+    model: nn.Module,
+    pipe: PipelinePlan,
+    micro_batch: int,
+    dtype: torch.dtype | None,
+    low_params: bool,
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Each stage's (input, output) of one micro-batch, by running the stages of the meta
+    model in order under the step's autocast (``low_params``: FSDP's parameters in
+    ``dtype``, as its mixed-precision policy casts them). Token models only."""
+    import contextlib
+
+    x: torch.Tensor = torch.zeros(micro_batch, spec.block_size, dtype=torch.long, device="meta")
+    io = {}
+    autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+    with autocast:  # with grad: what requires grad decides which gradients flow back
+        for st in sorted(pipe.stages, key=lambda s: s.stage):
+            part = spec.pipeline_stage(model, st)
+            if low_params and dtype is not None:
+                part = part.to(dtype)
+            out = part(x)
+            io[st.stage] = (x, out)
+            x = out.detach().requires_grad_(out.is_floating_point())
+    return io

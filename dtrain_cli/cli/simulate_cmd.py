@@ -1,0 +1,143 @@
+"""``dtrain simulate recipe=gpt_1b dp=64 tp=8 pp=2``: run ranks of a plan here, measured.
+
+dtrain simulate recipe=gpt_1b parallel.strategy=fsdp dp=8,64,512,4096 --ranks 0   # sweep
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, compose_and_plan, console, fail
+
+
+def simulate(
+    overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP),
+    ranks: str = typer.Option(
+        "",
+        "--ranks",
+        help="Ranks to run, e.g. 0,511 (default: rank 0 "
+        "and the first rank of every other pipeline stage).",
+    ),
+    steps: int = typer.Option(
+        2,
+        "--steps",
+        help="Training steps per rank (collectives and activations are measured on the last).",
+    ),
+    compute: str = typer.Option(
+        "auto",
+        "--compute",
+        help="real | fake (shapes only, nothing allocated) | auto (fake for steps too large here).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Folder for the run dirs and the sweep's plot (default: run.root)."
+    ),
+    config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
+) -> None:
+    """Run the real start-up and training steps of chosen ranks of a plan on this machine,
+    on a fake process group; show what each rank holds and sends next to the plan.
+    A comma list on one key (dp=8,64,512) is a sweep: a table per value and a plot.
+
+    Guide: docs/simulate.md
+    """
+    from dtrain_cli.simulate.sweep import split_sweep
+
+    if compute not in ("auto", "real", "fake"):
+        fail([f"--compute={compute}: choose auto, real or fake"])
+    if steps < 1:
+        fail([f"--steps={steps}: must be >= 1"])
+    runs = split_sweep(overrides or [])
+    if isinstance(runs, str):
+        fail([runs])
+    docs, points = [], []
+    for _label, ovs in runs:
+        doc = _simulate_one(ovs, config_dir, ranks, steps, compute, out)
+        docs.append(doc)
+        if not as_json:
+            from dtrain_cli.simulate.report import render
+
+            console.print(render(doc["plan"], doc["ranks"], doc["title"]))
+        points.append(doc)
+    if len(runs) > 1:
+        _sweep_plot(points, out, as_json)
+    if as_json:
+        sys.stdout.write(json.dumps([_public(d) for d in docs], indent=1) + "\n")
+
+
+def _simulate_one(ovs, config_dir, ranks_arg, steps, compute, out) -> dict:
+    from dtrain_cli.cli.launch_cmd import prepare_data
+    from dtrain_cli.launch.rundir import materialize, new_run_dir
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.simulate.expect import MAX_WORLD, coords_of, default_ranks, rank_params
+    from dtrain_cli.simulate.report import compare
+    from dtrain_cli.simulate.run import choose_compute, run_ranks
+
+    cfg, plan = compose_and_plan(ovs, config_dir)
+    if plan.world_size > MAX_WORLD:
+        fail([f"world size {plan.world_size:,}: simulate runs worlds up to {MAX_WORLD:,}"])
+    if plan.sync is not None and plan.sync.servers:
+        fail(["sync.mode=param_server: its servers are not simulated; simulate sync.mode=sync"])
+    ranks = _parse_ranks(ranks_arg, plan.world_size) or default_ranks(plan)
+    prepare_data(cfg)
+    path = new_run_dir(cfg)
+    path = (out / path.name if out else path).with_name(f"{path.name}-simulate")
+    run_dir = materialize(cfg, plan, path)
+    spec = model_spec(cfg)
+    mode = choose_compute(plan, spec.facts().tokens_per_sample, compute)
+    results = run_ranks(run_dir, ranks, steps, mode)
+    layout = " x ".join(
+        f"{n}={s}" for n, s in zip(plan.mesh.dim_names, plan.mesh.shape, strict=True)
+    )
+    bad = [r for r in results if not r.get("ok")]
+    if bad:
+        fail([_rank_error(r, coords_of(plan, r["rank"]), layout, plan) for r in bad])
+    rows = [compare(plan, r, rank_params(spec, plan, r["rank"]).params) for r in results]
+    title = (
+        f"simulate: world {plan.world_size:,} ({layout}, {plan.strategy}), {mode} "
+        f"compute, {steps} step(s); run dir {run_dir}"
+    )
+    doc = {"plan": plan, "ranks": rows, "title": title, "run_dir": str(run_dir)}
+    (run_dir / "simulate" / "report.json").write_text(json.dumps(_public(doc), indent=1))
+    return doc
+
+
+def _rank_error(r: dict, coords: dict, layout: str, plan) -> str:
+    where = ", ".join(f"{k}={v}" for k, v in coords.items())
+    return (
+        f"rank {r['rank']} ({where}) of world {plan.world_size:,} ({layout}, "
+        f"{plan.strategy}) failed: {r['error']}"
+    )
+
+
+def _parse_ranks(text: str, world: int) -> list[int]:
+    if not text:
+        return []
+    try:
+        ranks = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        fail([f"--ranks={text}: not a comma list of ranks (e.g. 0,511)"])
+    if outside := [r for r in ranks if not 0 <= r < world]:
+        fail([f"--ranks={text}: {outside[0]} is outside the world (ranks 0..{world - 1})"])
+    return list(dict.fromkeys(ranks))
+
+
+def _public(doc: dict) -> dict:
+    return {k: v for k, v in doc.items() if k not in ("plan", "title")} | {
+        "world_size": doc["plan"].world_size,
+        "estimates": doc["plan"].to_dict()["estimates"],
+    }
+
+
+def _sweep_plot(docs: list[dict], out: Path | None, quiet: bool) -> None:
+    from dtrain_cli.simulate.report import plot_sweep, sweep_point
+
+    points = [sweep_point(d["plan"], d["ranks"][0]) for d in docs]
+    folder = out or Path(docs[-1]["run_dir"])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = plot_sweep(points, folder / "simulate_sweep.png")
+    if not quiet:
+        console.print(f"sweep plot: {path}", highlight=False)

@@ -1,0 +1,198 @@
+"""One rank of a plan, on this machine: the worker's own start-up and steps on a fake
+process group, measured. ``dtrain simulate`` starts one of these per rank it checks.
+
+    python -m dtrain_cli.runtime.simulate RUN_DIR --rank 511 --steps 2 --out rank_511.json
+
+What runs is what ``launch`` runs on that rank: :class:`.Trainer` (model build through the
+model's spec, :func:`.parallelize`: pipeline stage, tensor parallel, activation
+checkpointing, the strategy's wrapping; optimizers, checkpointer, data) and its
+``train_step``, with two things replaced: the process group is torch's fake backend
+(collectives return at once; their values are meaningless) and the device is the CPU. The
+model is built on the meta device and only this rank's shards are allocated
+(:mod:`.parallel.materialize`). ``--compute fake`` runs the steps under ``FakeTensorMode``
+(shapes only: nothing allocated, no FLOPs) for models too large to compute here.
+Measured (:mod:`.simulate_measure`): parameter, gradient and optimizer-state bytes, the
+activations autograd keeps per micro-batch, every collective of the last step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dtrain_cli.config.compose import config_from_yaml
+from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.runtime.parallel.mesh import DistContext, build_mesh, mesh_coordinates
+from dtrain_cli.runtime.simulate_measure import CommCounter, SavedBytesMeter, tensor_bytes
+
+
+def init_fake(plan: Plan, rank: int) -> DistContext:
+    """The fake process group and the plan's mesh, as :func:`.init_distributed` builds it."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    for key, value in (("RANK", rank), ("WORLD_SIZE", plan.world_size), ("LOCAL_RANK", 0)):
+        os.environ[key] = str(value)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
+    device = torch.device("cpu")
+    return DistContext(
+        rank=rank,
+        world_size=plan.world_size,
+        local_rank=rank % max(plan.nproc_per_node, 1),
+        restart_count=0,
+        device=device,
+        mesh=build_mesh(plan, device),
+        dims=plan.dims,
+        simulated=True,
+    )
+
+
+def _agree_on_static_shapes() -> None:
+    """A pipeline stage votes with its neighbours (a send/recv) on whether every stage
+    knows its shapes; a fake recv returns nothing, so answer as the real ranks would: every
+    simulated stage is given its shapes (:func:`.pipeline.stage_io_meta`)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.distributed.pipelining.schedules import _PipelineSchedule
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    def yes(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.ones(1, dtype=torch.int32, device=self.device)
+
+    PipelineStage._warmup_forward_vote = yes  # type: ignore[method-assign]
+    PipelineStage._warmup_backward_result = yes  # type: ignore[method-assign]
+    warmup = _PipelineSchedule._warmup_p2p
+
+    def real_warmup(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():  # the vote is read with .item()
+            return warmup(*args, **kwargs)
+
+    _PipelineSchedule._warmup_p2p = real_warmup  # type: ignore[method-assign]
+
+
+def _outside_fake_mode(cls: type) -> None:
+    """Every method of ``cls`` runs on real tensors under ``FakeTensorMode``: DeviceMesh
+    keeps its rank table in tensors (its look-ups have no fake shape), and the data loader
+    reads real samples (they enter the fake step as inputs)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    def real(fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            with unset_fake_temporarily():
+                return fn(*args, **kwargs)
+
+        return call
+
+    for name, attr in list(vars(cls).items()):
+        if isinstance(attr, property) and attr.fget is not None:
+            setattr(cls, name, property(real(attr.fget)))
+        elif isinstance(attr, staticmethod):
+            setattr(cls, name, staticmethod(real(attr.__func__)))
+        elif callable(attr) and not isinstance(attr, type) and name != "__class__":
+            setattr(cls, name, real(attr))
+
+
+def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[str, Any]:
+    """Start-up and ``steps`` training steps of ``rank``; what it held and sent."""
+    from dtrain_cli.runtime.trainer import Trainer
+
+    run = RunDir(run_dir)
+    plan = Plan.load(run.plan)
+    plan = replace(plan, device="cpu", backend="fake")
+    cfg = config_from_yaml(run.config)
+    for root in reversed(cfg.run.import_roots):
+        if root not in sys.path:
+            sys.path.insert(0, root)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    ctx = init_fake(plan, rank)
+    _agree_on_static_shapes()
+    fake = compute == "fake"
+    mode: Any = contextlib.nullcontext()
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        from torch.distributed.device_mesh import DeviceMesh
+
+        from dtrain_cli.runtime.data.loader import Batches
+
+        for cls in (DeviceMesh, Batches):
+            _outside_fake_mode(cls)
+    out: dict[str, Any] = {"rank": rank, "coords": mesh_coordinates(ctx), "compute": compute}
+    with mode:
+        trainer = Trainer(cfg, plan, ctx, run.path, None)
+        out["startup_s"] = round(time.perf_counter() - t0, 3)
+        out.update(_run_steps(trainer, ctx, steps))
+    out["params_bytes"] = sum(tensor_bytes(p) for p in trainer.pm.parameters())
+    out["params_count"] = sum(tensor_bytes(p, count=True) for p in trainer.pm.parameters())
+    out["optimizer_bytes"] = trainer.optimizers.state_bytes()
+    out["wall_s"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def _run_steps(trainer: Any, ctx: DistContext, steps: int) -> dict[str, Any]:
+    """The trainer's own ``train_step``; gradients and activations measured around its
+    step runner, collectives counted over the last step."""
+    grads: list[int] = []
+    meter = SavedBytesMeter()
+    run_step = trainer.step_fn
+
+    def measured(batches: Any, step: int) -> torch.Tensor:
+        with meter:
+            loss = run_step(batches, step)
+        grads.append(
+            sum(tensor_bytes(p.grad) for p in trainer.pm.parameters() if p.grad is not None)
+        )
+        return loss
+
+    trainer.step_fn = measured
+    counter = CommCounter(ctx)
+    for k in range(steps):
+        with counter if k == steps - 1 else contextlib.nullcontext():
+            trainer.train_step(want_norm=False)
+        trainer.step += 1
+    plan = trainer.plan
+    micro = plan.batch.grad_accum if plan.pipeline is None else plan.pipeline.microbatches
+    calls = 1 if plan.pipeline is None else plan.pipeline.calls_per_step
+    return {
+        "steps": steps,
+        "grads_bytes": max(grads, default=0),
+        "activation_bytes": meter.peak_step_bytes // max(micro * calls, 1),
+        "collectives": counter.rows(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dtrain_cli.runtime.simulate")
+    ap.add_argument("run_dir")
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--compute", choices=("real", "fake"), default="real")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    try:
+        result = simulate_rank(Path(args.run_dir), args.rank, args.steps, args.compute)
+        result["ok"] = True
+    except Exception as exc:  # the one line the CLI shows, the traceback kept beside it
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
+        result = {"rank": args.rank, "ok": False, "error": line}
+        result["traceback"] = traceback.format_exc()
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

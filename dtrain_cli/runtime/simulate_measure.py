@@ -1,0 +1,134 @@
+"""What a simulated rank holds and sends (:mod:`.simulate`): storage accounting, no allocator.
+
+    python -m dtrain_cli.runtime.simulate RUN_DIR --rank 0 --out rank_0.json
+
+- :func:`tensor_bytes`: this rank's bytes of a tensor (a DTensor's local shard).
+- :class:`SavedBytesMeter`: every storage autograd saves for backward during a step, each
+  once, parameters left out (``saved_tensors_hooks``, as the plan's activation estimate
+  counts them).
+- :class:`CommCounter`: every collective of the process-group API and of DTensor's
+  functional collectives (a dispatch mode on the ``c10d`` ops), by op and mesh axis, with
+  the bytes a ring moves per rank for it: 2 (n-1)/n x buffer for an all-reduce, (n-1)/n x
+  the whole buffer for an all-gather or reduce-scatter, the buffer for a broadcast or send.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dtrain_cli.runtime.parallel.dtensors import local_tensor
+from dtrain_cli.runtime.parallel.mesh import DistContext
+
+
+def tensor_bytes(t: torch.Tensor, count: bool = False) -> int:
+    """Bytes (or elements, ``count``) this rank holds of ``t``."""
+    local = local_tensor(t)
+    return local.numel() * (1 if count else local.element_size())
+
+
+class SavedBytesMeter:
+    """Bytes of the storages autograd keeps for backward, summed over the steps it wraps
+    (``peak_step_bytes``: the largest step)."""
+
+    def __init__(self) -> None:
+        self.peak_step_bytes = 0
+        self._seen: dict[int, int] = {}
+        self._hooks: Any = None
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if not (t.is_leaf and t.requires_grad):  # a parameter is no activation
+            try:
+                st = t.untyped_storage()
+                self._seen.setdefault(st._cdata, st.nbytes())
+            except (RuntimeError, NotImplementedError):  # a tensor subclass without storage
+                self._seen.setdefault(id(t), t.numel() * t.element_size())
+        return t
+
+    def __enter__(self) -> SavedBytesMeter:
+        self._seen = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._hooks.__exit__(*exc)
+        self.peak_step_bytes = max(self.peak_step_bytes, sum(self._seen.values()))
+
+
+_GATHER = ("allgather", "all_gather", "reduce_scatter")
+_REDUCE = ("allreduce", "all_reduce")
+_OPS = (*_GATHER, *_REDUCE, "broadcast", "send", "recv", "alltoall", "all_to_all", "scatter")
+
+
+def _tensors(x: Any) -> list[torch.Tensor]:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (list, tuple)):
+        return [t for item in x for t in _tensors(item)]
+    return []
+
+
+def _nbytes(ts: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+class CommCounter(TorchDispatchMode):
+    """Counts the collectives dispatched while active (``rows()``)."""
+
+    def __init__(self, ctx: DistContext) -> None:
+        super().__init__()
+        self.calls: dict[tuple[str, str], list[int]] = {}
+        self.axes: dict[str, str] = {}
+        for name in ctx.mesh.mesh_dim_names or ():
+            group = ctx.mesh[name].get_group()
+            self.axes.setdefault(group.group_name, name)
+        world = dist.group.WORLD
+        if world is not None:
+            self.axes.setdefault(world.group_name, "world")
+
+    def _group(self, args: tuple, kwargs: dict) -> tuple[str, int]:
+        from torch.distributed.distributed_c10d import _resolve_process_group
+
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, str) and a in self.axes:
+                return self.axes[a], _resolve_process_group(a).size()
+            if isinstance(a, torch.ScriptObject):
+                a = dist.ProcessGroup.unbox(a)
+            if isinstance(a, dist.ProcessGroup):
+                return self.axes.get(a.group_name, a.group_name), a.size()
+        return "?", 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: Any = None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.namespace not in ("c10d", "_c10d_functional"):
+            return out
+        op = func._schema.name.split("::")[-1].strip("_")
+        if not any(k in op for k in _OPS):
+            return out
+        axis, n = self._group(args, kwargs)
+        sides = [_nbytes(_tensors(a)) for a in args[:2]] + [_nbytes(_tensors(out))]
+        buffer = max(sides)
+        if any(k in op for k in _REDUCE):
+            sent = 2 * (n - 1) * buffer // max(n, 1)
+        elif any(k in op for k in _GATHER):
+            sent = (n - 1) * buffer // max(n, 1)
+        elif "recv" in op:
+            sent = 0
+        else:
+            sent = buffer
+        row = self.calls.setdefault((op, axis), [0, 0, n])
+        row[0] += 1
+        row[1] += sent
+        return out
+
+    def rows(self) -> list[dict[str, Any]]:
+        """``{op, axis, group_size, count, bytes_sent}`` per (op, axis)."""
+        return [
+            {"op": op, "axis": axis, "group_size": n, "count": c, "bytes_sent": b}
+            for (op, axis), (c, b, n) in sorted(self.calls.items())
+        ]

@@ -1,0 +1,113 @@
+"""What one rank of a plan holds, counted exactly from the model's tensor shapes. Torch-free
+for the built-in GPT; other kinds give their shapes from a meta build (as their plan does).
+
+    dtrain simulate recipe=gpt_1b dp=64 tp=8 pp=2      # measured vs these counts, per rank
+
+A tensor is on a rank's pipeline stage by where it sits (embeddings, layer i, head); tensor
+parallel divides its split dimension by tp (a kind that does not name it leaves the count
+approximate under tp); a strategy that shards parameters (fsdp, hsdp) gives each rank its
+``torch.chunk`` of dimension 0 over the shard group, as FSDP2 does.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from dtrain_cli.plan.plan import Plan
+from dtrain_cli.strategies import strategy_for
+
+MAX_WORLD = 8192
+"""The largest world a simulation builds (its mesh tables grow with it)."""
+
+
+@dataclass(kw_only=True)
+class TensorShape:
+    name: str
+    shape: tuple[int, ...]
+    where: str | int
+    """``first`` (embeddings), ``last`` (final norm, head) or the block index."""
+    tp_dim: int | None = None
+    """The dimension tensor parallel splits (None: replicated under tp, or not known)."""
+
+
+@dataclass(kw_only=True)
+class RankCount:
+    params: int
+    exact: bool
+    """False when tp > 1 and the model's kind does not say how tp splits each tensor."""
+
+
+def coords_of(plan: Plan, rank: int) -> dict[str, int]:
+    """The rank's coordinate on each mesh axis (row-major over ``plan.mesh``)."""
+    out, rest = {}, rank
+    for name, size in reversed(list(zip(plan.mesh.dim_names, plan.mesh.shape, strict=True))):
+        out[name] = rest % size
+        rest //= size
+    return dict(reversed(list(out.items())))
+
+
+def default_ranks(plan: Plan) -> list[int]:
+    """Rank 0 and the first rank of every other pipeline stage."""
+    per_stage = plan.world_size // max(plan.dims.pp, 1)
+    return [pp * per_stage for pp in range(max(plan.dims.pp, 1))]
+
+
+def tensor_shapes(spec: Any) -> tuple[list[TensorShape], bool]:
+    """(shapes, whether tp dims are known): the kind's own, else from a meta build."""
+    own = getattr(spec, "tensor_shapes", None)
+    if own is not None:
+        return own(), True
+    import torch  # a meta build, as the kind's own plan does
+
+    with torch.device("meta"):
+        model = spec.build("meta")
+    out, seen_block = [], False
+    for name, p in model.named_parameters():
+        m = re.search(r"\.(\d+)\.", name)
+        seen_block = seen_block or m is not None
+        where: str | int = int(m.group(1)) if m else ("last" if seen_block else "first")
+        out.append(TensorShape(name=name, shape=tuple(p.shape), where=where))
+    return out, False
+
+
+def _on_stage(t: TensorShape, plan: Plan, pp_rank: int) -> bool:
+    if plan.pipeline is None:
+        return True
+    for st in plan.pipeline.stages:
+        if st.pp_rank != pp_rank:
+            continue
+        if (t.where == "first" and st.embeddings) or (t.where == "last" and st.head):
+            return True
+        if isinstance(t.where, int) and st.layers[0] <= t.where < st.layers[1]:
+            return True
+    return False
+
+
+def _chunk_rows(rows: int, n: int, i: int) -> int:
+    """Rows of ``torch.chunk(rows, n)[i]`` (0 past the last chunk)."""
+    size = math.ceil(rows / n) if rows else 0
+    return max(0, min(size, rows - i * size))
+
+
+def rank_params(spec: Any, plan: Plan, rank: int) -> RankCount:
+    """Parameters ``rank`` holds under ``plan`` (its stage, tp shard and dp shard)."""
+    shapes, tp_known = tensor_shapes(spec)
+    c = coords_of(plan, rank)
+    tp = plan.dims.tp
+    strategy = strategy_for(plan.strategy)
+    shard_n = plan.dims.dp // max(plan.mesh.dp_replicate, 1) if strategy.shards_params else 1
+    shard_i = c.get("dp", 0) % shard_n
+    total = 0
+    for t in shapes:
+        if not _on_stage(t, plan, c.get("pp", 0)):
+            continue
+        shape = list(t.shape)
+        if tp > 1 and t.tp_dim is not None:
+            shape[t.tp_dim] //= tp
+        if shard_n > 1 and shape:
+            shape[0] = _chunk_rows(shape[0], shard_n, shard_i)
+        total += math.prod(shape)
+    return RankCount(params=total, exact=tp_known or tp == 1)

@@ -1,0 +1,109 @@
+"""A simulation's results next to the plan: rows, the rich table, the sweep's plot. Torch-free.
+
+    dtrain simulate recipe=gpt_1b dp=64 tp=8 pp=2 --json
+
+Each rank's measured bytes (parameters, gradients, optimizer state, activations kept per
+micro-batch, bytes it sent over dp in one step) beside the plan's estimate (made for the
+rank holding the most) and, for parameters, the exact count of this rank's shard
+(:mod:`.expect`); ratio = measured / estimate.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from dtrain_cli.plan.plan import Plan
+
+MIB = 1024**2
+
+
+def compare(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, Any]:
+    """One rank's measured / planned figures (what ``--json`` prints per rank)."""
+    est = plan.estimates
+    dp_sent = sum(c["bytes_sent"] for c in result["collectives"] if c["axis"] == "dp")
+    pairs = {
+        "params": (result["params_bytes"], est.bytes_params),
+        "grads": (result["grads_bytes"], est.bytes_grads),
+        "optimizer": (result["optimizer_bytes"], est.bytes_optimizer),
+        "activations": (result["activation_bytes"], est.bytes_activations),
+        "dp_bytes_per_step": (dp_sent, est.comm_bytes_per_step),
+    }
+    rows = {
+        k: {"measured": m, "estimate": e, "ratio": round(m / e, 3) if e else None}
+        for k, (m, e) in pairs.items()
+    }
+    rows["params"]["exact"] = 4 * exact_params
+    return {
+        "rank": result["rank"],
+        "coords": result["coords"],
+        "compute": result["compute"],
+        "params_count": result["params_count"],
+        "params_count_exact": exact_params,
+        "wall_s": result["wall_s"],
+        "bytes": rows,
+        "collectives": result["collectives"],
+    }
+
+
+def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:
+    """The rich table: one block of rows per rank."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in ("rank (pp,dp,tp)", "what", "measured", "plan", "ratio", "note"):
+        table.add_column(col, justify="right" if col in ("measured", "plan", "ratio") else "left")
+    for r in ranks:
+        c = r["coords"]
+        who = f"{r['rank']} ({c.get('pp', 0)},{c.get('dp', 0)},{c.get('tp', 0)})"
+        for what, row in r["bytes"].items():
+            note = ""
+            if what == "params":
+                same = r["params_count"] == r["params_count_exact"]
+                note = f"{r['params_count']:,} params; shard {'=' if same else '!='} exact count"
+            ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+            table.add_row(who, what, _mib(row["measured"]), _mib(row["estimate"]), ratio, note)
+            who = ""
+        ops = ", ".join(f"{x['op']}[{x['axis']}] x{x['count']}" for x in r["collectives"])
+        table.add_row("", "collectives", "", "", "", ops or "none", end_section=True)
+    return table
+
+
+def _mib(n: int | float) -> str:
+    return f"{n / MIB:,.1f} MiB"
+
+
+def plot_sweep(points: list[dict[str, Any]], out: Path) -> Path:
+    """Per-rank memory and bytes sent per step against world size (measured and plan)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    worlds = [p["world_size"] for p in points]
+    for key, label in (("memory", "memory per rank"), ("dp_bytes", "dp bytes per step")):
+        ax = ax1 if key == "memory" else ax2
+        ax.plot(worlds, [p[f"{key}_measured"] / MIB for p in points], "o-", label="measured")
+        ax.plot(worlds, [p[f"{key}_estimate"] / MIB for p in points], "s--", label="plan")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("world size")
+        ax.set_ylabel(f"{label} (MiB)")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def sweep_point(plan: Plan, rank: dict[str, Any]) -> dict[str, Any]:
+    """A sweep's figures for one world size (rank 0's memory without activations)."""
+    b = rank["bytes"]
+    held = ("params", "grads", "optimizer")
+    return {
+        "world_size": plan.world_size,
+        "memory_measured": sum(b[k]["measured"] for k in held),
+        "memory_estimate": sum(b[k]["estimate"] for k in held),
+        "dp_bytes_measured": b["dp_bytes_per_step"]["measured"],
+        "dp_bytes_estimate": b["dp_bytes_per_step"]["estimate"],
+    }

@@ -1,0 +1,78 @@
+"""dtrain simulate end to end: each simulated rank is a subprocess on the fake backend."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import REPO, run_dtrain
+
+pytestmark = pytest.mark.multiproc
+
+
+def _simulate(tmp_path, *args: str, timeout: float = 240) -> list[dict]:
+    run = run_dtrain(["simulate", *args, "--json"], tmp_path, timeout=timeout)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout)
+
+
+def test_gpt_1b_world_1024_rank_holds_its_exact_shard(tmp_path):
+    (doc,) = _simulate(
+        tmp_path, "recipe=gpt_1b", "dp=64", "tp=8", "pp=2", "parallel.nnodes=128", "--ranks", "0"
+    )
+    (rank,) = doc["ranks"]
+    assert doc["world_size"] == 1024 and rank["compute"] == "fake"
+    assert rank["params_count"] == rank["params_count_exact"] == 92_738_560
+    assert rank["bytes"]["params"]["measured"] == rank["bytes"]["params"]["exact"]
+    ops = {(c["op"], c["axis"]) for c in rank["collectives"]}
+    assert ("allreduce", "dp") in ops and ("send", "pp") in ops and ("all_reduce", "tp") in ops
+
+
+def test_llama_tiny_hf_world_512_fsdp(tmp_path):
+    (doc,) = _simulate(
+        tmp_path,
+        "recipe=llama_tiny_hf",
+        "dp=512",
+        "parallel.nnodes=64",
+        "parallel.nproc_per_node=8",
+        "parallel.strategy=fsdp",
+        "train.global_batch_size=512",
+        "--ranks",
+        "0,511",
+        "--steps",
+        "1",
+    )
+    for rank in doc["ranks"]:
+        assert rank["params_count"] == rank["params_count_exact"]
+    assert doc["ranks"][0]["params_count"] > doc["ranks"][1]["params_count"]  # uneven chunks
+
+
+def test_fsdp_collective_counts(tmp_path):
+    """FSDP over dp=128 with k=4 wrapped blocks and the root: k+1 all-gathers in forward,
+    k+1 again in backward (parameters resharded after forward), k+1 reduce-scatters."""
+    (doc,) = _simulate(
+        tmp_path,
+        "recipe=gpt_tiny",
+        "dp=128",
+        "parallel.strategy=fsdp",
+        "parallel.nnodes=16",
+        "train.global_batch_size=128",
+        "--ranks",
+        "5",
+    )
+    counts = {(c["op"], c["axis"]): c["count"] for c in doc["ranks"][0]["collectives"]}
+    k = 4
+    assert counts == {("allgather_base", "dp"): 2 * (k + 1), ("reduce_scatter_base", "dp"): k + 1}
+
+
+def test_layout_failing_at_scale_names_the_rank(tmp_path):
+    model = ["model=custom", "model._target_=own_targets.WideOnly", "model.block_size=32"]
+    args = [*model, "dp=128", "parallel.nnodes=16", "train.global_batch_size=128"]
+    env = {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}
+    run = run_dtrain(["simulate", *args, "--ranks", "0"], tmp_path, timeout=180, env=env)
+    assert run.returncode == 2, run.stdout + run.stderr
+    lines = [x for x in run.stderr.splitlines() if x.strip()]
+    assert "rank 0 (pp=0, dp=0, tp=0) of world 128" in run.stderr
+    assert "does not divide over 128 ranks" in run.stderr
+    assert "Traceback" not in run.stderr and len(lines) <= 3

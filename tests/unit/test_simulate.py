@@ -1,0 +1,101 @@
+"""dtrain simulate, no process started: sweeps, exact per-rank counts, bad input, and the
+pipeline start-up that allocates only its own stage (storage accounting)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from dtrain_cli.cli.app import app
+from dtrain_cli.cli.common import compose_and_plan
+from dtrain_cli.models import model_spec
+from dtrain_cli.simulate.expect import coords_of, default_ranks, rank_params
+from dtrain_cli.simulate.sweep import split_sweep
+
+GPT_1B_1024 = ["recipe=gpt_1b", "dp=64", "tp=8", "pp=2", "parallel.nnodes=128"]
+
+
+def test_sweep_splits_one_key():
+    runs = split_sweep(["recipe=gpt_1b", "dp=8,64", "parallel.strategy=fsdp"])
+    assert [label for label, _ in runs] == ["dp=8", "dp=64"]
+    assert runs[1][1] == ["recipe=gpt_1b", "dp=64", "parallel.strategy=fsdp"]
+    assert "one key only" in split_sweep(["dp=8,64", "tp=1,2"])
+    assert split_sweep(["dp=8"]) == [("", ["dp=8"])]
+
+
+def test_gpt_1b_rank_counts_are_exact():
+    cfg, plan = compose_and_plan(GPT_1B_1024, [])
+    spec = model_spec(cfg)
+    assert sum(math.prod(t.shape) for t in spec.tensor_shapes()) == spec.facts().num_params
+    assert default_ranks(plan) == [0, 512]
+    assert coords_of(plan, 1023) == {"pp": 1, "dp": 63, "tp": 7}
+    stage0 = plan.pipeline.stages[0].params
+    replicated = 2048 * 2048 + 12 * (4 * 2048 + 2 * 2048)  # pos. embedding, norms, row biases
+    assert rank_params(spec, plan, 0).params == (stage0 - replicated) // 8 + replicated
+
+
+def test_fsdp_counts_follow_torch_chunk():
+    overrides = ["recipe=gpt_tiny", "dp=128", "parallel.strategy=fsdp", "parallel.nnodes=16"]
+    cfg, plan = compose_and_plan([*overrides, "train.global_batch_size=128"], [])
+    spec = model_spec(cfg)
+    counts = [rank_params(spec, plan, r).params for r in range(128)]
+    assert sum(counts) == spec.facts().num_params  # every row on exactly one rank
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["recipe=gpt_tiny", "dp=2", "--ranks", "0,2"], "2 is outside the world (ranks 0..1)"),
+        (
+            [
+                "recipe=gpt_tiny",
+                "dp=16384",
+                "parallel.nnodes=2048",
+                "train.global_batch_size=16384",
+            ],
+            "simulate runs worlds up to 8,192",
+        ),
+        (["recipe=gpt_tiny", "dp=2", "--compute", "gpu"], "--compute=gpu"),
+        (["recipe=gpt_tiny", "dp=2,4", "tp=1,2"], "one key only"),
+        (["recipe=gpt_tiny", "pp=8", "dp=1"], "model.n_layer"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, says, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["simulate", *args])
+    assert result.exit_code == 2, result.output
+    assert says in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_pipeline_stage_start_up_allocates_only_its_stage():
+    """A pp=2 launch builds on the meta device and replays the full build's init on its own
+    layers: the same values as the full model, and the bytes allocated (storage accounting
+    of everything created) stay near half the model's."""
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from dtrain_cli.runtime.parallel.materialize import deferred_build, replay_init
+    from dtrain_cli.runtime.parallel.parallelize import build_model
+
+    cfg, plan = compose_and_plan(["recipe=gpt_tiny", "pp=2", "dp=1", "model.vocab_size=4096"], [])
+    spec = model_spec(cfg)
+    full = build_model(spec, 7, torch.device("cpu"))
+    full_bytes = sum(p.numel() * 4 for p in full.parameters())
+    stage = plan.pipeline.stages[0]
+    with MemTracker() as tracker:
+        model, record = deferred_build(spec, 7)
+        part = spec.pipeline_stage(model, stage)
+        del model
+        assert replay_init([part], record, torch.device("cpu"))
+        peak = sum(tracker.get_tracker_snapshot("peak")[torch.device("cpu")].values()) // 2
+    want = spec.pipeline_stage(full, stage).state_dict()
+    got = part.state_dict()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    held = sum(p.numel() * 4 for p in part.parameters())
+    assert held < 0.6 * full_bytes
+    # peak: the stage, plus one scratch tensor at a time (the largest: the embedding)
+    assert peak < held + 4096 * 128 * 4 * 2 + 2**20, (peak, held, full_bytes)
