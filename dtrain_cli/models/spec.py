@@ -41,6 +41,19 @@ class StageSpan(Protocol):
 
 
 @dataclass(kw_only=True)
+class TensorShape:
+    """One parameter as a model kind describes it without building it (``dtrain simulate``'s
+    exact per-rank counts)."""
+
+    name: str
+    shape: tuple[int, ...]
+    where: str | int
+    """``first`` (embeddings), ``last`` (final norm, head) or the block index."""
+    tp_dim: int | None = None
+    """The dimension tensor parallel splits (None: replicated under tp, or not known)."""
+
+
+@dataclass(kw_only=True)
 class ModelFacts:
     """What the plan computes with. Counts are of the model the runtime builds."""
 

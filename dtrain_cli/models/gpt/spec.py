@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.models.gpt.config import LIMITS, POSITIVE, GPTConfig
-from dtrain_cli.models.spec import ModelFacts, ModelSpec
+from dtrain_cli.models.spec import ModelFacts, ModelSpec, TensorShape
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
@@ -122,12 +122,11 @@ class GPTSpec(ModelSpec):
     def layers_label(self, num_layers: int) -> str:
         return f"model.n_layer={num_layers}"
 
-    def tensor_shapes(self) -> list[Any]:
+    def tensor_shapes(self) -> list[TensorShape]:
         """Every parameter's shape, place and tensor-parallel split (``gpt.net``'s plan: q,
         k, v, fc and the head column-wise, the projections row-wise, the token embedding
         over the vocabulary); for ``dtrain simulate``'s exact per-rank counts."""
-        from dtrain_cli.simulate.expect import TensorShape as T
-
+        T = TensorShape
         m = self.cfg
         d, b = m.n_embd, m.bias
         out = [T(name="tok_embeddings.weight", shape=(m.vocab_size, d), where="first", tp_dim=0)]
