@@ -89,3 +89,27 @@ def test_a_problem_is_never_recorded_and_without_transformers_one_line(cache, mo
     with pytest.raises(ConfigError) as err:
         hf.facts()
     assert err.value.problems == [MISSING]
+
+
+def test_a_local_folder_s_record_follows_its_config_json(cache, tmp_path):
+    import transformers
+
+    folder = tmp_path / "my-llama"
+    conf = transformers.AutoConfig.for_model(
+        "llama", num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=256
+    )
+    conf.save_pretrained(folder)
+    options = {"model_type": None, "pretrained": str(folder), "config": {}, "attn": "sdpa"}
+    before = facts_cache.facts_key(options)
+    facts_cache._key.cache_clear()
+    assert facts_cache.facts_key(options) == before
+    conf.num_hidden_layers = 3
+    conf.save_pretrained(folder)
+    facts_cache._key.cache_clear()
+    assert facts_cache.facts_key(options) not in (before, None)
+    cfg = compose_config(
+        "gpt_tiny", ["model=hf", f"model.pretrained={folder}", "model.block_size=64"]
+    )
+    assert model_spec(cfg).facts().num_layers == 3 and len(records(cache)) == 1
+    spec._RECORDS.clear()
+    assert model_spec(cfg)._known()["meta"]["num_layers"] == 3
