@@ -8,7 +8,7 @@ A record is what the launcher reads of the transformers config and of the meta-d
 (:func:`.net.meta_counts`): the model type, vocabulary, tied embeddings and the counts. Its
 key is everything they depend on: the model options (type, config keywords, local folder's
 ``config.json`` bytes, attention kernel), the installed transformers and torch versions
-(package metadata, no import) and the source of :mod:`.net`, which computes the counts; a
+(package metadata, no import) and the source of the code that computes the counts; a
 change to any of them is a new key. Only a config that passed every check is recorded, so a
 hit skips the checks that need transformers too. Reading or writing the cache never fails a
 run: an unreadable record or folder is a miss, a write that fails is skipped.
@@ -31,7 +31,8 @@ from dtrain_cli.rundir import env
 FOLDER = "hf-facts"
 FORMAT = 1
 """The record's layout; raise it when the record's fields change."""
-_NET_SOURCE = Path(__file__).with_name("net.py")
+_COUNTING_CODE = (Path(__file__).with_name("net.py"), Path(__file__).parent.parent / "units.py")
+"""What computes the counts (:func:`.net.meta_counts` and the layer lists it reads)."""
 
 
 def cache_root(run: Any) -> Path:
@@ -60,7 +61,7 @@ def _key(options_json: str) -> str | None:
     options = json.loads(options_json)
     try:
         versions = [importlib.metadata.version(p) for p in ("transformers", "torch")]
-        net = hashlib.sha256(_NET_SOURCE.read_bytes()).hexdigest()
+        net = hashlib.sha256(b"".join(p.read_bytes() for p in _COUNTING_CODE)).hexdigest()
         pretrained = options.get("pretrained")
         saved = ""
         if pretrained:
