@@ -10,7 +10,6 @@ import json
 import os
 import platform
 import sys
-from importlib import metadata
 from typing import Any
 
 import typer
@@ -42,6 +41,8 @@ ENV_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK
 
 
 def _version(name: str) -> str | None:
+    from importlib import metadata  # here, not at import: `dtrain --help` lists this command
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import click
 import typer
 from rich.markup import escape
 from typer.core import TyperGroup
@@ -45,7 +44,7 @@ class OverridesGoToJob(TyperGroup):
     """``dtrain k8s OVERRIDES`` is ``dtrain k8s job OVERRIDES``: anything that is not a
     subcommand's name (or --help) goes to ``job``."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
             args = ["job", *args]
         return super().parse_args(ctx, args)

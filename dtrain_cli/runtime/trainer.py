@@ -185,9 +185,8 @@ class Trainer:
                     self.metrics.log(self.step, {"val_loss": self.validator.validate()}, "val")
                     self.metrics.restart_clock()  # keep validation out of tokens/s
                 asked = votes is not None and (votes.save or votes.stop)  # a logging-step vote
-                with self.watchdog.paused():  # a slow save is no hang
-                    saved = self.checkpointer.maybe_save(self.step, self.meta(), asked)
-                if saved:
+                # a slow save is no hang: the watchdog pauses while it runs
+                if self.checkpointer.maybe_save(self.step, self.meta, asked, self.watchdog.paused):
                     self.metrics.restart_clock()
                 if votes is not None and votes.stop:
                     return self.preempted()

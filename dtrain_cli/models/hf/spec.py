@@ -11,13 +11,13 @@ The model is built with ``AutoModelForCausalLM.from_config`` from ``model.model_
 comes from the model itself, as accelerate and torchtitan read it: ``_no_split_modules``
 (FSDP units), ``base_model_tp_plan`` + ``_tp_plan`` (tensor parallel), ``tie_word_embeddings``.
 The plan's counts come from a meta-device build (a torch and transformers import, about
-5 s, cached per spec). Importing this module imports neither; the torch side is
-:mod:`.net`.
+5 s), recorded per model config in the data cache (:mod:`.facts_cache`): a launch of a config
+seen before reads the record and imports neither. Importing this module imports neither;
+the torch side is :mod:`.net`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -25,14 +25,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.errors import ConfigError
+from dtrain_cli.models.hf.facts_cache import cache_root, facts_key, load, store
 from dtrain_cli.models.hf.library import transformers_module
+from dtrain_cli.models.hf.tp_checks import tp_problems
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
 
-_META_COUNTS: dict[str, dict[str, Any]] = {}
-"""Meta-build counts by model config (see :attr:`HFSpec._meta`)."""
+_RECORDS: dict[str, dict[str, Any]] = {}
+"""The plan's records by :func:`.facts_cache.facts_key`, once per process (``dtrain advise``
+plans dozens of layouts of one model; each would build it again)."""
 
 PIPELINE_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
 """Decoder-only families laid out embed -> layers -> norm -> head (:mod:`.net` splits them)."""
@@ -107,6 +110,8 @@ class HFSpec(ModelSpec):
                 "model.model_type: unset; name a transformers model type "
                 "(e.g. llama, gpt2, qwen2) or set model.pretrained=DIR",
             ]
+        if self._known() is not None:  # recorded only once these checks had passed
+            return out
         tf = transformers_module()
         from transformers.models.auto.configuration_auto import CONFIG_MAPPING
         from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -158,14 +163,19 @@ class HFSpec(ModelSpec):
 
     @property
     def model_type(self) -> str:
-        return str(self.hf_config.model_type)
+        known = self._known()
+        return known["model_type"] if known else str(self.hf_config.model_type)
 
     @property
     def vocab_size(self) -> int | None:
-        return int(self.hf_config.vocab_size)
+        known = self._known()
+        return known["vocab_size"] if known else int(self.hf_config.vocab_size)
 
     @property
     def tied(self) -> bool:
+        known = self._known()
+        if known:
+            return bool(known["tied"])
         return bool(getattr(self.hf_config, "tie_word_embeddings", False))
 
     def default_loss(self) -> str:
@@ -182,20 +192,44 @@ class HFSpec(ModelSpec):
 
     # -- plan ----------------------------------------------------------------------------------
     @cached_property
+    def _key(self) -> str | None:
+        m = self.cfg
+        options = {"model_type": m.model_type, "pretrained": m.pretrained, "config": m.config}
+        return facts_key({**options, "attn": m.attn_implementation})
+
+    def _known(self) -> dict[str, Any] | None:
+        """The plan's record when this process or the data cache has it; never computes."""
+        key = self._key
+        if key is None:
+            return None
+        if key not in _RECORDS:
+            record = load(cache_root(self.run), key)
+            if record is None:
+                return None
+            _RECORDS[key] = record
+        return _RECORDS[key]
+
+    @property
     def _meta(self) -> dict[str, Any]:
-        """The meta build's counts, once per model config in this process (``dtrain advise``
-        plans dozens of layouts of one model; each would build it again)."""
+        """The meta build's counts: the record's, or a build (then recorded; a spec made
+        without a run config, as tests make them, keeps it in this process only)."""
+        known = self._known()
+        if known is not None:
+            return known["meta"]
         from dtrain_cli.models.hf.net import meta_counts
 
-        m = self.cfg
-        key = json.dumps(
-            [m.model_type, m.pretrained, m.config, m.attn_implementation, m.block_size],
-            sort_keys=True,
-            default=str,
-        )
-        if key not in _META_COUNTS:
-            _META_COUNTS[key] = meta_counts(self)
-        return _META_COUNTS[key]
+        conf = self.hf_config
+        record = {
+            "model_type": str(conf.model_type),
+            "vocab_size": int(conf.vocab_size),
+            "tied": bool(getattr(conf, "tie_word_embeddings", False)),
+            "meta": meta_counts(self),
+        }
+        if self._key is not None:
+            _RECORDS[self._key] = record
+            if self.run is not None:
+                store(cache_root(self.run), self._key, record)
+        return record["meta"]
 
     def facts(self) -> ModelFacts:
         c = self._meta
@@ -245,7 +279,7 @@ class HFSpec(ModelSpec):
                 f"max_position_embeddings={c['max_positions']}"
             )
         if par.tp > 1:
-            out += self._tp_problems(par.tp, c)
+            out += tp_problems(par.tp, self.model_type, c)
         if par.pp > 1 and self.model_type not in PIPELINE_FAMILIES:
             out.append(
                 f"parallel.pp={par.pp}: model.model_type={self.model_type} has no pipeline split "
@@ -259,37 +293,6 @@ class HFSpec(ModelSpec):
         if cfg.data.source == "shapes":
             out.append("data.source=shapes: images need an image model (e.g. recipe=cnn_bn)")
         return out
-
-    def _tp_problems(self, tp: int, c: dict[str, Any]) -> list[str]:
-        if not c["tp_plan"]:
-            return [
-                f"parallel.tp={tp}: model.model_type={self.model_type} has no base_model_tp_plan "
-                f"in transformers; use tp=1 (or a family with one, e.g. llama, qwen2, mistral)"
-            ]
-        unknown = sorted({s for s in c["tp_plan"].values() if s not in TP_STYLES})
-        if unknown:
-            return [
-                f"parallel.tp={tp}: model.model_type={self.model_type}'s tp plan uses "
-                f"{', '.join(unknown)}; dtrain maps {', '.join(TP_STYLES)}; use tp=1"
-            ]
-        sizes = {
-            "num_attention_heads": c["heads"],
-            "num_key_value_heads": c["kv_heads"],
-            "hidden_size": c["hidden"],
-            "intermediate_size": c["intermediate"],
-            "vocab_size": c["vocab"],
-        }
-        bad = {k: v for k, v in sizes.items() if v and v % tp}
-        if not bad:
-            return []
-        allowed = [
-            t for t in range(1, c["kv_heads"] + 1) if all(v % t == 0 for v in sizes.values() if v)
-        ]
-        return [
-            f"parallel.tp={tp}: must divide "
-            + ", ".join(f"model.config.{k}={v}" for k, v in bad.items())
-            + f"; use tp in {allowed}"
-        ]
 
     def supports_tensor_parallel(self) -> bool:
         return bool(self._meta["tp_plan"])
@@ -350,18 +353,6 @@ class HFSpec(ModelSpec):
         if fmt == "safetensors":
             return super().export(model, out, fmt)
         raise ValueError(f"--format {fmt}: model.kind=hf exports as hf or safetensors")
-
-
-TP_STYLES = (
-    "colwise",
-    "rowwise",
-    "colwise_gather_output",
-    "colwise_rep",
-    "rowwise_split_input",
-    "rowwise_rep",
-    "embedding_rowwise",
-)
-"""transformers' tp style names that :func:`.net.torch_style` maps to torch styles."""
 
 
 def _config_keys(cls: type) -> set[str]:

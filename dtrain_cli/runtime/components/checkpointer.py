@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -149,12 +151,21 @@ class Checkpointer:
             self.every_s
         )
 
-    def maybe_save(self, step: int, meta: dict[str, Any], asked: bool = False) -> bool:
-        """Save at the plan's steps or when ``asked`` (a vote, a preemption stop)."""
+    def maybe_save(
+        self,
+        step: int,
+        meta: Callable[[], dict[str, Any]],
+        asked: bool = False,
+        during: Callable[[], AbstractContextManager[Any]] = nullcontext,
+    ) -> bool:
+        """Save at the plan's steps or when ``asked`` (a vote, a preemption stop), inside
+        ``during()`` (the watchdog's pause); ``meta()`` is read only then: a step that
+        saves nothing does no more than poll a background save."""
         if not asked and step not in self.save_steps:
             self.manager.poll()
             return False
-        self.save(step, meta)
+        with during():
+            self.save(step, meta())
         self.manager.poll()
         return True
 

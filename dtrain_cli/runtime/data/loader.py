@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, default_collate
+from torch.utils.data._utils.pin_memory import pin_memory
 
 from dtrain_cli.config.schema import DataConfig
 from dtrain_cli.runtime.data.stream import BatchLayout, SampleStream
@@ -126,11 +127,18 @@ class Batches:
         return len(self.dataset)
 
     def _start(self, step: int, micro_step: int) -> None:
-        """(Re)start the loader at ``(step, micro_step)``: at the first call and on resume."""
+        """(Re)start the loader at ``(step, micro_step)``: at the first call and on resume.
+        Without worker processes the batches are read here, as torch's single-process
+        loader reads them (the same fetch, collate and pinning), without its per-batch
+        machinery: a step of a small model is mostly fixed cost."""
         self.close()
+        sampler = StreamBatches(self.stream, self.layout, step, micro_step)
+        if not self.num_workers:
+            self._iter = map(self._read, sampler)
+            return
         loader = DataLoader(
             self.dataset,
-            batch_sampler=StreamBatches(self.stream, self.layout, step, micro_step),
+            batch_sampler=sampler,
             collate_fn=self.collate,
             num_workers=self.num_workers,
             prefetch_factor=self.prefetch_factor,
@@ -142,6 +150,13 @@ class Batches:
             generator=torch.Generator().manual_seed(self.seed),
         )
         self._iter = iter(loader)
+
+    def _read(self, indices: list[int]) -> Any:
+        """One batch in this process: what ``DataLoader(num_workers=0)`` returns for it."""
+        getitems = getattr(self.dataset, "__getitems__", None)
+        items = getitems(indices) if getitems else [self.dataset[i] for i in indices]
+        batch = self.collate(items)
+        return pin_memory(batch) if self.pin else batch
 
     def micro_batch(self, step: int, micro_step: int) -> tuple[Any, Any]:
         t0 = time.perf_counter()

@@ -119,6 +119,8 @@ class CheckpointManager:
         self._pending: tuple[Future, Path, Path, dict[str, Any]] | None = None
         # async saves run their collectives on their own gloo group, off the training stream
         self._pg = dist.new_group(backend="gloo") if async_save else None
+        self._stager: Any = None
+        """The async saves' staging buffers (:mod:`.staging`), made at the first."""
         self.last_save_time = time.monotonic()
         self.save_stall_s: list[float] = []
 
@@ -155,6 +157,7 @@ class CheckpointManager:
                     storage_writer=writer,
                     process_group=self._pg,
                     planner=DefaultSavePlanner(enable_plan_caching=True),
+                    async_stager=self._staging_buffers(),
                 )
                 self._pending = (future, tmp, final, {"meta": meta, "files": files})
             else:
@@ -167,6 +170,13 @@ class CheckpointManager:
             ) from None
         self.save_stall_s.append(time.perf_counter() - started)
         self.last_save_time = time.monotonic()
+
+    def _staging_buffers(self) -> Any:
+        if self._stager is None:
+            from dtrain_cli.runtime.state.staging import ReusedBuffers
+
+            self._stager = ReusedBuffers()
+        return self._stager
 
     def poll(self) -> None:
         """At a step boundary: publish a finished async save."""
@@ -235,6 +245,9 @@ class CheckpointManager:
 
     def close(self) -> None:
         self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
         if self._pg is not None:
             dist.destroy_process_group(self._pg)
             self._pg = None

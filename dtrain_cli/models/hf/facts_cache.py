@@ -1,0 +1,94 @@
+"""The plan's facts of a Hugging Face model, kept per model config so a launch that has seen
+the config before imports neither torch nor transformers for its plan.
+
+    <cache>/hf-facts/<sha256 of the key>.json   # <cache>: data.cache_dir, $DTRAIN_CACHE,
+                                                #          ~/.cache/dtrain (as corpora)
+
+A record is what the launcher reads of the transformers config and of the meta-device build
+(:func:`.net.meta_counts`): the model type, vocabulary, tied embeddings and the counts. Its
+key is everything they depend on: the model options (type, config keywords, local folder's
+``config.json`` bytes, attention kernel), the installed transformers and torch versions
+(package metadata, no import) and the source of the code that computes the counts; a
+change to any of them is a new key. Only a config that passed every check is recorded, so a
+hit skips the checks that need transformers too. Reading or writing the cache never fails a
+run: an unreadable record or folder is a miss, a write that fails is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dtrain_cli.rundir import env
+
+FOLDER = "hf-facts"
+FORMAT = 1
+"""The record's layout; raise it when the record's fields change."""
+_COUNTING_CODE = (Path(__file__).with_name("net.py"), Path(__file__).parent.parent / "units.py")
+"""What computes the counts (:func:`.net.meta_counts` and the layer lists it reads)."""
+
+
+def cache_root(run: Any) -> Path:
+    """The data cache (:func:`dtrain_cli.corpus.cache.cache_root`'s rule): the run's
+    ``data.cache_dir``, ``$DTRAIN_CACHE`` or ``~/.cache/dtrain``."""
+    data = getattr(run, "data", None)
+    own = getattr(data, "cache_dir", None)
+    return Path(own or env.cache_root() or Path.home() / ".cache" / "dtrain")
+
+
+def facts_key(options: dict[str, Any]) -> str | None:
+    """The key of a model's record (``options``: the HF model config's fields that the
+    transformers config depends on); None when transformers is not importable (the plan
+    then says so) or a local folder's config cannot be read."""
+    try:
+        if importlib.util.find_spec("transformers") is None:
+            return None
+    except ValueError:  # a stand-in module without a spec (tests): no record
+        return None
+    return _key(json.dumps(options, sort_keys=True, default=str))
+
+
+@functools.lru_cache(maxsize=64)
+def _key(options_json: str) -> str | None:
+    """Once per model config in a process (``dtrain advise`` plans dozens of layouts)."""
+    options = json.loads(options_json)
+    try:
+        versions = [importlib.metadata.version(p) for p in ("transformers", "torch")]
+        net = hashlib.sha256(b"".join(p.read_bytes() for p in _COUNTING_CODE)).hexdigest()
+        pretrained = options.get("pretrained")
+        saved = ""
+        if pretrained:
+            text = (Path(os.path.expanduser(pretrained)) / "config.json").read_bytes()
+            saved = hashlib.sha256(text).hexdigest()
+    except (importlib.metadata.PackageNotFoundError, OSError):
+        return None
+    text = json.dumps([FORMAT, versions, net, saved, options], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load(root: Path, key: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads((root / FOLDER / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("key") == key else None
+
+
+def store(root: Path, key: str, record: dict[str, Any]) -> None:
+    """Write the record atomically (concurrent launches of one config write the same bytes)."""
+    folder = root / FOLDER
+    tmp = folder / f".{key}.{os.getpid()}.tmp"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({**record, "key": key}, sort_keys=True))
+        os.replace(tmp, folder / f"{key}.json")
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
