@@ -25,11 +25,18 @@ install: $(STAMP)  ## Create .venv and install dtrain (editable) with the CPU to
 run: $(STAMP)  ## Train the built-in default: gpt_small, 2 processes, on Python's stdlib sources
 	$(VENV)/bin/dtrain launch recipe=gpt_small dp=2
 
+# The unit room is pure CPU work in one process per test: pytest-xdist spreads it over the
+# cores. The launch room runs one test at a time: each starts ranks that want every core.
+UNIT_JOBS ?= 2
+
 test: $(STAMP)  ## Run the whole test suite (CPU, gloo): tests/unit, then tests/launch
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	@status=0; \
+	$(PY) -m pytest -q -n $(UNIT_JOBS) tests/unit $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest -q tests/launch $(PYTEST_ARGS) || status=$$?; \
+	exit $$status
 
 test-fast: $(STAMP)  ## Run the unit room (tests/unit: no process started): after every change
-	$(PY) -m pytest -q tests/unit $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(UNIT_JOBS) tests/unit $(PYTEST_ARGS)
 
 lint: $(STAMP)  ## ruff format check + lint
 	$(VENV)/bin/ruff format --check .
