@@ -32,6 +32,9 @@ def simulate(
         "--compute",
         help="real | fake (shapes only, nothing allocated) | auto (fake for steps too large here).",
     ),
+    jobs: int = typer.Option(
+        0, "--jobs", help="Ranks run at once (default 0: as many as there are cores)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     out: Path | None = typer.Option(
         None, "--out", help="Folder for the run dirs and the sweep's plot (default: run.root)."
@@ -50,12 +53,14 @@ def simulate(
         fail([f"--compute={compute}: choose auto, real or fake"])
     if steps < 1:
         fail([f"--steps={steps}: must be >= 1"])
+    if jobs < 0:
+        fail([f"--jobs={jobs}: must be >= 0"])
     runs = split_sweep(overrides or [])
     if isinstance(runs, str):
         fail([runs])
     docs, points = [], []
     for _label, ovs in runs:
-        doc = _simulate_one(ovs, config_dir, ranks, steps, compute, out)
+        doc = _simulate_one(ovs, config_dir, ranks, (steps, jobs), compute, out)
         docs.append(doc)
         if not as_json:
             from dtrain_cli.simulate.report import render
@@ -68,7 +73,7 @@ def simulate(
         sys.stdout.write(json.dumps([_public(d) for d in docs], indent=1) + "\n")
 
 
-def _simulate_one(ovs, config_dir, ranks_arg, steps, compute, out) -> dict:
+def _simulate_one(ovs, config_dir, ranks_arg, steps_jobs, compute, out) -> dict:
     from dtrain_cli.cli.launch_cmd import prepare_data
     from dtrain_cli.launch.rundir import materialize, new_run_dir
     from dtrain_cli.models import model_spec
@@ -76,6 +81,7 @@ def _simulate_one(ovs, config_dir, ranks_arg, steps, compute, out) -> dict:
     from dtrain_cli.simulate.report import compare
     from dtrain_cli.simulate.run import choose_compute, run_ranks
 
+    steps, jobs = steps_jobs
     cfg, plan = compose_and_plan(ovs, config_dir)
     if plan.world_size > MAX_WORLD:
         fail([f"world size {plan.world_size:,}: simulate runs worlds up to {MAX_WORLD:,}"])
@@ -88,7 +94,7 @@ def _simulate_one(ovs, config_dir, ranks_arg, steps, compute, out) -> dict:
     run_dir = materialize(cfg, plan, path)
     spec = model_spec(cfg)
     mode = choose_compute(plan, spec.facts().tokens_per_sample, compute)
-    results = run_ranks(run_dir, ranks, steps, mode)
+    results = run_ranks(run_dir, ranks, steps, mode, jobs=jobs)
     layout = " x ".join(
         f"{n}={s}" for n, s in zip(plan.mesh.dim_names, plan.mesh.shape, strict=True)
     )

@@ -41,6 +41,18 @@ class StageSpan(Protocol):
 
 
 @dataclass(kw_only=True)
+class TensorShape:
+    """One parameter of a model: its shape, its place for a pipeline and its tp split."""
+
+    name: str
+    shape: tuple[int, ...]
+    where: str | int
+    """``first`` (embeddings), ``last`` (final norm, head) or the block index."""
+    tp_dim: int | None = None
+    """The dimension tensor parallel splits (None: replicated under tp, or not known)."""
+
+
+@dataclass(kw_only=True)
 class ModelFacts:
     """What the plan computes with. Counts are of the model the runtime builds."""
 
@@ -66,6 +78,9 @@ class ModelFacts:
     batchnorm_layers: int = 0
     """BatchNorm modules: at dp > 1 each normalizes its rank's slice of the batch unless
     ``parallel.sync_batchnorm`` is on."""
+    param_rows: list[tuple[int, int, int | None]] = field(default_factory=list)
+    """Every parameter's (dim 0, numel, the dim tp splits or None): FSDP2 pads each
+    tensor's dim 0 to a multiple of its shard group (:func:`.padding`). Empty: unknown."""
 
 
 class ModelSpec(ABC):

@@ -16,21 +16,14 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from dtrain_cli.models.spec import TensorShape
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.strategies import strategy_for
 
+__all__ = ["TensorShape", "coords_of", "default_ranks", "rank_params", "tensor_shapes"]
+
 MAX_WORLD = 8192
 """The largest world a simulation builds (its mesh tables grow with it)."""
-
-
-@dataclass(kw_only=True)
-class TensorShape:
-    name: str
-    shape: tuple[int, ...]
-    where: str | int
-    """``first`` (embeddings), ``last`` (final norm, head) or the block index."""
-    tp_dim: int | None = None
-    """The dimension tensor parallel splits (None: replicated under tp, or not known)."""
 
 
 @dataclass(kw_only=True)
