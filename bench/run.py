@@ -31,6 +31,7 @@ from layout_bench import pipeline_bench, strategy_bench
 from peers import peers_bench
 from programs import Pair, Workload
 from script_bench import script_vs_torchrun
+from simulate_bench import simulate_bench
 from startup import time_to_first_step
 from throughput import fixed_cost, framework_overhead
 
@@ -51,6 +52,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "diagnose": diagnose_bench,
     "elastic": elastic_bench,
     "script": script_vs_torchrun,
+    "simulate": simulate_bench,
 }
 
 

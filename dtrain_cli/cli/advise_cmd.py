@@ -47,6 +47,11 @@ def advise(
     apply: bool = typer.Option(
         False, "--apply", help="Print the winner as overrides (xargs dtrain launch < that file)."
     ),
+    simulate: bool = typer.Option(
+        False,
+        "--simulate",
+        help="Check the top 3 layouts by simulating rank 0 for one step (dtrain simulate).",
+    ),
     allow_cross_node_tp: bool = typer.Option(
         False, "--allow-cross-node-tp", help="Also rank layouts whose tp group spans nodes."
     ),
@@ -78,26 +83,18 @@ def advise(
         )
     except ConfigError as exc:
         fail(exc.problems)
+    kept = _kept(overrides or [], recipe)
+    checked = None
+    if simulate and not apply:
+        from dtrain_cli.cli.advise_simulate import simulate_top
+
+        checked = simulate_top(advice, kept, config_dir)
     if apply:
-        kept = [ov for ov in (overrides or []) if not ov.startswith(SEARCHED)]
-        kept = [ov for ov in kept if ov.partition("=")[0] not in ADVISE_ONLY]
-        if not any(ov.startswith("recipe=") for ov in kept):
-            kept.insert(0, f"recipe={recipe}")
         winner = advice.ranked[0].layout.overrides(advice.nnodes)
         typer.echo(" ".join(shlex.quote(x) for x in [*kept, *winner]))
         return
     if as_json:
-        out = {
-            "hardware": advice.hardware,
-            "world_size": advice.world_size,
-            "nnodes": advice.nnodes,
-            "activations_estimated": advice.activations_estimated,
-            "ranked": [v.to_dict() for v in advice.ranked],
-            "rejected": [v.to_dict() for v in advice.rejected],
-        }
-        if advice.reference is not None:
-            out["reference"] = advice.reference.to_dict() | {"compared": advice.reference_why}
-        typer.echo(json.dumps(out, indent=2))
+        typer.echo(json.dumps(_json(advice, checked), indent=2))
         return
     from rich.console import Console
 
@@ -108,3 +105,32 @@ def advise(
     shown = render_advice(advice, top, console, width)
     out = console if width else Console(width=max(80, natural_width(console, shown)))
     out.print(shown)
+    if checked is not None:
+        from dtrain_cli.cli.advise_simulate import render
+
+        out.print(render(checked))
+
+
+def _kept(overrides: list[str], recipe: str) -> list[str]:
+    """The user's overrides that the search does not set (for --apply and --simulate)."""
+    kept = [ov for ov in overrides if not ov.startswith(SEARCHED)]
+    kept = [ov for ov in kept if ov.partition("=")[0] not in ADVISE_ONLY]
+    if not any(ov.startswith("recipe=") for ov in kept):
+        kept.insert(0, f"recipe={recipe}")
+    return kept
+
+
+def _json(advice, checked: list[dict] | None) -> dict:
+    out = {
+        "hardware": advice.hardware,
+        "world_size": advice.world_size,
+        "nnodes": advice.nnodes,
+        "activations_estimated": advice.activations_estimated,
+        "ranked": [v.to_dict() for v in advice.ranked],
+        "rejected": [v.to_dict() for v in advice.rejected],
+    }
+    if advice.reference is not None:
+        out["reference"] = advice.reference.to_dict() | {"compared": advice.reference_why}
+    if checked is not None:
+        out["simulated"] = checked
+    return out

@@ -32,6 +32,9 @@ def simulate(
         "--compute",
         help="real | fake (shapes only, nothing allocated) | auto (fake for steps too large here).",
     ),
+    jobs: int = typer.Option(
+        0, "--jobs", help="Ranks run at once (default 0: as many as there are cores)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the results as JSON."),
     out: Path | None = typer.Option(
         None, "--out", help="Folder for the run dirs and the sweep's plot (default: run.root)."
@@ -50,12 +53,17 @@ def simulate(
         fail([f"--compute={compute}: choose auto, real or fake"])
     if steps < 1:
         fail([f"--steps={steps}: must be >= 1"])
+    if jobs < 0:
+        fail([f"--jobs={jobs}: must be >= 0"])
     runs = split_sweep(overrides or [])
     if isinstance(runs, str):
         fail([runs])
     docs, points = [], []
     for _label, ovs in runs:
-        doc = _simulate_one(ovs, config_dir, ranks, steps, compute, out)
+        try:
+            doc = simulate_layout(ovs, config_dir, ranks, (steps, jobs), compute, out)
+        except SimulateFailed as exc:
+            fail(exc.lines)
         docs.append(doc)
         if not as_json:
             from dtrain_cli.simulate.report import render
@@ -68,7 +76,17 @@ def simulate(
         sys.stdout.write(json.dumps([_public(d) for d in docs], indent=1) + "\n")
 
 
-def _simulate_one(ovs, config_dir, ranks_arg, steps, compute, out) -> dict:
+class SimulateFailed(Exception):
+    """A simulated rank failed: one line per rank (what ``dtrain simulate`` prints)."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(lines[0])
+        self.lines = lines
+
+
+def simulate_layout(ovs, config_dir, ranks_arg, steps_jobs, compute, out) -> dict:
+    """Plan ``ovs``, run its ranks, compare: the document ``--json`` prints (with the plan).
+    Raises :class:`SimulateFailed` when a rank fails; a plan error exits as ``dtrain plan``."""
     from dtrain_cli.cli.launch_cmd import prepare_data
     from dtrain_cli.launch.rundir import materialize, new_run_dir
     from dtrain_cli.models import model_spec
@@ -76,25 +94,30 @@ def _simulate_one(ovs, config_dir, ranks_arg, steps, compute, out) -> dict:
     from dtrain_cli.simulate.report import compare
     from dtrain_cli.simulate.run import choose_compute, run_ranks
 
+    steps, jobs = steps_jobs
     cfg, plan = compose_and_plan(ovs, config_dir)
     if plan.world_size > MAX_WORLD:
-        fail([f"world size {plan.world_size:,}: simulate runs worlds up to {MAX_WORLD:,}"])
+        raise SimulateFailed(
+            [f"world size {plan.world_size:,}: simulate runs worlds up to {MAX_WORLD:,}"]
+        )
     if plan.sync is not None and plan.sync.servers:
-        fail(["sync.mode=param_server: its servers are not simulated; simulate sync.mode=sync"])
+        raise SimulateFailed(
+            ["sync.mode=param_server: its servers are not simulated; simulate sync.mode=sync"]
+        )
     ranks = _parse_ranks(ranks_arg, plan.world_size) or default_ranks(plan)
     prepare_data(cfg)
-    path = new_run_dir(cfg)
-    path = (out / path.name if out else path).with_name(f"{path.name}-simulate")
-    run_dir = materialize(cfg, plan, path)
+    run_dir = materialize(cfg, plan, _simulate_dir(new_run_dir(cfg), out, cfg.run.name))
     spec = model_spec(cfg)
     mode = choose_compute(plan, spec.facts().tokens_per_sample, compute)
-    results = run_ranks(run_dir, ranks, steps, mode)
+    results = run_ranks(run_dir, ranks, steps, mode, jobs=jobs)
     layout = " x ".join(
         f"{n}={s}" for n, s in zip(plan.mesh.dim_names, plan.mesh.shape, strict=True)
     )
     bad = [r for r in results if not r.get("ok")]
     if bad:
-        fail([_rank_error(r, coords_of(plan, r["rank"]), layout, plan) for r in bad])
+        raise SimulateFailed(
+            [_rank_error(r, coords_of(plan, r["rank"]), layout, plan) for r in bad]
+        )
     rows = [compare(plan, r, rank_params(spec, plan, r["rank"]).params) for r in results]
     title = (
         f"simulate: world {plan.world_size:,} ({layout}, {plan.strategy}), {mode} "
@@ -103,6 +126,16 @@ def _simulate_one(ovs, config_dir, ranks_arg, steps, compute, out) -> dict:
     doc = {"plan": plan, "ranks": rows, "title": title, "run_dir": str(run_dir)}
     (run_dir / "simulate" / "report.json").write_text(json.dumps(_public(doc), indent=1))
     return doc
+
+
+def _simulate_dir(path: Path, out: Path | None, named: str | None) -> Path:
+    """``<run>-simulate`` (under ``out`` if given); an unnamed run takes ``-1``, ``-2`` ...
+    when one started in the same second holds it (advise --simulate runs three)."""
+    base = out / path.name if out else path
+    found, k = base.with_name(f"{base.name}-simulate"), 1
+    while found.exists() and named is None:
+        found, k = base.with_name(f"{base.name}-{k}-simulate"), k + 1
+    return found
 
 
 def _rank_error(r: dict, coords: dict, layout: str, plan) -> str:

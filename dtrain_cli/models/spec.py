@@ -79,6 +79,9 @@ class ModelFacts:
     batchnorm_layers: int = 0
     """BatchNorm modules: at dp > 1 each normalizes its rank's slice of the batch unless
     ``parallel.sync_batchnorm`` is on."""
+    param_rows: list[tuple[int, int, int | None]] = field(default_factory=list)
+    """Every parameter's (dim 0, numel, the dim tp splits or None): FSDP2 pads each
+    tensor's dim 0 to a multiple of its shard group (:func:`.padding`). Empty: unknown."""
 
 
 class ModelSpec(ABC):

@@ -50,15 +50,33 @@ def comm_bytes_per_step(cfg: DtrainConfig, facts: ModelFacts, ddp: bool = False)
         dims = replace(dims, dp_replicate=strategy.dp_replicate(cfg, nproc_guess(cfg)))
     model_parallel = max(par.tp * par.pp, 1)
     schedule = cfg.pipeline.schedule if par.pp > 1 else None
+    pad = fsdp_padding(facts, dims.dp_shard, par.tp) if strategy.shards_params else 1.0
     strategy_bytes = strategy.comm_bytes_per_step(
-        param_bytes=4 * facts.num_params / model_parallel,
+        param_bytes=4 * facts.num_params / model_parallel * pad,
         payload_bytes=grad_payload_bytes(cfg, facts) / model_parallel,
         dims=dims,
         gathers=2 if fsdp_reshards_after_forward(cfg, schedule) else 1,  # fwd (+ bwd)
+        gather_scale=0.5 if cfg.precision.name in ("bf16", "fp16") else 1.0,
     )
     if ddp:
         return strategy_bytes
     return mode_for(cfg.sync.mode).comm_bytes_per_step(cfg, facts, strategy_bytes)
+
+
+def fsdp_padding(facts: ModelFacts, shard: int, tp: int) -> float:
+    """FSDP2's padded parameter size over the unpadded: it splits each tensor's dim 0
+    (after tp's split) into ``shard`` chunks of ceil(rows / shard) rows, padding the last
+    ones; dp rank 0 holds padded / shard, and each all-gather or reduce-scatter moves the
+    padded tensor. 1.0 when the model's tensor shapes are unknown."""
+    if shard <= 1 or not facts.param_rows:
+        return 1.0
+    whole = padded = 0.0
+    for rows, numel, tp_dim in facts.param_rows:
+        local = numel / (tp if tp_dim is not None else 1)
+        local_rows = max(rows // tp if tp_dim == 0 else rows, 1)
+        whole += local
+        padded += math.ceil(local_rows / shard) * shard * local / local_rows
+    return padded / whole if whole else 1.0
 
 
 def nproc_guess(cfg: DtrainConfig) -> int:
@@ -91,13 +109,16 @@ def estimate(
     else:
         per_rank = math.ceil((n / par.pp - whole) / par.tp + whole)
     optim_words = {"adamw": 2, "sgd": 1 if cfg.optim.momentum > 0 else 0}[cfg.optim.name]
-    params_b, grads_b, optim_b = strategy_for(par.strategy).memory_bytes(
+    strategy = strategy_for(par.strategy)
+    sharded = strategy.shards_params and dims.dp_shard > 1
+    params_b, grads_b, optim_b = strategy.memory_bytes(
         params=4 * per_rank,
         grads=4 * per_rank,
         optimizer=4 * optim_words * per_rank,
-        block=4 * facts.params_per_layer,
+        padding=fsdp_padding(facts, dims.dp_shard, par.tp) if sharded else 1.0,
         dims=dims,
     )
+    gathered = 4 * facts.params_per_layer // max(par.tp, 1) if sharded else 0
     activations, recompute = rank_activations(cfg, spec, facts, batch, pipeline)
     return Estimates(
         num_params=n,
@@ -106,11 +127,12 @@ def estimate(
         bytes_grads=grads_b,
         bytes_optimizer=optim_b,
         bytes_activations=activations,
-        bytes_total=params_b + grads_b + optim_b + activations + recompute,
+        bytes_total=params_b + grads_b + optim_b + activations + recompute + gathered,
         flops_per_token=facts.flops_per_unit,
         comm_bytes_per_step=comm_bytes_per_step(cfg, facts),
         grad_payload_bytes=grad_payload_bytes(cfg, facts),
         bytes_recompute=recompute,
+        bytes_gathered=gathered,
         activation_checkpointing=par.activation_checkpointing,
     )
 

@@ -155,6 +155,9 @@ class Estimates:
     """Gradient bytes each rank contributes per step after compression."""
     bytes_recompute: int = 0
     """Activation checkpointing: one block's activations, recomputed in backward (transient)."""
+    bytes_gathered: int = 0
+    """FSDP/HSDP: one unit's parameters gathered for its compute (transient; in
+    ``bytes_total``, not in ``bytes_params``, which is the shard held between steps)."""
     activation_checkpointing: str = "none"
     activations_estimated: bool = True
     """False: the model's activations are unknown (a custom model on data=custom): the

@@ -158,6 +158,8 @@ def _estimates(plan: Plan) -> Table:
     ]
     if e.bytes_recompute:
         rows.append(("recompute (one block, backward)", _bytes(e.bytes_recompute)))
+    if e.bytes_gathered:
+        rows.append(("one unit gathered (transient)", _bytes(e.bytes_gathered)))
     unit = "token" if plan.batch.unit == "tokens" else "sample"
     rows += [
         ("total", _bytes(e.bytes_total) + ("" if e.activations_estimated else " + activations")),

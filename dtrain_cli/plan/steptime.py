@@ -187,7 +187,7 @@ def peak_memory(cfg: DtrainConfig, spec: ModelSpec, plan: Plan, hw: HardwareConf
             per_rank[st.pp_rank] = per_rank.get(st.pp_rank, 0.0) + kept * n
         acts = int(max(per_rank.values()))
     acts += e.bytes_recompute
-    temporary = strategy_for(par.strategy).temporary_bytes(
+    temporary = e.bytes_gathered + strategy_for(par.strategy).temporary_bytes(
         block_params=facts.params_per_layer, tp=par.tp, dims=plan.dims
     )
     if spec.vocab_size and facts.unit == "tokens":  # the logits' gradient (last stage)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dtrain_cli.runtime.parallel.dtensors import local_tensor
+from dtrain_cli.runtime.parallel.dtensors import is_dtensor, local_tensor
 from dtrain_cli.runtime.parallel.mesh import DistContext
 
 
@@ -32,7 +32,9 @@ def tensor_bytes(t: torch.Tensor, count: bool = False) -> int:
 
 class SavedBytesMeter:
     """Bytes of the storages autograd keeps for backward, summed over the steps it wraps
-    (``peak_step_bytes``: the largest step)."""
+    (``peak_step_bytes``: the largest step). A DTensor counts its local shard; parameters
+    and what is made of them alone (a transposed or bf16 copy of a weight, a parameter's
+    view) are weights, not activations, and are left out."""
 
     def __init__(self) -> None:
         self.peak_step_bytes = 0
@@ -40,12 +42,13 @@ class SavedBytesMeter:
         self._hooks: Any = None
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        if not (t.is_leaf and t.requires_grad):  # a parameter is no activation
+        if not weight_derived(t):
+            local = t._local_tensor if is_dtensor(t) else t  # no autograd op in a hook
             try:
-                st = t.untyped_storage()
+                st = local.untyped_storage()
                 self._seen.setdefault(st._cdata, st.nbytes())
             except (RuntimeError, NotImplementedError):  # a tensor subclass without storage
-                self._seen.setdefault(id(t), t.numel() * t.element_size())
+                self._seen.setdefault(id(local), local.numel() * local.element_size())
         return t
 
     def __enter__(self) -> SavedBytesMeter:
@@ -57,6 +60,25 @@ class SavedBytesMeter:
     def __exit__(self, *exc: Any) -> None:
         self._hooks.__exit__(*exc)
         self.peak_step_bytes = max(self.peak_step_bytes, sum(self._seen.values()))
+
+
+def weight_derived(t: torch.Tensor, depth: int = 6) -> bool:
+    """A parameter, or a chain of one-input ops (view, transpose, cast) from one parameter
+    to a tensor of its size: ``W.t()``, autocast's or FSDP's bf16 copy of ``W``. An
+    embedding's output also has a parameter as its only differentiable input, but not its
+    size."""
+    if t.is_leaf:
+        return t.requires_grad
+    node = t.grad_fn
+    for _ in range(depth):
+        nexts = [f for f, _ in getattr(node, "next_functions", ()) if f is not None]
+        if len(nexts) != 1:
+            return False
+        node = nexts[0]
+        leaf = getattr(node, "variable", None)
+        if leaf is not None:
+            return leaf.numel() == t.numel()
+    return False
 
 
 _GATHER = ("allgather", "all_gather", "reduce_scatter")

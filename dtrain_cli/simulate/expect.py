@@ -20,6 +20,8 @@ from dtrain_cli.models.spec import TensorShape
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.strategies import strategy_for
 
+__all__ = ["TensorShape", "coords_of", "default_ranks", "rank_params", "tensor_shapes"]
+
 MAX_WORLD = 8192
 """The largest world a simulation builds (its mesh tables grow with it)."""
 

@@ -16,12 +16,14 @@ from typing import Any
 from dtrain_cli.plan.plan import Plan
 
 MIB = 1024**2
+DP_AXES = ("dp", "dp_replicate", "dp_shard")
+"""Mesh axes whose traffic is dp traffic (hsdp splits dp into replicas of shard groups)."""
 
 
 def compare(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, Any]:
     """One rank's measured / planned figures (what ``--json`` prints per rank)."""
     est = plan.estimates
-    dp_sent = sum(c["bytes_sent"] for c in result["collectives"] if c["axis"] == "dp")
+    dp_sent = sum(c["bytes_sent"] for c in result["collectives"] if c["axis"] in DP_AXES)
     pairs = {
         "params": (result["params_bytes"], est.bytes_params),
         "grads": (result["grads_bytes"], est.bytes_grads),

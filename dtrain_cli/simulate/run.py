@@ -30,13 +30,19 @@ def choose_compute(plan: Plan, tokens_per_sample: int, asked: str) -> str:
 
 
 def run_ranks(
-    run_dir: Path, ranks: list[int], steps: int, compute: str, timeout_s: float = 900.0
+    run_dir: Path,
+    ranks: list[int],
+    steps: int,
+    compute: str,
+    timeout_s: float = 900.0,
+    jobs: int = 0,
 ) -> list[dict[str, Any]]:
-    """Each rank's result (``ok``, measurements or ``error``), in the order asked."""
+    """Each rank's result (``ok``, measurements or ``error``), in the order asked;
+    ``jobs`` ranks at once (0: as many as there are cores)."""
     out_dir = run_dir / "simulate"
     out_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    slots = max(1, os.cpu_count() or 1)
+    slots = jobs if jobs > 0 else max(1, os.cpu_count() or 1)
     waiting, running, done = list(ranks), {}, {}
     while waiting or running:
         while waiting and len(running) < slots:

@@ -139,24 +139,34 @@ class Strategy:
 
     # -- memory and communication (bytes per rank) -------------------------------------------
     def memory_bytes(
-        self, *, params: int, grads: int, optimizer: int, block: int, dims: ParallelDims
+        self, *, params: int, grads: int, optimizer: int, padding: float, dims: ParallelDims
     ) -> tuple[int, int, int]:
-        """(parameters, gradients, optimizer state) this rank holds, from their unsharded
-        sizes; ``block``: one FSDP unit's parameters (gathered during its compute)."""
+        """(parameters, gradients, optimizer state) this rank holds between steps, from
+        their unsharded sizes; ``padding``: FSDP2's padded size over the unpadded
+        (:func:`dtrain_cli.plan.memory.fsdp_padding`), for a strategy that shards
+        parameters. A gathered FSDP unit is transient: ``Estimates.bytes_gathered``."""
         shard = dims.dp_shard
+        pad = padding if self.shards_params else 1.0
         if self.shards_optimizer:
-            optimizer = math.ceil(optimizer / shard)
+            optimizer = math.ceil(optimizer * pad / shard)
         if self.shards_grads:
-            grads = math.ceil(grads / shard)
+            grads = math.ceil(grads * pad / shard)
         if self.shards_params:
-            params = math.ceil(params / shard) + block
+            params = math.ceil(params * pad / shard)
         return params, grads, optimizer
 
     def comm_bytes_per_step(
-        self, *, param_bytes: float, payload_bytes: float, dims: ParallelDims, gathers: int
+        self,
+        *,
+        param_bytes: float,
+        payload_bytes: float,
+        dims: ParallelDims,
+        gathers: int,
+        gather_scale: float = 1.0,
     ) -> int:
         """Bytes sent per rank per step over the dp group (ring algorithms): the gradient
-        all-reduce of ``payload_bytes`` (after compression)."""
+        all-reduce of ``payload_bytes`` (after compression). ``gather_scale``: a gathered
+        parameter's bytes over its fp32 bytes (0.5 when FSDP gathers in bf16 or fp16)."""
         ring = (dims.dp - 1) / dims.dp
         return int(2 * ring * payload_bytes)
 

@@ -40,13 +40,20 @@ class FSDP(Strategy):
         return []
 
     def comm_bytes_per_step(
-        self, *, param_bytes: float, payload_bytes: float, dims: ParallelDims, gathers: int
+        self,
+        *,
+        param_bytes: float,
+        payload_bytes: float,
+        dims: ParallelDims,
+        gathers: int,
+        gather_scale: float = 1.0,
     ) -> int:
-        """All-gathers of the parameters (forward, and backward when resharded) and one
-        reduce-scatter of the gradients within a shard group; HSDP then all-reduces each
-        gradient shard across the groups."""
+        """All-gathers of the parameters in the compute dtype (forward, and backward when
+        resharded) and one fp32 reduce-scatter of the gradients within a shard group (FSDP2's
+        ``MixedPrecisionPolicy(param_dtype=low, reduce_dtype=fp32)``); HSDP then all-reduces
+        each gradient shard across the groups."""
         shard, groups = dims.dp_shard, dims.dp_replicate
-        within = (shard - 1) / shard * param_bytes * (gathers + 1)
+        within = (shard - 1) / shard * param_bytes * (gathers * gather_scale + 1)
         across = 2 * (groups - 1) / groups * param_bytes / shard
         return int(within + across)
 

@@ -47,9 +47,15 @@ class ZeRO1(DDP):
         return out
 
     def comm_bytes_per_step(
-        self, *, param_bytes: float, payload_bytes: float, dims: ParallelDims, gathers: int
+        self,
+        *,
+        param_bytes: float,
+        payload_bytes: float,
+        dims: ParallelDims,
+        gathers: int,
+        gather_scale: float = 1.0,
     ) -> int:
-        """DDP's all-reduce, then each owner broadcasts its updated parameter shard."""
+        """DDP's all-reduce, then each owner broadcasts its updated (fp32) parameter shard."""
         ddp = super().comm_bytes_per_step(
             param_bytes=param_bytes, payload_bytes=payload_bytes, dims=dims, gathers=gathers
         )

@@ -204,3 +204,37 @@ def test_an_80_column_terminal_or_a_pipe_never_splits_a_number():
     assert all(n in rows[0] for n in _numbers(a, 1)), rows[0]
     rejected = next(line for line in r.output.splitlines() if "dp1xpp2 1f1b mb32" in line)
     assert rejected.split("│")[1].strip() == str(len(a.rejected)) == "3"
+
+
+def test_simulate_checks_the_top_three(tmp_path, monkeypatch):
+    """--simulate runs rank 0 of each of the first 3 layouts (here a stand-in for the
+    simulated process: unit tests start none) and says how each went."""
+    import dtrain_cli.simulate.run as sim_run
+
+    monkeypatch.chdir(tmp_path)
+    calls = []
+
+    def fake_run_ranks(run_dir, ranks, steps, compute, jobs=0, **kw):
+        calls.append((ranks, steps, jobs))
+        (run_dir / "simulate").mkdir(parents=True, exist_ok=True)
+        if len(calls) == 2:
+            return [{"rank": 0, "ok": False, "error": "ValueError: does not divide"}]
+        b = 2**20
+        return [
+            {
+                "rank": 0, "ok": True, "coords": {"pp": 0, "dp": 0, "tp": 0}, "compute": compute,
+                "params_count": 1, "wall_s": 0.1, "params_bytes": b, "grads_bytes": b,
+                "optimizer_bytes": 2 * b, "activation_bytes": b, "collectives": [],
+            }
+        ]  # fmt: skip
+
+    monkeypatch.setattr(sim_run, "run_ranks", fake_run_ranks)
+    r = _cli("recipe=gpt_tiny", "hardware=cpu", "data=synthetic", "--simulate", "--json")
+    assert r.exit_code == 0, r.output
+    checked = json.loads(r.output)["simulated"]
+    assert len(checked) == 3 and calls == [([0], 1, 1)] * 3
+    assert [c["ok"] for c in checked] == [True, False, True]
+    assert "ran; measured/plan within" in checked[0]["result"]
+    assert "failed: ValueError: does not divide" in checked[1]["result"]
+    ranked = json.loads(r.output)["ranked"]
+    assert [c["layout"] for c in checked] == [v["layout"] for v in ranked[:3]]

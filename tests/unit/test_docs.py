@@ -35,6 +35,8 @@ for _c in COMMANDS:
     runs_here = _c.expected is None and not _c.placeholder and _c.argv[0] in IN_PROCESS
     if _c.argv[0] == "k8s":  # only what prints or writes a manifest: the rest needs a cluster
         runs_here = runs_here and bool({"--dry-run", "--out"} & set(_c.argv))
+    # advise --simulate starts a process per layout (simulated ranks: tests/launch/test_simulate.py)
+    runs_here = runs_here and "--simulate" not in _c.argv
     if runs_here and key not in _seen:
         _seen.add(key)
         RUNNABLE.append(_c)

@@ -178,9 +178,14 @@ def test_the_plan_measures_an_own_token_model_and_names_what_it_cannot(monkeypat
     assert build_plan(compose_config("gpt_tiny", ac)).estimates.bytes_activations < 0.7 * none
     monkeypatch.setenv("PYTHONPATH", ENV["PYTHONPATH"])  # my_models, for data=custom
     runner = CliRunner()
-    shown = runner.invoke(app, ["plan", *OWN], env={"COLUMNS": "200"})
+    # the CLI's console is made once per process: the width a test before set stays (rich
+    # reads COLUMNS when it is made), so this one sets its own
+    from dtrain_cli.cli import common
+
+    monkeypatch.setattr(common.console, "_width", 200)
+    shown = runner.invoke(app, ["plan", *OWN])
     assert shown.exit_code == 0, shown.output
-    said = " ".join(shown.output.split())  # however wide the console is
+    said = " ".join(shown.output.split())
     assert "not estimated (the model's inputs come from your dataset)" in said
     advised = runner.invoke(app, ["advise", *OWN, "hardware=cpu", "--json"])
     assert advised.exit_code == 0, advised.output

@@ -99,3 +99,32 @@ def test_pipeline_stage_start_up_allocates_only_its_stage():
     assert held < 0.6 * full_bytes
     # peak: the stage, plus one scratch tensor at a time (the largest: the embedding)
     assert peak < held + 4096 * 128 * 4 * 2 + 2**20, (peak, held, full_bytes)
+
+
+@pytest.mark.parametrize("dp", [8, 512, 4096])
+def test_fsdp_estimate_is_dp_rank_0s_padded_shard(dp):
+    """FSDP2 pads each tensor's dim 0 to a multiple of dp: the plan's parameter bytes are
+    dp rank 0's torch.chunk shard (the rank holding the most), padding included, and the
+    gathered unit is a separate transient figure."""
+    overrides = ["recipe=gpt_1b", f"dp={dp}", "parallel.strategy=fsdp"]
+    cfg, plan = compose_and_plan([*overrides, f"parallel.nnodes={dp // 8}"], [])
+    exact = rank_params(model_spec(cfg), plan, 0).params
+    assert abs(plan.estimates.bytes_params / (4 * exact) - 1) < 0.001
+    assert plan.estimates.bytes_gathered == 4 * model_spec(cfg).facts().params_per_layer
+
+
+def test_saved_bytes_meter_leaves_weights_and_their_copies_out():
+    import torch
+
+    from dtrain_cli.runtime.simulate_measure import SavedBytesMeter, weight_derived
+
+    w = torch.nn.Parameter(torch.randn(64, 32))
+    emb = torch.nn.Parameter(torch.randn(100, 32))
+    x, ids = torch.randn(8, 32), torch.arange(8)
+    with SavedBytesMeter() as meter:
+        h = torch.nn.functional.embedding(ids, emb)  # (8, 32): an activation
+        y = (x + h) @ w.to(torch.bfloat16).float().t()  # a cast weight and its transpose
+        y.sum().backward()
+    assert weight_derived(w.t()) and weight_derived(w.to(torch.bfloat16))
+    assert not weight_derived(h)
+    assert meter.peak_step_bytes == (x + h).numel() * 4 + ids.numel() * 8  # and the ids

@@ -7,6 +7,7 @@ Torch-free (the plan imports it); its config is :mod:`.config`, the module :mod:
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.models.gpt.config import LIMITS, POSITIVE, GPTConfig
@@ -54,6 +55,7 @@ class GPTSpec(ModelSpec):
             params_tp_replicated=m.block_size * d
             + (2 * m.n_layer + 1) * norm
             + 2 * m.n_layer * d * int(m.bias),
+            param_rows=[(t.shape[0], math.prod(t.shape), t.tp_dim) for t in self.tensor_shapes()],
         )
 
     def activation_bytes(

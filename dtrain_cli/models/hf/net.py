@@ -102,6 +102,7 @@ def meta_counts(spec: HFSpec) -> dict[str, Any]:
         "tp_plan": tp_plan(model),
         "tp_replicated": tp_replicated(model),
         "matrix_shapes": [list(p.shape) for p in model.parameters() if p.dim() == 2],
+        "param_rows": [[p.shape[0], p.numel()] for p in model.parameters() if p.dim()],
         "batchnorm_layers": sum(isinstance(m, _BatchNorm) for m in model.modules()),
     }
 

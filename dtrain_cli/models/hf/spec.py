@@ -247,6 +247,7 @@ class HFSpec(ModelSpec):
             matrix_shapes=[tuple(s) for s in c["matrix_shapes"]],
             batchnorm_layers=c.get("batchnorm_layers", 0),
             params_tp_replicated=c.get("tp_replicated", 0),
+            param_rows=[(r, n, None) for r, n in c.get("param_rows", [])],
         )
 
     def activation_bytes(

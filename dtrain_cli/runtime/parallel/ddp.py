@@ -53,6 +53,18 @@ def bf16_allreduce_hook(
     return dist.all_reduce(compressed, group=group, async_op=True).get_future().then(decompress)
 
 
+def simulated_allreduce_hook(
+    group: dist.ProcessGroup, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """DDP's all-reduce on the fake backend (``dtrain simulate``), whose futures carry no
+    value: the same collective on the bucket, its future completed with the bucket."""
+    buffer = bucket.buffer()
+    dist.all_reduce(buffer, group=group)
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(buffer)
+    return fut
+
+
 def comm_hook(
     cfg: DtrainConfig, group: dist.ProcessGroup, model: nn.Module
 ) -> tuple[Any, Any] | None:
@@ -93,6 +105,8 @@ def apply_ddp(model: nn.Module, cfg: DtrainConfig, ctx: DistContext) -> nn.Modul
         gradient_as_bucket_view=True,
     )
     hook = comm_hook(cfg, group, model)
+    if hook is None and ctx.simulated:
+        hook = simulated_allreduce_hook, group
     if hook is not None:
         ddp.register_comm_hook(hook[1], hook[0])
         ddp.comm_state = hook[1]  # type: ignore[attr-defined]
@@ -143,6 +157,10 @@ class DDPRuntime(DataParallelRuntime):
             from torch.distributed._composable.replicate_with_fsdp import replicate
 
             return replicate(model, mesh=ctx.mesh["dp"])
+        if ctx.simulated:  # DDP reads its parameters at construction: allocate them first
+            from dtrain_cli.runtime.parallel.materialize import allocate_local
+
+            allocate_local([model], ctx.device)
         ddp = apply_ddp(model, cfg, ctx)
         if schedule is not None:
             # torch's PipelineStage starts DDP's reduction itself at a step's last backward
