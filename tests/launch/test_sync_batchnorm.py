@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from dtrain_cli.runtime.parallel.sync_batchnorm import CPUSyncBatchNorm, apply_sync_batchnorm
+from tests.conftest import REPO
 
 WORLD = 2
 
@@ -123,7 +123,7 @@ def test_cnn_bn_recipe_trains_with_sync_bn(tmp_path):
 # -- any model: parallel.sync_batchnorm=true at dp=2 (8 samples a rank) equals dp=1 (16) --
 BN_ENV = {
     "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).parent), str(Path(__file__).parent.parent / "examples")]
+        [str(REPO / "tests"), str(REPO / "examples")]  # bn_targets, my_models
     )
 }
 FOUR_STEPS = [
