@@ -34,8 +34,8 @@ from dtrain_cli.config.search import (
     list_recipes,
     search_path,
 )
-from dtrain_cli.config.targets import import_roots
 from dtrain_cli.errors import ConfigError
+from dtrain_cli.targets import import_roots
 
 
 def expand_shorthands(overrides: Sequence[str]) -> list[str]:

@@ -16,10 +16,13 @@ import importlib.util
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.config.schema import DataConfig, DtrainConfig
-from dtrain_cli.config.targets import TargetError, import_roots, resolve_target
+from dtrain_cli.targets import TargetError, import_roots, resolve_target
+
+if TYPE_CHECKING:
+    from dtrain_cli.models.spec import ModelSpec
 
 HF_EXTRA = "pip install 'dtrain[hf]'"
 EXTENSIONS = {"json": (".jsonl", ".json"), "parquet": (".parquet",), "text": (".txt",)}
@@ -204,6 +207,17 @@ def vocab_warning(data: DataConfig, vocab_size: int | None, key: str) -> str | N
     )
 
 
+def model_vocab_warnings(data: DataConfig, spec: ModelSpec) -> list[str]:
+    """The plan's warning of a model's vocabulary far larger than its data's (none when the
+    model's config cannot be made: the plan's problems say why)."""
+    try:
+        vocab = spec.vocab_size
+    except Exception:
+        return []
+    warning = vocab_warning(data, vocab, spec.vocab_key)
+    return [warning] if warning else []
+
+
 def tokenizer_json_vocab(path: Path) -> int:
     from tokenizers import Tokenizer
 
@@ -233,7 +247,7 @@ def nested_targets(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
 
 def target_problems(data: DataConfig, roots: Sequence[str]) -> list[str]:
     """Every target of a custom dataset imports, is not the standard library, and can be called."""
-    from dtrain_cli.config.targets import argument_key_problems
+    from dtrain_cli.targets import argument_key_problems
 
     if typos := argument_key_problems(data.kwargs, "data"):
         return typos

@@ -18,8 +18,8 @@ from typing import Any
 
 from dtrain_cli.config.data_checks import target_problems
 from dtrain_cli.config.schema import DataConfig
-from dtrain_cli.config.targets import import_roots
 from dtrain_cli.errors import ConfigError
+from dtrain_cli.targets import import_roots
 
 
 class IndexRange:

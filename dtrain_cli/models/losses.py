@@ -105,7 +105,7 @@ def resolve_loss(name: str, roots: list[str] | None = None) -> LossFn | None:
         return mse
     if name == "model":
         return None
-    from dtrain_cli.config.targets import resolve_target
+    from dtrain_cli.targets import resolve_target
 
     fn = resolve_target(name, key="train.loss", roots=roots or [])
     if not callable(fn):

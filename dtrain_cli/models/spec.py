@@ -145,18 +145,8 @@ class ModelSpec(ABC):
         return f"the model's layers ({num_layers})"
 
     vocab_key: ClassVar[str] = "model.vocab_size"
-    """The key that sets this kind's vocabulary (what the plan's warnings name)."""
-
-    def warnings(self, cfg: DtrainConfig) -> list[str]:
-        """What the plan warns of: a vocabulary far larger than the data's."""
-        from dtrain_cli.config.data_checks import vocab_warning
-
-        try:
-            vocab = self.vocab_size
-        except Exception:  # a config that cannot be made: the plan's problems say why
-            return []
-        warning = vocab_warning(cfg.data, vocab, self.vocab_key)
-        return [warning] if warning else []
+    """The key that sets this kind's vocabulary (what the plan's vocabulary warning names:
+    ``config.data_checks.model_vocab_warnings``)."""
 
     def supports_tensor_parallel(self) -> bool:
         return False

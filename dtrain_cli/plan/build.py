@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain_cli.config.data_checks import model_vocab_warnings
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import config_problems
 from dtrain_cli.errors import ConfigError
@@ -258,7 +259,7 @@ def loss_problems(cfg: DtrainConfig, spec: ModelSpec) -> list[str]:
         ]
     if "." not in loss:
         return []
-    from dtrain_cli.config.targets import TargetError, resolve_target
+    from dtrain_cli.targets import TargetError, resolve_target
 
     try:
         fn = resolve_target(loss, key="train.loss", roots=cfg.run.import_roots)
@@ -276,7 +277,7 @@ def layout_of(
     problems, warnings = strategy_problems(cfg)
     mode = mode_for(cfg.sync.mode)
     problems += mode.problems(cfg, world.device)
-    warnings = spec.warnings(cfg) + warnings + mode.warnings(cfg)
+    warnings = model_vocab_warnings(cfg.data, spec) + warnings + mode.warnings(cfg)
     if par.activation_checkpointing in ("selective", "full") and not facts.num_layers:
         problems.append(
             f"parallel.activation_checkpointing={par.activation_checkpointing}: "

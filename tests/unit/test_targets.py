@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dtrain_cli.config.targets import TargetError, import_roots, resolve_target
+from dtrain_cli.targets import TargetError, import_roots, resolve_target
 
 
 @pytest.fixture

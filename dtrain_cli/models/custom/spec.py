@@ -85,7 +85,7 @@ class CustomSpec(ModelSpec):
 
     # -- plan -----------------------------------------------------------------------------
     def problems(self, cfg: DtrainConfig) -> list[str]:
-        from dtrain_cli.config.targets import argument_key_problems
+        from dtrain_cli.targets import argument_key_problems
 
         if typos := argument_key_problems(self.cfg.kwargs, "model"):
             return typos
@@ -226,7 +226,7 @@ class CustomSpec(ModelSpec):
         from hydra.utils import instantiate
         from torch import nn
 
-        from dtrain_cli.config.targets import TargetError, resolve_target
+        from dtrain_cli.targets import TargetError, resolve_target
 
         roots = list(self.run.run.import_roots) if self.run else []
         try:
