@@ -13,51 +13,30 @@ from __future__ import annotations
 
 import importlib
 import math
-import pkgutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from dtrain_cli.mesh.dims import ParallelDims
+from dtrain_cli.registry import Registry
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
-
-_REGISTRY: dict[str, type[Strategy]] = {}
 
 
 class UnknownStrategy(ValueError):
     pass
 
 
-def register(cls: type[Strategy]) -> type[Strategy]:
-    """Class decorator: the strategy becomes ``parallel.strategy=<cls.name>``."""
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def discover() -> dict[str, type[Strategy]]:
-    """Every strategy module of this package, imported once (each registers itself)."""
-    if not _REGISTRY:
-        import dtrain_cli.strategies as package
-
-        for info in pkgutil.iter_modules(package.__path__):
-            if info.name != "base":
-                importlib.import_module(f"{package.__name__}.{info.name}")
-    return _REGISTRY
-
-
-def names() -> tuple[str, ...]:
-    """The registered strategies, simplest first (the advisor's tie-break order)."""
-    return tuple(sorted(discover(), key=lambda n: (discover()[n].simplicity, n)))
-
-
-def strategy_for(name: str) -> Strategy:
-    registry = discover()
-    if name not in registry:
-        raise UnknownStrategy(
-            f"parallel.strategy={name}: not allowed; choose one of {', '.join(names())}"
-        )
-    return registry[name]()
+REGISTRY: Registry[Strategy] = Registry(
+    package="dtrain_cli.strategies",
+    key="parallel.strategy",
+    order=lambda cls: cls.simplicity,  # simplest first: the advisor's tie-break order
+    unknown=UnknownStrategy,
+)
+register = REGISTRY.register
+discover = REGISTRY.discover
+names = REGISTRY.names
+strategy_for = REGISTRY.get
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,48 +12,30 @@ file in this package (found by :func:`discover`).
 from __future__ import annotations
 
 import importlib
-import pkgutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from dtrain_cli.registry import Registry
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
     from dtrain_cli.models.spec import ModelFacts
-
-_REGISTRY: dict[str, type[SyncMode]] = {}
 
 
 class UnknownSyncMode(ValueError):
     pass
 
 
-def register(cls: type[SyncMode]) -> type[SyncMode]:
-    """Class decorator: the mode becomes ``sync.mode=<cls.name>``."""
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def discover() -> dict[str, type[SyncMode]]:
-    if not _REGISTRY:
-        import dtrain_cli.sync_modes as package
-
-        for info in pkgutil.iter_modules(package.__path__):
-            if info.name != "base":
-                importlib.import_module(f"{package.__name__}.{info.name}")
-    return _REGISTRY
-
-
-def names() -> tuple[str, ...]:
-    """The registered modes, the default (synchronous) first."""
-    return tuple(sorted(discover(), key=lambda n: (discover()[n].order, n)))
-
-
-def mode_for(name: str) -> SyncMode:
-    registry = discover()
-    if name not in registry:
-        choices = ", ".join(names())
-        raise UnknownSyncMode(f"sync.mode={name}: not allowed; choose one of {choices}")
-    return registry[name]()
+REGISTRY: Registry[SyncMode] = Registry(
+    package="dtrain_cli.sync_modes",
+    key="sync.mode",
+    order=lambda cls: cls.order,  # the default (synchronous) first
+    unknown=UnknownSyncMode,
+)
+register = REGISTRY.register
+discover = REGISTRY.discover
+names = REGISTRY.names
+mode_for = REGISTRY.get
 
 
 @dataclass(kw_only=True)
