@@ -73,6 +73,25 @@ def launch(tmp_path_factory: pytest.TempPathFactory, name: str, *overrides: str)
 
 # The math: same model, data and global batch (8); dp=1 accumulates 2 micro-batches of 4,
 # dp=2 runs one micro-batch of 4 per rank. Logged every step.
+# A small GPT (1 layer, width 64) for 300 steps: the runs a preemption signal interrupts
+# (tests/launch/test_cluster_live.py, tests/launch/test_slurm.py).
+TINY_PREEMPTIBLE = [
+    "recipe=gpt_tiny",
+    "model.n_layer=1",
+    "model.n_embd=64",
+    "model.n_head=2",
+    "model.block_size=64",
+    "dp=2",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=4",
+    "train.steps=300",
+    "train.eval_every=0",
+    "logging.every=5",
+    "logging.tensorboard=false",
+    "optim.warmup_steps=0",
+]
+
+
 MATH = [
     "recipe=gpt_tiny",
     "train.steps=10",

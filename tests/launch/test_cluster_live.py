@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DTRAIN, MATH, cache_dir, run_dtrain
+from tests.conftest import DTRAIN, MATH, TINY_PREEMPTIBLE, cache_dir, run_dtrain
 
 pytestmark = pytest.mark.multiproc
 
@@ -152,21 +152,7 @@ def test_two_nodes_on_one_machine_match_a_single_node(tmp_path, run_dp2):
     ]
 
 
-TINY = [
-    "recipe=gpt_tiny",
-    "model.n_layer=1",
-    "model.n_embd=64",
-    "model.n_head=2",
-    "model.block_size=64",
-    "dp=2",
-    "train.global_batch_size=8",
-    "train.micro_batch_size=4",
-    "train.steps=300",
-    "train.eval_every=0",
-    "logging.every=5",
-    "logging.tensorboard=false",
-    "optim.warmup_steps=0",
-]
+TINY = TINY_PREEMPTIBLE
 
 
 def wait_for_steps(run_dir_glob, cwd: Path, n: int, proc, deadline_s: float = 120) -> Path:

@@ -13,29 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_dtrain
+from tests.conftest import TINY_PREEMPTIBLE, run_dtrain
 
 pytestmark = pytest.mark.multiproc
 SCRIPTS = Path(__file__).parents[1] / "slurm"
 ROOT = os.environ.get("SLURM_LOCAL_ROOT", "/tmp/slurm")
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-# A small GPT (1 layer, width 64): a few seconds of training per job on 2 cores.
-TINY = [
-    "recipe=gpt_tiny",
-    "model.n_layer=1",
-    "model.n_embd=64",
-    "model.n_head=2",
-    "model.block_size=64",
-    "dp=2",
-    "train.global_batch_size=8",
-    "train.micro_batch_size=4",
-    "train.steps=300",
-    "train.eval_every=0",
-    "logging.every=5",
-    "logging.tensorboard=false",
-    "optim.warmup_steps=0",
-    "cluster.time=10",
-]
+# A few seconds of training per job on 2 cores.
+TINY = [*TINY_PREEMPTIBLE, "cluster.time=10"]
 NASTY = "ref $(touch PWNED1) `touch PWNED2` it's"
 
 
