@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from dtrain_cli.mesh.dims import MESH_DIM_NAMES, ParallelDims
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import env
+from dtrain_cli.runtime.parallel import group_lifetime
 
 
 @dataclass(kw_only=True)
@@ -169,5 +170,7 @@ def mesh_coordinates(ctx: DistContext) -> dict[str, int]:
 
 
 def shutdown_distributed() -> None:
+    """Every group destroyed; kept alive until the process exits, so the model's DDP
+    reducer, freed later with the GIL held, never destroys one (:mod:`.group_lifetime`)."""
     if dist.is_initialized():
-        dist.destroy_process_group()
+        group_lifetime.destroy_process_group()

@@ -21,14 +21,17 @@ No torch import here: a ``spawn`` worker imports only what the script imports.
 
 from __future__ import annotations
 
+import array
 import builtins
 import contextlib
+import fcntl
 import importlib.machinery
 import os
 import runpy
 import select
 import signal
 import sys
+import termios
 import threading
 import time
 import traceback
@@ -162,10 +165,12 @@ def run_script(run_dir: Path) -> None:
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(write_through=True)
     run.logs.mkdir(parents=True, exist_ok=True)
+    from dtrain_cli.runtime.parallel import group_lifetime
     from dtrain_cli.runtime.script import arrival as script_arrival
 
     config = yaml.safe_load(run.config.read_text()) or {}
     script_arrival.install(float(config.get("launcher", {}).get("rdzv_timeout_s") or 900))
+    group_lifetime.install()  # no hang when DDP's reducer outlives destroy_process_group
     with tee_output(run.rank_log(rank)):
         try:
             run_as_main(sc)
@@ -268,8 +273,14 @@ PIPE_BUF = 4096
 """Writes up to this size reach a pipe whole (POSIX): one rank's lines never splice with
 another's on a shared console."""
 
+DRAIN_S = 30.0
+"""How long a rank's end waits for its output to reach the console and its log: a loaded
+machine can keep the pump from running for seconds, and what is still in the pipe when the
+process exits is lost. A child of the script that still holds the pipe ends the wait as
+soon as everything written so far is forwarded."""
+
 _tee: list[tuple[int, int]] = []  # (fd, console) while the tee runs
-_pumps: list[threading.Thread] = []
+_pumps: list[_Pump] = []
 
 
 @contextlib.contextmanager
@@ -285,7 +296,7 @@ def tee_output(path: Path) -> Iterator[None]:
         read_end, write_end = os.pipe()
         os.dup2(write_end, fd)
         os.close(write_end)
-        pump = threading.Thread(target=_pump, args=(read_end, console, log), daemon=True)
+        pump = _Pump(read_end=read_end, console=console, log=log)
         pump.start()
         _tee.append((fd, console))
         _pumps.append(pump)
@@ -297,39 +308,69 @@ def tee_output(path: Path) -> Iterator[None]:
 
 
 def _drain_output() -> None:
-    """Put fds 1 and 2 back on the console and wait for the pumps to forward what is left
-    (a child of the script may still hold the pipe: then at most 2 s)."""
+    """Put fds 1 and 2 back on the console and wait until the pumps have forwarded what is
+    left: they see the pipe's end, or (a child of the script still holds the pipe) nothing
+    is left unread; at most :data:`DRAIN_S`."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
     while _tee:
         fd, console = _tee.pop()
         os.dup2(console, fd)  # the pipe's last write end closes: the pump sees EOF
+    deadline = time.monotonic() + DRAIN_S
     while _pumps:
-        _pumps.pop().join(timeout=2.0)
+        pump = _pumps[-1]
+        pump.join(timeout=0.01)
+        if pump.forwarded_all() or time.monotonic() > deadline:
+            _pumps.pop()
 
 
-def _pump(read_end: int, console: int, log: int) -> None:
-    pending = b""
-    try:
-        while True:
-            wait = PARTIAL_LINE_S if pending else None
-            if not select.select([read_end], [], [], wait)[0]:
-                _forward(pending, console, log)  # an unfinished line waited long enough
-                pending = b""
-                continue
-            data = os.read(read_end, 65536)
-            if not data:
-                break
-            pending += data
-            cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
-            if cut:
-                _forward(pending[:cut], console, log)
-                pending = pending[cut:]
-    finally:
-        _forward(pending, console, log)
-        os.close(read_end)
-        os.close(console)
+class _Pump(threading.Thread):
+    """One pipe to the console and the log, a whole line at a time."""
+
+    def __init__(self, *, read_end: int, console: int, log: int) -> None:
+        super().__init__(daemon=True, name=f"dtrain-tee-{read_end}")
+        self.read_end, self.console, self.log = read_end, console, log
+        self.idle = threading.Event()  # waiting for data, nothing held back
+
+    def forwarded_all(self) -> bool:
+        """Ended, or nothing unread in the pipe while nothing is held back (checked in this
+        order: a pump that was forwarding when the pipe was found empty has set ``idle``
+        only after it wrote everything out)."""
+        if not self.is_alive():
+            return True
+        try:
+            unread = array.array("i", [0])
+            fcntl.ioctl(self.read_end, termios.FIONREAD, unread)
+        except OSError:  # closed: the pump saw the end
+            return not self.is_alive()
+        return unread[0] == 0 and self.idle.is_set()
+
+    def run(self) -> None:
+        pending = b""
+        try:
+            while True:
+                if not pending:
+                    self.idle.set()
+                wait = PARTIAL_LINE_S if pending else None
+                ready = select.select([self.read_end], [], [], wait)[0]
+                self.idle.clear()
+                if not ready:
+                    _forward(pending, self.console, self.log)  # an unfinished line waited
+                    pending = b""
+                    continue
+                data = os.read(self.read_end, 65536)
+                if not data:
+                    break
+                pending += data
+                cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
+                if cut:
+                    _forward(pending[:cut], self.console, self.log)
+                    pending = pending[cut:]
+        finally:
+            _forward(pending, self.console, self.log)
+            os.close(self.read_end)
+            os.close(self.console)
 
 
 def _forward(data: bytes, console: int, log: int) -> None:

@@ -1,0 +1,138 @@
+"""How a ``dtrain run`` rank ends: its output is all forwarded, its process groups never
+deadlock it (:mod:`dtrain_cli.runtime.script.worker`'s tee,
+:mod:`dtrain_cli.runtime.parallel.group_lifetime`). In-process: threads, no process."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo  # as the fork server has it (see below)
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dtrain_cli.runtime.parallel import group_lifetime
+from dtrain_cli.runtime.script import worker
+
+
+def _lines(n: int, tag: str) -> list[str]:
+    return [f"{tag} line {i:04d} " + "x" * 60 for i in range(n)]
+
+
+def test_output_written_last_reaches_the_log_when_the_pump_is_slow(tmp_path, monkeypatch):
+    """A loaded machine can keep the pump from running for seconds: what is still in the
+    pipe when the rank exits would be lost, and the launcher would show an older line
+    than the traceback (a CI failure: "rank 1 about to fail" for "ValueError: boom")."""
+    real_forward = worker._forward
+    slowed: set[int] = set()
+
+    def slow_forward(data: bytes, console: int, log: int) -> None:
+        if data and console not in slowed:  # each pump's first lines wait
+            slowed.add(console)
+            time.sleep(5.0)  # longer than the 2 s each pump was given before
+        real_forward(data, console, log)
+
+    monkeypatch.setattr(worker, "_forward", slow_forward)
+    log = tmp_path / "rank_0.log"
+    wanted = _lines(600, "out")  # 44 KB: all of it fits in the pipe, no write waits
+    with worker.tee_output(log):
+        os.write(1, ("\n".join(wanted[:300]) + "\n").encode())
+        os.write(2, b"Traceback (most recent call last):\nValueError: boom from rank 1\n")
+        os.write(1, ("\n".join(wanted[300:]) + "\n").encode())
+    text = log.read_text().splitlines()
+    assert [line for line in text if line.startswith("out ")] == wanted
+    assert "ValueError: boom from rank 1" in text
+
+
+def test_a_child_holding_the_pipe_does_not_hold_the_end(tmp_path):
+    """A process the script started (here: a second write end, as a child's inherited fd
+    1 is) keeps the pipe open: the drain ends once everything written is forwarded, not
+    after its full wait."""
+    log = tmp_path / "rank_0.log"
+    with worker.tee_output(log):
+        held = os.dup(1)  # the pump never sees the pipe's end while this is open
+        os.write(1, b"before the end\npartial without a newline")
+        start = time.monotonic()
+    waited = time.monotonic() - start
+    try:
+        assert waited < 5.0, waited  # well under DRAIN_S
+        assert log.read_text() == "before the end\npartial without a newline"
+    finally:
+        os.close(held)
+
+
+@pytest.fixture
+def one_rank_group(monkeypatch):
+    """A one-rank gloo group in this process; torch.distributed as it was afterwards."""
+    monkeypatch.setattr(dist, "destroy_process_group", dist.destroy_process_group)
+    c10d = dist.distributed_c10d
+    monkeypatch.setattr(c10d, "destroy_process_group", c10d.destroy_process_group)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    group_lifetime._kept.clear()
+
+
+def _gloo_threads() -> int:
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    return sum((t / "comm").read_text().strip() == "pt_gloo_runloop" for t in tasks.iterdir())
+
+
+def _train_and_drop_ddp() -> None:
+    """pytorch/examples' shape: DDP, backward, destroy_process_group, the model freed at
+    the function's end (its reducer held the group's last reference)."""
+    torch.manual_seed(0)
+    model = DistributedDataParallel(nn.Linear(4, 2))
+    model(torch.randn(3, 4)).sum().backward()
+    dist.destroy_process_group()
+
+
+def test_ddp_model_freed_after_destroy_never_destroys_its_group(one_rank_group):
+    """The group's destructor joins gloo's threads with the GIL held when DDP's reducer
+    drops the last reference; one thread may need the GIL to drop its last allreduce (a
+    hang about one run in ten). Kept, the group dies later, from a Python reference whose
+    destructor releases the GIL, once its threads are idle. torch._dynamo is imported
+    first, as in a forked worker: imported for the first time inside DDP's constructor
+    (a fresh interpreter, torchrun), it keeps references to the group, which then never
+    dies and never hangs."""
+    group_lifetime.install()
+    before = _gloo_threads()
+    assert before >= 1, "this group's runloop threads"
+    _train_and_drop_ddp()  # the installed destroy_process_group
+    assert not dist.is_initialized()
+    assert _gloo_threads() == before  # the reducer is gone, the group is not
+    assert len(group_lifetime.kept_groups()) == 1
+
+    # the next generation lets the previous one go: its threads end, nothing piles up
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    second = dist.group.WORLD
+    dist.destroy_process_group()
+    deadline = time.monotonic() + 10
+    while _gloo_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert group_lifetime.kept_groups() == [second]
+    assert _gloo_threads() == before  # the first group's threads ended, the second's run
+
+
+def test_install_wraps_once_and_leaves_a_fresh_interpreter_alone(one_rank_group, monkeypatch):
+    """Forked workers (torch imported): the script's ``dist.destroy_process_group`` keeps
+    groups, installed once however often the worker installs it. A spawn worker has not
+    imported torch.distributed: nothing is imported or wrapped there."""
+    real = dist.destroy_process_group
+    group_lifetime.install()
+    group_lifetime.install()
+    wrapped = dist.destroy_process_group
+    assert wrapped is not real and wrapped.__wrapped__ is real
+    assert dist.distributed_c10d.destroy_process_group is wrapped
+
+    monkeypatch.setattr(dist, "destroy_process_group", real)
+    monkeypatch.delitem(sys.modules, "torch.distributed")
+    group_lifetime.install()
+    assert "torch.distributed" not in sys.modules
+    assert dist.destroy_process_group is real
