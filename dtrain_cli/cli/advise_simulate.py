@@ -22,14 +22,14 @@ def simulate_top(
     advice: Any, kept: list[str], config_dir: list[Path], count: int = CHECKED
 ) -> list[dict[str, Any]]:
     """``{layout, ok, worst, result}`` for the first ``count`` ranked layouts."""
-    from dtrain_cli.cli.simulate_cmd import SimulateFailed, simulate_layout
+    from dtrain_cli.cli.simulate_cmd import SimulateFailed, check_layout, simulate_layout
 
     out = []
     for verdict in advice.ranked[:count]:
         layout = verdict.layout
         ovs = [*kept, *layout.overrides(advice.nnodes)]
         try:
-            doc = simulate_layout(ovs, config_dir, "0", (1, 1), "auto", None)
+            doc = simulate_layout(check_layout(ovs, config_dir, "0"), (1, 1), "auto", None)
         except SimulateFailed as exc:
             out.append({"layout": layout.label(), "ok": False, "result": exc.lines[0]})
             continue

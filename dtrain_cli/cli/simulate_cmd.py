@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -58,10 +60,14 @@ def simulate(
     runs = split_sweep(overrides or [])
     if isinstance(runs, str):
         fail([runs])
+    try:  # every value of a sweep is checked before the first one runs
+        layouts = [check_layout(ovs, config_dir, ranks) for _label, ovs in runs]
+    except SimulateFailed as exc:
+        fail(exc.lines)
     docs, points = [], []
-    for _label, ovs in runs:
+    for layout in layouts:
         try:
-            doc = simulate_layout(ovs, config_dir, ranks, (steps, jobs), compute, out)
+            doc = simulate_layout(layout, (steps, jobs), compute, out)
         except SimulateFailed as exc:
             fail(exc.lines)
         docs.append(doc)
@@ -84,17 +90,20 @@ class SimulateFailed(Exception):
         self.lines = lines
 
 
-def simulate_layout(ovs, config_dir, ranks_arg, steps_jobs, compute, out) -> dict:
-    """Plan ``ovs``, run its ranks, compare: the document ``--json`` prints (with the plan).
-    Raises :class:`SimulateFailed` when a rank fails; a plan error exits as ``dtrain plan``."""
-    from dtrain_cli.cli.launch_cmd import prepare_data
-    from dtrain_cli.launch.rundir import materialize, new_run_dir
-    from dtrain_cli.models import model_spec
-    from dtrain_cli.simulate.expect import MAX_WORLD, coords_of, default_ranks, rank_params
-    from dtrain_cli.simulate.report import compare
-    from dtrain_cli.simulate.run import choose_compute, run_ranks
+@dataclass(frozen=True, kw_only=True)
+class Layout:
+    """One layout to simulate, checked: its config, plan and the ranks to run."""
 
-    steps, jobs = steps_jobs
+    cfg: Any
+    plan: Any
+    ranks: list[int]
+
+
+def check_layout(ovs: list[str], config_dir: list[Path], ranks_arg: str) -> Layout:
+    """Plan ``ovs`` and check it can be simulated here, starting nothing. Raises
+    :class:`SimulateFailed`; a plan error exits as ``dtrain plan`` does."""
+    from dtrain_cli.simulate.expect import MAX_WORLD, default_ranks
+
     cfg, plan = compose_and_plan(ovs, config_dir)
     if plan.world_size > MAX_WORLD:
         raise SimulateFailed(
@@ -105,6 +114,21 @@ def simulate_layout(ovs, config_dir, ranks_arg, steps_jobs, compute, out) -> dic
             ["sync.mode=param_server: its servers are not simulated; simulate sync.mode=sync"]
         )
     ranks = _parse_ranks(ranks_arg, plan.world_size) or default_ranks(plan)
+    return Layout(cfg=cfg, plan=plan, ranks=ranks)
+
+
+def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], compute: str, out) -> dict:
+    """Run a checked layout's ranks, compare: the document ``--json`` prints (with the
+    plan). Raises :class:`SimulateFailed` when a rank fails."""
+    from dtrain_cli.cli.launch_cmd import prepare_data
+    from dtrain_cli.launch.rundir import materialize, new_run_dir
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.simulate.expect import coords_of, rank_params
+    from dtrain_cli.simulate.report import compare
+    from dtrain_cli.simulate.run import choose_compute, run_ranks
+
+    steps, jobs = steps_jobs
+    cfg, plan, ranks = layout.cfg, layout.plan, layout.ranks
     prepare_data(cfg)
     run_dir = materialize(cfg, plan, _simulate_dir(new_run_dir(cfg), out, cfg.run.name))
     spec = model_spec(cfg)

@@ -60,6 +60,10 @@ def test_fsdp_counts_follow_torch_chunk():
         (["recipe=gpt_tiny", "dp=2", "--compute", "gpu"], "--compute=gpu"),
         (["recipe=gpt_tiny", "dp=2,4", "tp=1,2"], "one key only"),
         (["recipe=gpt_tiny", "pp=8", "dp=1"], "model.n_layer"),
+        # a sweep checks every value before the first one runs (nothing simulated, no run dir)
+        (["recipe=gpt_tiny", "dp=2,x"], "parallel.dp: value 'x' is not an integer"),
+        (["recipe=gpt_tiny", "dp=2,16384", "train.global_batch_size=16384"], "up to 8,192"),
+        (["recipe=gpt_tiny", "dp=1,2", "--ranks", "1"], "1 is outside the world (ranks 0..0)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, says, tmp_path, monkeypatch):
