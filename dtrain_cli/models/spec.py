@@ -111,6 +111,13 @@ class ModelSpec(ABC):
         (the loss included): what autograd saves, as ``SavedTensorMeter`` measures it."""
         return 0.0, 0.0
 
+    def autocast_extra_bytes(self, micro_batch: int, tp: int) -> tuple[float, float]:
+        """(per block, outside) bytes that autocast over fp32 parameters (DDP, ZeRO-1 at
+        bf16/fp16) keeps beyond :meth:`activation_bytes` at 2 bytes a value: the residual
+        stream stays fp32 and each matmul saves its own low-precision copy of its input.
+        Default 0: not modelled for this kind."""
+        return 0.0, 0.0
+
     def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
         """Bytes a checkpointed block keeps for backward: its input (the rest is recomputed).
         Default: the block's whole activations (a kind that does not say gets no saving)."""

@@ -10,6 +10,7 @@ from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.mesh.schedules import SINGLE_STAGE, SPLIT_BACKWARD, V_SHAPED
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 from dtrain_cli.plan.plan import BatchPlan, PipelinePlan, StagePlan
+from dtrain_cli.strategies import strategy_for
 
 BUBBLE_WARN = 0.25
 BYTES_PER_ACTIVATION = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -221,6 +222,9 @@ def part_activations(
     block's activations back for a while."""
     bpv, tp = BYTES_PER_ACTIVATION[cfg.precision.name], max(cfg.parallel.tp, 1)
     per_block, other = spec.activation_bytes(micro_batch, bpv, tp)
+    if bpv < 4 and strategy_for(cfg.parallel.strategy).holds_replicas:  # fp32 parameters
+        extra_block, extra_other = spec.autocast_extra_bytes(micro_batch, tp)
+        per_block, other = per_block + extra_block, other + extra_other
     chosen = checkpointed_layers(lo, hi, cfg.parallel.activation_checkpointing)
     kept_block = min(per_block, spec.checkpoint_bytes(micro_batch, bpv, tp))
     kept = per_block * (hi - lo - len(chosen)) + kept_block * len(chosen)

@@ -129,3 +129,23 @@ def test_a_model_without_blocks_cannot_checkpoint():
     with pytest.raises(ConfigError) as err:
         build_plan(cfg, CPU)
     assert any("has no repeated blocks to checkpoint; use none" in p for p in err.value.problems)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "param_dtype"),
+    [("ddp", torch.float32), ("zero1", torch.float32), ("fsdp", torch.bfloat16)],
+)
+def test_bf16_autocast_activations_match_the_estimate(strategy, param_dtype):
+    """precision=bf16 runs the model under autocast. Over DDP's and ZeRO-1's fp32 parameters
+    the residual stream stays fp32 and q, k and v each save their own bf16 copy of the
+    norm's output; FSDP2 computes with bf16 parameters (its MixedPrecisionPolicy), all of
+    it in bf16. Counted as dtrain simulate counts (the weights' bf16 copies are weights)."""
+    from dtrain_cli.runtime.simulate_measure import SavedBytesMeter
+
+    cfg, spec, model = _model("none", "precision=bf16", f"parallel.strategy={strategy}")
+    model.to(param_dtype)
+    x, y = _batch(cfg)
+    with SavedBytesMeter() as meter, torch.autocast("cpu", dtype=torch.bfloat16):
+        cross_entropy(model(x), y).backward()
+    kept, _ = part_activations(cfg, spec, MICRO, 0, cfg.model.n_layer, True)
+    assert meter.peak_step_bytes == pytest.approx(kept, rel=TOLERANCE)  # 25 % apart

@@ -76,6 +76,15 @@ class GPTSpec(ModelSpec):
         outside = 2 * bsd + 2 * b * s * 4 + b * s * v * 4 + 2 * b * s * 8 + s * 8
         return float(per_layer), float(outside)
 
+    def autocast_extra_bytes(self, micro_batch: int, tp: int) -> tuple[float, float]:
+        """Autocast over fp32 parameters: the block input and the MLP input (the residual
+        stream) stay fp32 (+2 bytes each a value), and q, k and v each save their own bf16
+        copy of the first norm's fp32 output (+4: three copies where one was counted), all
+        replicated under tp; outside, the final norm's input is fp32 (+2). Measured exactly
+        by tests/unit/test_activation_checkpoint.py."""
+        bsd = micro_batch * self.cfg.block_size * self.cfg.n_embd
+        return float(8 * bsd), float(2 * bsd)
+
     def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
         """A checkpointed block keeps only its input, the (b, s, d) residual stream."""
         return float(micro_batch * self.cfg.block_size * self.cfg.n_embd * bytes_per_value)
