@@ -47,15 +47,20 @@ def _parse(spec: str) -> list[tuple[str, dict[str, int]]]:
     return out
 
 
-_FAULTS = _parse(env.fault_spec())
+def _faults() -> list[tuple[str, dict[str, int]]]:
+    """The drills of ``DTRAIN_FAULTS`` as this process has it now (read per call, not at
+    import: a process forked with this module loaded may have been given another)."""
+    spec = env.fault_spec()
+    return _parse(spec) if spec else []
 
 
 def armed(point: str, **where: int) -> dict[str, int] | None:
     """The parameters of the drill armed for ``point`` where its ``step``/``rank`` (if
     given) match ``where``; None otherwise (cheap when no fault is set)."""
-    if not _FAULTS or env.restart_count() != 0:
+    faults = _faults()
+    if not faults or env.restart_count() != 0:
         return None
-    for name, params in _FAULTS:
+    for name, params in faults:
         if name == point and all(
             where.get(k) == v for k, v in params.items() if k in ("step", "rank")
         ):
@@ -65,15 +70,16 @@ def armed(point: str, **where: int) -> dict[str, int] | None:
 
 def maybe_fail(point: str, **where: int) -> None:
     """SIGKILL this process if a fault is armed for ``point`` at ``where`` (first attempt)."""
-    if not _FAULTS:
+    faults = _faults()
+    if not faults:
         return
-    for name, params in _FAULTS:
+    for name, params in faults:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if name == "throttle" and point == "kill" and params.get("world", world) == world:
             time.sleep(params.get("ms", 0) / 1000)
     if env.restart_count() != 0:
         return
-    for name, params in _FAULTS:
+    for name, params in faults:
         at = {
             "hang": "kill",
             "stop": "kill",
@@ -150,6 +156,6 @@ def _note_drill(name: str, where: dict[str, int]) -> None:
 def straggle(rank: int, step_s: float) -> None:
     """``slow:rank=R:factor=F``: rank R sleeps (F - 1) x its step time after every step, a
     worker F times slower (for the staleness drills). Every attempt, unlike the others."""
-    for name, params in _FAULTS:
+    for name, params in _faults():
         if name == "slow" and params.get("rank", rank) == rank and params.get("factor", 1) > 1:
             time.sleep((params["factor"] - 1) * step_s)
