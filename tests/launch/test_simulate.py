@@ -76,3 +76,32 @@ def test_layout_failing_at_scale_names_the_rank(tmp_path):
     assert "rank 0 (pp=0, dp=0, tp=0) of world 128" in run.stderr
     assert "does not divide over 128 ranks" in run.stderr
     assert "Traceback" not in run.stderr and len(lines) <= 3
+
+
+def test_fsdp_tp_pp_runs_every_mesh_dimension(tmp_path):
+    """FSDP2 + tensor parallel + pipeline at once, on fake tensors as a model too large for
+    this machine runs (the simulator failed to convert the stages' fake DTensor parameters
+    to bf16 when it computed their input shapes)."""
+    (doc,) = _simulate(
+        tmp_path,
+        "recipe=gpt_tiny",
+        "dp=2",
+        "tp=2",
+        "pp=2",
+        "parallel.strategy=fsdp",
+        "precision=bf16",
+        "--ranks",
+        "0,7",
+        "--steps",
+        "1",
+        "--compute",
+        "fake",
+    )
+    first, last = doc["ranks"]
+    assert (first["rank"], last["rank"]) == (0, 7)
+    for rank in (first, last):
+        assert rank["params_count"] == rank["params_count_exact"]
+        ops = {(c["op"], c["axis"]) for c in rank["collectives"]}
+        assert ("reduce_scatter_base", "dp") in ops and ("all_reduce", "tp") in ops
+    sent = {c["op"] for c in first["collectives"] if c["axis"] == "pp"}
+    assert "send" in sent

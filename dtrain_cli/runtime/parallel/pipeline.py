@@ -70,7 +70,9 @@ def stage_io_meta(
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Each stage's (input, output) of one micro-batch, by running the stages of the meta
     model in order under the step's autocast (``low_params``: FSDP's parameters in
-    ``dtype``, as its mixed-precision policy casts them). Token models only."""
+    ``dtype``, as its mixed-precision policy casts them: a stage's floating output then
+    has that dtype; cast here, since the model's parameters, DTensors under tp, cannot
+    be converted in place). Token models only."""
     import contextlib
 
     x: torch.Tensor = torch.zeros(micro_batch, spec.block_size, dtype=torch.long, device="meta")
@@ -78,10 +80,9 @@ def stage_io_meta(
     autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
     with autocast:  # with grad: what requires grad decides which gradients flow back
         for st in sorted(pipe.stages, key=lambda s: s.stage):
-            part = spec.pipeline_stage(model, st)
-            if low_params and dtype is not None:
-                part = part.to(dtype)
-            out = part(x)
+            out = spec.pipeline_stage(model, st)(x)
+            if low_params and dtype is not None and out.is_floating_point():
+                out = out.to(dtype)
             io[st.stage] = (x, out)
             x = out.detach().requires_grad_(out.is_floating_point())
     return io
