@@ -26,13 +26,17 @@ run: $(STAMP)  ## Train the built-in default: gpt_small, 2 processes, on Python'
 	$(VENV)/bin/dtrain launch recipe=gpt_small dp=2
 
 # The unit room is pure CPU work in one process per test: pytest-xdist spreads it over the
-# cores. The launch room runs one test at a time: each starts ranks that want every core.
+# cores. The launch room too, a test file per worker (its shared launches stay in one
+# worker), except the tests of the one local SLURM cluster (marked serial), run last.
 UNIT_JOBS ?= 2
+LAUNCH_JOBS ?= 2
 
 test: $(STAMP)  ## Run the whole test suite (CPU, gloo): tests/unit, then tests/launch
 	@status=0; \
 	$(PY) -m pytest -q -n $(UNIT_JOBS) tests/unit $(PYTEST_ARGS) || status=$$?; \
-	$(PY) -m pytest -q tests/launch $(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest -q -n $(LAUNCH_JOBS) --dist loadfile -m "not serial" tests/launch \
+		$(PYTEST_ARGS) || status=$$?; \
+	$(PY) -m pytest -q -m serial tests/launch $(PYTEST_ARGS) || status=$$?; \
 	exit $$status
 
 test-fast: $(STAMP)  ## Run the unit room (tests/unit: no process started): after every change

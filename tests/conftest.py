@@ -19,11 +19,19 @@ REPO = Path(__file__).resolve().parent.parent
 DTRAIN = [sys.executable, "-m", "dtrain_cli"]
 
 
+SERIAL_FILES = frozenset({"test_slurm.py", "test_slurm_elastic.py", "test_slurm_script_run.py"})
+"""Launch tests that share one machine-wide service (the local SLURM cluster: its two
+nodes, its queue): ``serial``, run one at a time after the rest of the launch room."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test of tests/launch is ``multiproc``: ``-m "not multiproc"`` is the unit room."""
+    """Every test of tests/launch is ``multiproc``: ``-m "not multiproc"`` is the unit room;
+    those of :data:`SERIAL_FILES` are ``serial`` too."""
     for item in items:
         if room(item.path) == "launch":
             item.add_marker(pytest.mark.multiproc)
+            if item.path.name in SERIAL_FILES:
+                item.add_marker(pytest.mark.serial)
 
 
 @dataclass
@@ -44,11 +52,30 @@ class Run:
         return json.loads((self.run_dir / "summary.json").read_text())
 
 
-def run_dtrain(args: list[str], cwd: Path, timeout: float = 300, env: dict | None = None) -> Run:
+WARM_COMMANDS = frozenset({"launch", "resume"})
+"""Forked from the warm launcher (tests/warm_launcher.py) unless ``fresh=True`` or
+``DTRAIN_TEST_FRESH=1``: the same launch without importing torch twice per test."""
+
+
+def run_dtrain(
+    args: list[str],
+    cwd: Path,
+    timeout: float = 300,
+    env: dict | None = None,
+    *,
+    fresh: bool = False,
+) -> Run:
+    """``python -m dtrain_cli ARGS`` in ``cwd``: its exit code, output and newest run dir."""
     full_env = {**os.environ, "DTRAIN_CACHE": str(cache_dir()), **(env or {})}
-    proc = subprocess.run(
-        [*DTRAIN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
-    )
+    warm = not fresh and args[:1] and args[0] in WARM_COMMANDS
+    if warm and os.environ.get("DTRAIN_TEST_FRESH") != "1":
+        from tests.warm_launcher import warm_launcher
+
+        proc = warm_launcher().run(args, cwd, full_env, timeout)
+    else:
+        proc = subprocess.run(
+            [*DTRAIN, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+        )
     run_dir = None
     runs = cwd / "runs"
     if runs.is_dir():
@@ -64,9 +91,11 @@ def cache_dir() -> Path:
     return path
 
 
-def launch(tmp_path_factory: pytest.TempPathFactory, name: str, *overrides: str) -> Run:
+def launch(
+    tmp_path_factory: pytest.TempPathFactory, name: str, *overrides: str, fresh: bool = False
+) -> Run:
     cwd = tmp_path_factory.mktemp(name)
-    run = run_dtrain(["launch", *overrides], cwd)
+    run = run_dtrain(["launch", *overrides], cwd, fresh=fresh)
     assert run.returncode == 0, f"launch failed:\n{run.stdout}\n{run.stderr}"
     return run
 
@@ -111,7 +140,8 @@ def run_dp1(tmp_path_factory: pytest.TempPathFactory) -> Run:
 
 @pytest.fixture(scope="session")
 def run_dp2(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    return launch(tmp_path_factory, "dp2", *MATH, "dp=2")
+    """The README's launch as a user starts it: a fresh ``python -m dtrain_cli``."""
+    return launch(tmp_path_factory, "dp2", *MATH, "dp=2", fresh=True)
 
 
 @pytest.fixture(scope="session")
