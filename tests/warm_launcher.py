@@ -106,6 +106,8 @@ def _monitor(conn: socket.socket, request: dict, fds: list[int], base_path: list
 
 def _become_launcher(request: dict, fds: list[int], base_path: list[str]) -> None:
     """What ``python -m dtrain_cli ARGS`` in ``cwd`` with ``env`` would be, then run it."""
+    from dtrain_cli.runtime.script.worker import exit_status
+
     code = 1
     try:
         os.setsid()  # its own session: a timeout stops the whole launch tree
@@ -125,7 +127,7 @@ def _become_launcher(request: dict, fds: list[int], base_path: list[str]) -> Non
             runpy.run_module("dtrain_cli", run_name="__main__", alter_sys=True)
             code = 0
         except SystemExit as exc:
-            code = _exit_status(exc)
+            code = exit_status(exc)  # as python exits: None 0, an int, a message 1
         except BaseException:
             traceback.print_exc()
             code = 1
@@ -136,15 +138,6 @@ def _become_launcher(request: dict, fds: list[int], base_path: list[str]) -> Non
                 stream.flush()
     finally:
         os._exit(code)
-
-
-def _exit_status(exc: SystemExit) -> int:
-    if exc.code is None:
-        return 0
-    if isinstance(exc.code, int):
-        return exc.code
-    print(exc.code, file=sys.stderr)
-    return 1
 
 
 def _pythonpath(environ: os._Environ | dict) -> list[str]:
