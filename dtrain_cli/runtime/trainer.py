@@ -63,6 +63,7 @@ class Trainer:
     ) -> None:
         self.cfg, self.plan, self.ctx, self.run_dir = cfg, plan, ctx, run_dir
         self.times: dict[str, float] = {}
+        self.startup_peak: dict[str, int] = {}  # the worker measures it after start-up
         torch.manual_seed(cfg.train.seed + ctx.rank)  # dropout differs per rank, init does not
         self.layout = BatchLayout(
             plan.batch.micro_batch_size, plan.batch.grad_accum, plan.batch.dp, ctx.dp_rank
@@ -335,6 +336,7 @@ class Trainer:
             **self.metrics.bubble_report(),
             **{f"startup_{k}_s": v for k, v in startup.items()},
             "startup_phases_s": {k: round(v, 3) for k, v in startup_phases(self.times, t0).items()},
+            "startup_peak_bytes": self.startup_peak,
             **self.mode_extra,
         }
         if self.ctx.is_logging_rank:

@@ -26,7 +26,7 @@ from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.notes import write_note
 from dtrain_cli.runtime.components import preemption
-from dtrain_cli.runtime.diagnostics import collective_debug
+from dtrain_cli.runtime.diagnostics import collective_debug, peak_memory
 from dtrain_cli.runtime.diagnostics.interrupt import InterruptGuard, restore_default_signals
 from dtrain_cli.runtime.diagnostics.logs import make_console, setup_logging
 from dtrain_cli.runtime.diagnostics.watchdog import enable_flight_recorder, process_group_timeout_s
@@ -95,6 +95,10 @@ def worker_main(
             worker_start=started,
             process_group_ready=pg_ready,
             model_ready=time.time(),
+        )
+        trainer.startup_peak = peak_memory.peak_bytes(ctx.device)
+        log.info(
+            "rank %d start-up peak memory: %s", rank, peak_memory.describe(trainer.startup_peak)
         )
         result = trainer.train()
     except Exception as exc:

@@ -112,8 +112,10 @@ def test_console_summary_fits_a_screen_and_summary_json_keeps_every_field(run_dp
         "startup_phases_s",
         "startup_first_step_done_s",
         "data_wait_ms_per_step",
+        "startup_peak_bytes",
     ):
         assert key in s, key
+    assert s["startup_peak_bytes"]["host"] > 100 * 2**20  # torch itself is resident
 
 
 def strict_json(text: str) -> dict:
