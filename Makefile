@@ -27,16 +27,21 @@ run: $(STAMP)  ## Train the built-in default: gpt_small, 2 processes, on Python'
 
 # The unit room is pure CPU work in one process per test: pytest-xdist spreads it over the
 # cores. The launch room too, a test file per worker (its shared launches stay in one
-# worker), except the tests of the one local SLURM cluster (marked serial), run last.
+# worker), except the tests of the one local SLURM cluster (marked serial): one at a time,
+# beside the rest from the start (installing and starting SLURM, and its jobs waiting for
+# the scheduler, leave the cores to the other rooms); their output is printed at the end.
 UNIT_JOBS ?= 2
 LAUNCH_JOBS ?= 2
+SERIAL_LOG ?= $(or $(TMPDIR),/tmp)/dtrain-serial-tests.log
 
 test: $(STAMP)  ## Run the whole test suite (CPU, gloo): tests/unit, then tests/launch
 	@status=0; \
+	$(PY) -m pytest -q -m serial tests/launch $(PYTEST_ARGS) > $(SERIAL_LOG) 2>&1 & serial=$$!; \
 	$(PY) -m pytest -q -n $(UNIT_JOBS) tests/unit $(PYTEST_ARGS) || status=$$?; \
 	$(PY) -m pytest -q -n $(LAUNCH_JOBS) --dist loadfile -m "not serial" tests/launch \
 		$(PYTEST_ARGS) || status=$$?; \
-	$(PY) -m pytest -q -m serial tests/launch $(PYTEST_ARGS) || status=$$?; \
+	wait $$serial || status=$$?; \
+	echo "--- the SLURM tests (-m serial), run beside the others:"; cat $(SERIAL_LOG); \
 	exit $$status
 
 test-fast: $(STAMP)  ## Run the unit room (tests/unit: no process started): after every change
