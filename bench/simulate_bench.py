@@ -9,8 +9,9 @@ one process at a time, ``OMP_NUM_THREADS=1``); gpt_1b's steps run on fake tensor
 (``--compute fake``: shapes only), gpt_small's for real, the tiny Llama's as ``auto``
 picks. The plan's estimate is made for the rank holding the most; the rank chosen is that
 one: rank 0 (dp rank 0 holds FSDP's largest chunks; at pp=2 the first stage holds the
-position embedding besides what the last stage's head matches). Ratio = estimate /
-measured.
+position embedding besides what the last stage's head matches). Activations are compared
+with the plan's figure for the rank's own pipeline stages (the last one keeps the logits).
+Ratio = estimate / measured.
 """
 
 from __future__ import annotations
@@ -41,9 +42,8 @@ class Point:
     extra: tuple[str, ...] = field(default=())
 
 
-# Pure FSDP stops at dp=512: FSDP2 splits every tensor into dp chunks at each gather and
-# reduce-scatter, so under fake tensors a dp=4,096 rank takes over 15 min here (killed by
-# simulate's 900 s limit); world 4,096 is reached by hsdp (8-way shards) and fsdp+tp+pp.
+# Pure FSDP at dp=4,096 is the slowest point (about 3.5 min here): FSDP2 splits every
+# tensor into dp chunks at each gather and reduce-scatter, 4,096 fake tensors each.
 GRID: list[Point] = [
     Point(label="gpt_small ddp", overrides=(*SMALL, "dp=8"), compute="real", quick=True),
     Point(label="gpt_small zero1", overrides=(*SMALL, "dp=8", "parallel.strategy=zero1"),
@@ -59,6 +59,8 @@ GRID: list[Point] = [
           "parallel.strategy=fsdp")),
     Point(label="gpt_1b fsdp", overrides=(*BIG, "dp=512", "parallel.nnodes=64",
           "parallel.strategy=fsdp"), quick=True),
+    Point(label="gpt_1b fsdp", overrides=(*BIG, "dp=4096", "parallel.nnodes=512",
+          "parallel.strategy=fsdp")),
     Point(label="gpt_1b hsdp", overrides=(*BIG, "dp=4096", "parallel.nnodes=512",
           "parallel.strategy=hsdp")),
     Point(label="gpt_1b fsdp+tp", overrides=(*BIG, "dp=64", "tp=8", "parallel.nnodes=64",

@@ -56,14 +56,19 @@ def fail(problems: Sequence[str], code: int = EXIT_CONFIG) -> NoReturn:
 
 
 def compose_and_plan(
-    overrides: Sequence[str], config_dirs: Sequence[Path], script: list[str] | None = None
+    overrides: Sequence[str],
+    config_dirs: Sequence[Path],
+    script: list[str] | None = None,
+    *,
+    on_hardware: bool = False,
 ):
     """recipe=... + overrides (+ a script and its arguments: ``dtrain run``) -> (typed
-    config, plan). ConfigError -> exit 2."""
+    config, plan). ``on_hardware``: planned for a node of the config's hardware profile,
+    not this machine (``dtrain simulate``). ConfigError -> exit 2."""
     from dtrain_cli.cli.script_args import apply_script, script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.config.data_checks import data_problems
-    from dtrain_cli.plan.build import build_plan
+    from dtrain_cli.plan.build import build_plan, node_of
     from dtrain_cli.plan.script import is_script
 
     if problems := script_problems(script):
@@ -89,7 +94,7 @@ def compose_and_plan(
     # paths and targets exist, before any write; a script's data is its own business
     problems = [] if is_script(cfg) else data_problems(cfg, config_dirs)
     try:
-        plan = build_plan(cfg)
+        plan = build_plan(cfg, node_of(cfg) if on_hardware else None)
     except ConfigError as exc:
         problems += exc.problems
     if problems:

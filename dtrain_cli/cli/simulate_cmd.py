@@ -75,6 +75,8 @@ def simulate(
             from dtrain_cli.simulate.report import render
 
             console.print(render(doc["plan"], doc["ranks"], doc["title"]))
+            for note in doc["notes"]:
+                console.print(f"note: {note}", soft_wrap=True)
         points.append(doc)
     if len(runs) > 1:
         _sweep_plot(points, out, as_json)
@@ -104,7 +106,7 @@ def check_layout(ovs: list[str], config_dir: list[Path], ranks_arg: str) -> Layo
     :class:`SimulateFailed`; a plan error exits as ``dtrain plan`` does."""
     from dtrain_cli.simulate.expect import MAX_WORLD, default_ranks
 
-    cfg, plan = compose_and_plan(ovs, config_dir)
+    cfg, plan = compose_and_plan(ovs, config_dir, on_hardware=True)
     if plan.world_size > MAX_WORLD:
         raise SimulateFailed(
             [f"world size {plan.world_size:,}: simulate runs worlds up to {MAX_WORLD:,}"]
@@ -147,9 +149,26 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], compute: str, o
         f"simulate: world {plan.world_size:,} ({layout}, {plan.strategy}), {mode} "
         f"compute, {steps} step(s); run dir {run_dir}"
     )
-    doc = {"plan": plan, "ranks": rows, "title": title, "run_dir": str(run_dir)}
+    notes = cuda_notes(cfg, plan)
+    doc = {"plan": plan, "ranks": rows, "title": title, "run_dir": str(run_dir), "notes": notes}
     (run_dir / "simulate" / "report.json").write_text(json.dumps(_public(doc), indent=1))
     return doc
+
+
+def cuda_notes(cfg: Any, plan: Any) -> list[str]:
+    """What a CUDA plan runs differently here: said next to the table."""
+    if plan.device != "cuda":
+        return []
+    notes = [
+        f"planned for {cfg.hardware.name} ({plan.backend}, CUDA): simulated here on CPU "
+        f"tensors and the fake process group; byte sizes and collectives are the plan's"
+    ]
+    if plan.precision.loss_scaling:
+        notes.append(
+            f"precision={cfg.precision.name} (CUDA only in a launch): its autocast and "
+            f"GradScaler ran on CPU tensors here, with {cfg.precision.name}'s byte sizes"
+        )
+    return notes
 
 
 def _simulate_dir(path: Path, out: Path | None, named: str | None) -> Path:

@@ -29,6 +29,15 @@ class SavedBytes:
     block_input: float
     """A block's input (what a checkpointed block keeps), floating-point bytes."""
 
+    def per_micro_batch(
+        self, micro_batch: int, bytes_per_value: int, tp: int
+    ) -> tuple[float, float]:
+        """(per block, outside the blocks) for a micro-batch: measured in fp32, floating-point
+        tensors scaled to ``bytes_per_value``, a block's split over ``tp``."""
+        f = micro_batch * bytes_per_value / 4
+        block = (self.block_float * f + self.block_other * micro_batch) / max(tp, 1)
+        return block, self.outside_float * f + self.outside_other * micro_batch
+
 
 def measure_saved(
     model: Any, blocks: list[Any], inputs: Any, forward_loss: Callable[[Any, Any], Any]

@@ -18,6 +18,7 @@ Nothing outside ``dtrain_cli/models`` knows a model's field names.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +190,12 @@ class ModelSpec(ABC):
         return []
 
     # -- runtime (imports torch) ---------------------------------------------------------------
+    def fake_tensor_context(self) -> contextlib.AbstractContextManager:
+        """What this kind's forward needs to take, under torch's ``FakeTensorMode``, the path
+        it takes on real tensors (``dtrain simulate --compute fake``, the plan's
+        measurements). Default: nothing."""
+        return contextlib.nullcontext()
+
     @abstractmethod
     def build(self, device: torch.device | str) -> nn.Module:
         """The full model, initialised from the global RNG (the caller seeds it). On the meta

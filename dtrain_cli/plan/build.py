@@ -64,6 +64,15 @@ class Resources:
         return cls(num_gpus=visible_gpu_count(), num_cpus=len(os.sched_getaffinity(0)))
 
 
+def node_of(cfg: DtrainConfig) -> Resources:
+    """A node of the hardware the config plans for (``hardware.devices_per_node`` GPUs when
+    ``hardware.device=cuda`` and ``run.device`` allows it): what ``dtrain simulate`` plans
+    against, so a CUDA plan is simulated as the cluster would run it, not as this machine."""
+    hw = cfg.hardware
+    gpus = hw.devices_per_node if hw.device == "cuda" and cfg.run.device != "cpu" else 0
+    return Resources(num_gpus=gpus, num_cpus=len(os.sched_getaffinity(0)))
+
+
 def visible_gpu_count() -> int:
     """NVIDIA GPUs the driver lists, narrowed by CUDA_VISIBLE_DEVICES (no CUDA init)."""
     gpus_dir = Path("/proc/driver/nvidia/gpus")

@@ -27,6 +27,22 @@ def fsdp_reshards_after_forward(cfg: DtrainConfig, schedule: str | None) -> bool
     return cfg.parallel.reshard_after_forward and schedule not in SPLIT_BACKWARD
 
 
+def fsdp_gathers(
+    cfg: DtrainConfig, grad_accum: int, pipeline: PipelinePlan | None
+) -> tuple[int, int]:
+    """(all-gathers of each FSDP unit per round, rounds per step), as FSDP2 runs them.
+    Without a pipeline a round is a micro-batch: a gather in forward and, when resharded
+    after forward, again in backward. In a pipeline a round is a schedule call: each
+    micro-batch's forward gathers (resharded after it) and backward gathers once, since
+    ``torch.distributed.pipelining`` keeps the parameters gathered between backwards
+    (``set_reshard_after_backward(False)``): m + 1, every schedule; 1 unresharded."""
+    schedule = pipeline.schedule if pipeline is not None else None
+    reshard = fsdp_reshards_after_forward(cfg, schedule)
+    if pipeline is None:
+        return (2 if reshard else 1), max(grad_accum, 1)
+    return (pipeline.microbatches + 1 if reshard else 1), max(pipeline.calls_per_step, 1)
+
+
 def divisors(n: int, limit: int = 64) -> list[int]:
     """The divisors of ``n`` up to ``limit`` (suggestions stay short and cheap)."""
     return [d for d in range(1, min(n, limit) + 1) if n % d == 0]

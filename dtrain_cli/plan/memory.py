@@ -17,7 +17,7 @@ from dataclasses import replace
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.mesh.dims import ParallelDims
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
-from dtrain_cli.plan.layout import fsdp_reshards_after_forward, part_activations
+from dtrain_cli.plan.layout import fsdp_gathers, part_activations
 from dtrain_cli.plan.plan import BatchPlan, Estimates, PipelinePlan
 from dtrain_cli.strategies import names as strategy_names
 from dtrain_cli.strategies import strategy_for
@@ -39,23 +39,30 @@ def grad_payload_bytes(cfg: DtrainConfig, facts: ModelFacts) -> int:
     return 4 * n
 
 
-def comm_bytes_per_step(cfg: DtrainConfig, facts: ModelFacts, ddp: bool = False) -> int:
+def comm_bytes_per_step(
+    cfg: DtrainConfig,
+    facts: ModelFacts,
+    ddp: bool = False,
+    *,
+    grad_accum: int = 1,
+    pipeline: PipelinePlan | None = None,
+) -> int:
     """Bytes sent per rank per step over the dp group (ring algorithms): the strategy's
     every-step synchronization, or what the sync mode sends instead; ``ddp``: what
-    synchronous DDP would send, whatever the config says."""
+    synchronous DDP would send, whatever the config says. ``grad_accum`` and ``pipeline``
+    count FSDP's re-gathers (:func:`.layout.fsdp_gathers`)."""
     par = cfg.parallel
     dims = ParallelDims(pp=par.pp, dp=max(par.dp, 1), tp=par.tp)
     strategy = strategy_for(strategy_names()[0] if ddp else par.strategy)  # ddp: the plain one
     if not ddp:
         dims = replace(dims, dp_replicate=strategy.dp_replicate(cfg, nproc_guess(cfg)))
     model_parallel = max(par.tp * par.pp, 1)
-    schedule = cfg.pipeline.schedule if par.pp > 1 else None
     pad = fsdp_padding(facts, dims.dp_shard, par.tp) if strategy.shards_params else 1.0
     strategy_bytes = strategy.comm_bytes_per_step(
         param_bytes=4 * facts.num_params / model_parallel * pad,
         payload_bytes=grad_payload_bytes(cfg, facts) / model_parallel,
         dims=dims,
-        gathers=2 if fsdp_reshards_after_forward(cfg, schedule) else 1,  # fwd (+ bwd)
+        gathers=math.prod(fsdp_gathers(cfg, grad_accum, pipeline)),
         gather_scale=0.5 if cfg.precision.name in ("bf16", "fp16") else 1.0,
     )
     if ddp:
@@ -129,7 +136,9 @@ def estimate(
         bytes_activations=activations,
         bytes_total=params_b + grads_b + optim_b + activations + recompute + gathered,
         flops_per_token=facts.flops_per_unit,
-        comm_bytes_per_step=comm_bytes_per_step(cfg, facts),
+        comm_bytes_per_step=comm_bytes_per_step(
+            cfg, facts, grad_accum=batch.grad_accum, pipeline=pipeline
+        ),
         grad_payload_bytes=grad_payload_bytes(cfg, facts),
         bytes_recompute=recompute,
         bytes_gathered=gathered,

@@ -50,7 +50,7 @@ from dtrain_cli.plan.layout import (
     BYTES_PER_ACTIVATION,
     SPLIT_BACKWARD,
     checkpointed_layers,
-    fsdp_reshards_after_forward,
+    fsdp_gathers,
     inflight_microbatches,
     part_activations,
 )
@@ -261,12 +261,12 @@ def dp_link(
     g = max(hw.devices_per_node, 1)
     where = placement(par.dp * par.tp, g)
     per_node = max(1, g // max(par.tp, 1)) if where == "inter" else 1
-    schedule = plan.pipeline.schedule if plan.pipeline else None
+    gathers, rounds = fsdp_gathers(cfg, plan.batch.grad_accum, plan.pipeline)
     traffic = strategy_for(par.strategy).dp_traffic(
         param_bytes=4 * e.params_per_rank,
         low_bytes=2 if cfg.precision.name in ("bf16", "fp16") else 4,
-        gathers=2 if fsdp_reshards_after_forward(cfg, schedule) else 1,
-        rounds=plan.pipeline.calls_per_step if plan.pipeline else plan.batch.grad_accum,
+        gathers=gathers,
+        rounds=rounds,
         units=max(layers // max(par.pp, 1), 1) + 1,
         comm_bytes=e.comm_bytes_per_step,
         buckets=max(1, int(4 * e.params_per_rank / (cfg.comm.bucket_mb * 2**20)) + 1),

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from dtrain_cli.config.compose import config_from_yaml
+from dtrain_cli.models import model_spec
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.runtime.parallel.mesh import DistContext, build_mesh, mesh_coordinates
@@ -118,11 +119,7 @@ def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[st
     ctx = init_fake(plan, rank)
     _agree_on_static_shapes()
     fake = compute == "fake"
-    mode: Any = contextlib.nullcontext()
     if fake:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
-        mode = FakeTensorMode(allow_non_fake_inputs=True)
         from torch.distributed.device_mesh import DeviceMesh
 
         from dtrain_cli.runtime.data.loader import Batches
@@ -130,7 +127,12 @@ def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[st
         for cls in (DeviceMesh, Batches):
             _outside_fake_mode(cls)
     out: dict[str, Any] = {"rank": rank, "coords": mesh_coordinates(ctx), "compute": compute}
-    with mode:
+    with contextlib.ExitStack() as mode:
+        if fake:  # the model's own forward path, on tensors that hold no data
+            from torch._subclasses.fake_tensor import FakeTensorMode
+
+            mode.enter_context(model_spec(cfg).fake_tensor_context())
+            mode.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
         trainer = Trainer(cfg, plan, ctx, run.path, None)
         out["startup_s"] = round(time.perf_counter() - t0, 3)
         out.update(_run_steps(trainer, ctx, steps))

@@ -39,6 +39,10 @@ class SavedBytesMeter:
     def __init__(self) -> None:
         self.peak_step_bytes = 0
         self._seen: dict[int, int] = {}
+        self._held: list[Any] = []
+        """Every storage counted, alive until the step ends: a micro-batch's storages are
+        freed after its backward, and a later one's could reuse their addresses (the key),
+        which made the count depend on the allocator."""
         self._hooks: Any = None
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -46,13 +50,16 @@ class SavedBytesMeter:
             local = t._local_tensor if is_dtensor(t) else t  # no autograd op in a hook
             try:
                 st = local.untyped_storage()
-                self._seen.setdefault(st._cdata, st.nbytes())
+                key, nbytes = st._cdata, st.nbytes()
             except (RuntimeError, NotImplementedError):  # a tensor subclass without storage
-                self._seen.setdefault(id(local), local.numel() * local.element_size())
+                st, key, nbytes = local, id(local), local.numel() * local.element_size()
+            if key not in self._seen:
+                self._seen[key] = nbytes
+                self._held.append(st)
         return t
 
     def __enter__(self) -> SavedBytesMeter:
-        self._seen = {}
+        self._seen, self._held = {}, []
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self
@@ -60,6 +67,7 @@ class SavedBytesMeter:
     def __exit__(self, *exc: Any) -> None:
         self._hooks.__exit__(*exc)
         self.peak_step_bytes = max(self.peak_step_bytes, sum(self._seen.values()))
+        self._held = []
 
 
 def weight_derived(t: torch.Tensor, depth: int = 6) -> bool:

@@ -4,8 +4,9 @@
 
 Each rank's measured bytes (parameters, gradients, optimizer state, activations kept per
 micro-batch, bytes it sent over dp in one step) beside the plan's estimate (made for the
-rank holding the most) and, for parameters, the exact count of this rank's shard
-(:mod:`.expect`); ratio = measured / estimate.
+rank holding the most; activations for this rank's own pipeline stages) and, for
+parameters, the exact count of this rank's shard (:mod:`.expect`); ratio = measured /
+estimate.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ def compare(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, 
         "params": (result["params_bytes"], est.bytes_params),
         "grads": (result["grads_bytes"], est.bytes_grads),
         "optimizer": (result["optimizer_bytes"], est.bytes_optimizer),
-        "activations": (result["activation_bytes"], est.bytes_activations),
+        "activations": (result["activation_bytes"], stage_activations(plan, result["coords"])),
         "dp_bytes_per_step": (dp_sent, est.comm_bytes_per_step),
     }
     rows = {
@@ -46,6 +47,16 @@ def compare(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, 
         "bytes": rows,
         "collectives": result["collectives"],
     }
+
+
+def stage_activations(plan: Plan, coords: dict[str, int]) -> int:
+    """The plan's activations kept per micro-batch on a rank at ``coords``: its pp rank's
+    stages (the first stage keeps no logits, the last does), else the whole model's."""
+    pipe = plan.pipeline
+    if pipe is None or not pipe.stages:
+        return plan.estimates.bytes_activations
+    pp_rank = coords.get("pp", 0)
+    return sum(st.activation_bytes for st in pipe.stages if st.pp_rank == pp_rank)
 
 
 def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:

@@ -45,6 +45,9 @@ def test_llama_tiny_hf_world_512_fsdp(tmp_path):
     )
     for rank in doc["ranks"]:
         assert rank["params_count"] == rank["params_count_exact"]
+        # the plan measures one window's forward under fake tensors (SDPA, SwiGLU, GQA)
+        assert rank["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.01)
+        assert rank["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=0.01)
     assert doc["ranks"][0]["params_count"] > doc["ranks"][1]["params_count"]  # uneven chunks
 
 
@@ -105,3 +108,29 @@ def test_fsdp_tp_pp_runs_every_mesh_dimension(tmp_path):
         assert ("reduce_scatter_base", "dp") in ops and ("all_reduce", "tp") in ops
     sent = {c["op"] for c in first["collectives"] if c["axis"] == "pp"}
     assert "send" in sent
+    # 4 micro-batches: FSDP2 gathers in each forward and once in the pipeline's backward
+    for rank in (first, last):
+        assert rank["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=0.07)
+    # each stage against its own estimate (the last one keeps the logits)
+    for rank in (first, last):
+        assert rank["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.05)
+
+
+def test_fp16_cuda_plan_runs_here_and_says_so(tmp_path):
+    """precision=fp16 needs CUDA in a launch; simulate runs its autocast and GradScaler on
+    CPU tensors for a plan made for the hardware profile, and says so."""
+    (doc,) = _simulate(
+        tmp_path,
+        "recipe=gpt_tiny",
+        "hardware=h100_80g",
+        "dp=8",
+        "precision=fp16",
+        "--ranks",
+        "0",
+        "--steps",
+        "2",
+    )
+    assert any("precision=fp16" in note for note in doc["notes"])
+    (rank,) = doc["ranks"]
+    for what in ("params", "grads", "optimizer", "activations", "dp_bytes_per_step"):
+        assert rank["bytes"][what]["ratio"] == pytest.approx(1.0, abs=0.02), what

@@ -37,12 +37,13 @@ def test_a_recorded_plan_equals_the_meta_build_s(recipe, cache):
     built = build_plan(cfg)  # a miss: transformers config and meta build, then recorded
     (path,) = records(cache)
     spec._RECORDS.clear()
-    from dtrain_cli.models.hf.net import meta_counts
+    from dtrain_cli.models.hf.net import plan_facts
 
     fresh = model_spec(cfg)
     assert fresh._known() is not None  # read back from the file
     record = json.loads(path.read_text())
-    assert record["meta"] == json.loads(json.dumps(meta_counts(fresh)))
+    assert record["meta"] == json.loads(json.dumps(plan_facts(fresh)))
+    assert record["meta"]["saved"]["block_float"] > 0  # measured under fake tensors
     assert record["model_type"] == str(fresh.hf_config.model_type)
     assert record["vocab_size"] == fresh.hf_config.vocab_size
     assert record["tied"] == bool(fresh.hf_config.tie_word_embeddings)
@@ -57,6 +58,8 @@ def test_a_record_is_only_for_its_config(cache):
     assert model_spec(cfg).facts().num_layers == 2
     assert build_plan(cfg).estimates.num_params < four
     assert len(records(cache)) == 2
+    window = compose_config("llama_tiny_hf", ["dp=2", "model.block_size=64"])
+    assert model_spec(window)._known() is None  # what a window saves depends on its length
     other = dict(model_spec(cfg).cfg.config)
     key = facts_cache.facts_key
     options = {"model_type": "llama", "pretrained": None, "config": other, "attn": "sdpa"}

@@ -132,3 +132,84 @@ def test_saved_bytes_meter_leaves_weights_and_their_copies_out():
     assert weight_derived(w.t()) and weight_derived(w.to(torch.bfloat16))
     assert not weight_derived(h)
     assert meter.peak_step_bytes == (x + h).numel() * 4 + ids.numel() * 8  # and the ids
+
+
+def test_saved_bytes_meter_counts_every_micro_batch_of_a_step():
+    """Each micro-batch's saved tensors are freed by its backward; the next one's may get
+    the same addresses from the allocator, and must still be counted (the count was
+    allocator-dependent: one pipeline stage measured 1.27 to 1.31 MB run to run)."""
+    import torch
+
+    from dtrain_cli.runtime.simulate_measure import SavedBytesMeter
+
+    with SavedBytesMeter() as meter:
+        for _ in range(4):  # 4 micro-batches, each saving one (1000,) fp32 tensor
+            a, b = torch.randn(1000, requires_grad=True), torch.randn(1000, requires_grad=True)
+            h = a + b  # an activation (of two inputs: not a weight's copy)
+            (h * h).sum().backward()
+            del a, b, h
+    assert meter.peak_step_bytes == 4 * 1000 * 4
+
+
+def test_activations_compare_with_the_simulated_ranks_own_stages():
+    """A pipeline's stages keep different activations (the last one the logits): a rank is
+    compared with its own pp rank's stages, not with the rank that keeps the most."""
+    from dtrain_cli.simulate.report import compare
+
+    _cfg, plan = compose_and_plan(GPT_1B_1024, [])
+    first, last = (st.activation_bytes for st in plan.pipeline.stages)
+    assert plan.estimates.bytes_activations == max(first, last) == last > first
+    result = {
+        "rank": 0,
+        "coords": {"pp": 0, "dp": 0, "tp": 0},
+        "compute": "fake",
+        "params_count": 1,
+        "wall_s": 1.0,
+        "params_bytes": 4,
+        "grads_bytes": 4,
+        "optimizer_bytes": 8,
+        "activation_bytes": first,
+        "collectives": [],
+    }
+    assert compare(plan, result, 1)["bytes"]["activations"]["ratio"] == 1.0
+    result["coords"] = {"pp": 1, "dp": 0, "tp": 0}
+    assert compare(plan, result, 1)["bytes"]["activations"]["estimate"] == last
+
+
+@pytest.mark.parametrize(
+    ("extra", "gathers"),
+    [
+        ([], 4 + 1),  # 4 micro-batches: a gather in each forward, one in backward
+        (["pipeline.schedule=gpipe"], 4 + 1),
+        (["pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2"], 4 + 1),
+        (["parallel.reshard_after_forward=false"], 1),
+        (["pp=1"], 2 * 4),  # no pipeline: forward and backward of every micro-batch
+    ],
+)
+def test_fsdp_dp_bytes_count_the_regathers(extra, gathers):
+    """FSDP2's all-gathers per step, as ``dtrain simulate`` counted them for these layouts
+    (gpt_tiny dp=2, 4 micro-batches of 2): the plan's dp bytes are that many gathers of
+    the rank's parameters and one reduce-scatter, each moving (dp-1)/dp of them."""
+    base = ["recipe=gpt_tiny", "dp=2", "pp=2", "parallel.strategy=fsdp"]
+    batch = ["train.global_batch_size=16", "train.micro_batch_size=2"]
+    cfg, plan = compose_and_plan([*base, *batch, *extra], [])
+    params = 4 * model_spec(cfg).facts().num_params / cfg.parallel.pp
+    want = 0.5 * params * (gathers + 1)
+    assert plan.estimates.comm_bytes_per_step == pytest.approx(want, rel=0.01)
+
+
+def test_a_cuda_plan_is_simulated_as_planned_for_its_hardware():
+    """simulate plans for a node of the config's hardware, not this machine: fp16 (CUDA
+    only in a launch, refused here by plan) is simulated, and the notes say what ran on
+    CPU instead."""
+    from dtrain_cli.cli.simulate_cmd import check_layout, cuda_notes
+
+    args = ["recipe=gpt_tiny", "hardware=h100_80g", "dp=8", "precision=fp16"]
+    layout = check_layout(args, [], "0")
+    assert layout.plan.device == "cuda" and layout.plan.backend == "nccl"
+    notes = cuda_notes(layout.cfg, layout.plan)
+    assert "planned for h100_80g" in notes[0] and "precision=fp16" in notes[1]
+    plain = check_layout(["recipe=gpt_tiny", "dp=8"], [], "0")  # hardware=cpu: as before
+    assert plain.plan.device == "cpu" and cuda_notes(plain.cfg, plain.plan) == []
+    result = CliRunner().invoke(app, ["plan", *args])
+    assert result.exit_code == 2 and "precision=fp16" in result.output

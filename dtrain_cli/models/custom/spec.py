@@ -208,9 +208,7 @@ class CustomSpec(ModelSpec):
         s = self._saved()
         if s is None:
             return 0.0, 0.0
-        f = micro_batch * bytes_per_value / 4
-        block = (s.block_float * f + s.block_other * micro_batch) / max(tp, 1)
-        return block, s.outside_float * f + s.outside_other * micro_batch
+        return s.per_micro_batch(micro_batch, bytes_per_value, tp)
 
     def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
         s = self._saved()

@@ -5,10 +5,11 @@ the config before imports neither torch nor transformers for its plan.
                                                 #          ~/.cache/dtrain (as corpora)
 
 A record is what the launcher reads of the transformers config and of the meta-device build
-(:func:`.net.meta_counts`): the model type, vocabulary, tied embeddings and the counts. Its
-key is everything they depend on: the model options (type, config keywords, local folder's
-``config.json`` bytes, attention kernel), the installed transformers and torch versions
-(package metadata, no import) and the source of the code that computes the counts; a
+(:func:`.net.meta_counts`): the model type, vocabulary, tied embeddings and the counts, and
+the bytes one window's forward saves for backward (:func:`.net.saved_per_sample`). Its key
+is everything they depend on: the model options (type, config keywords, local folder's
+``config.json`` bytes, attention kernel, ``block_size``), the installed transformers and
+torch versions (package metadata, no import) and the source of the code that computes the counts; a
 change to any of them is a new key. Only a config that passed every check is recorded, so a
 hit skips the checks that need transformers too. Reading or writing the cache never fails a
 run: an unreadable record or folder is a miss, a write that fails is skipped.
@@ -29,10 +30,15 @@ from typing import Any
 from dtrain_cli.rundir import env
 
 FOLDER = "hf-facts"
-FORMAT = 1
-"""The record's layout; raise it when the record's fields change."""
-_COUNTING_CODE = (Path(__file__).with_name("net.py"), Path(__file__).parent.parent / "units.py")
-"""What computes the counts (:func:`.net.meta_counts` and the layer lists it reads)."""
+FORMAT = 2
+"""The record's layout; raise it when the record's fields change (2: saved bytes)."""
+_COUNTING_CODE = (
+    Path(__file__).with_name("net.py"),
+    Path(__file__).parent.parent / "units.py",
+    Path(__file__).parent.parent / "saved_bytes.py",
+)
+"""What computes the counts (:func:`.net.meta_counts` and the layer lists it reads) and
+the bytes saved for backward (:func:`.net.saved_per_sample`)."""
 
 
 def cache_root(run: Any) -> Path:

@@ -12,12 +12,15 @@ mask with transformers' own functions, as the model's forward does.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from unittest import mock
 
 import torch
 from torch import nn
@@ -105,6 +108,58 @@ def meta_counts(spec: HFSpec) -> dict[str, Any]:
         "param_rows": [[p.shape[0], p.numel()] for p in model.parameters() if p.dim()],
         "batchnorm_layers": sum(isinstance(m, _BatchNorm) for m in model.modules()),
     }
+
+
+def plan_facts(spec: HFSpec) -> dict[str, Any]:
+    """What the plan's record keeps of the model (:mod:`.facts_cache`): the meta build's
+    counts and the bytes one window saves for backward."""
+    return {**meta_counts(spec), "saved": saved_per_sample(spec)}
+
+
+def unpacked_windows() -> contextlib.AbstractContextManager:
+    """The forward under fake tensors as on real ones: dtrain's windows are never packed
+    sequences, which transformers finds out by reading the position ids; fake tensors
+    cannot be read, so it would build the s x s causal mask (and SDPA would fall back to
+    its math kernel, which keeps the scores) where a real run passes ``is_causal``."""
+    transformers_module()
+    try:
+        masking = importlib.import_module("transformers.masking_utils")
+    except ImportError:  # a transformers without it builds its masks otherwise
+        return contextlib.nullcontext()
+    if not hasattr(masking, "find_packed_sequence_indices"):
+        return contextlib.nullcontext()
+    return mock.patch.object(masking, "find_packed_sequence_indices", lambda *_a, **_k: None)
+
+
+def saved_per_sample(spec: HFSpec) -> dict[str, float] | None:
+    """What autograd keeps for backward in one forward and loss of one ``block_size``
+    window (:func:`dtrain_cli.models.saved_bytes.measure_saved`), in fp32: the model built
+    and run under torch's ``FakeTensorMode`` (CPU kernels chosen as on a real run, SDPA
+    keeping no s x s scores; no memory, no compute). None when the family's forward does
+    not run under fake tensors (the plan then uses Korthikanti et al.'s formula)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dtrain_cli.models.losses import cross_entropy
+    from dtrain_cli.models.saved_bytes import measure_saved
+
+    tf = transformers_module()
+
+    def forward_loss(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
+        return cross_entropy(model(input_ids=inputs, use_cache=False).logits, inputs)
+
+    try:
+        with unpacked_windows(), FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
+            model = tf.AutoModelForCausalLM.from_config(
+                spec.hf_config,
+                attn_implementation=spec.cfg.attn_implementation,
+                dtype=torch.float32,
+            )
+            model.config.use_cache = False
+            x = torch.zeros(1, int(spec.cfg.block_size), dtype=torch.long)
+            saved = measure_saved(model, _layer_list(model), x, forward_loss)
+    except Exception:  # a family fake tensors cannot run: the formula stands in
+        return None
+    return dict(vars(saved))
 
 
 def tp_replicated(model: nn.Module) -> int:

@@ -28,6 +28,7 @@ from dtrain_cli.errors import ConfigError
 from dtrain_cli.models.hf.facts_cache import cache_root, facts_key, load, store
 from dtrain_cli.models.hf.library import transformers_module
 from dtrain_cli.models.hf.tp_checks import tp_problems
+from dtrain_cli.models.saved_bytes import SavedBytes
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 
 if TYPE_CHECKING:
@@ -195,7 +196,7 @@ class HFSpec(ModelSpec):
     def _key(self) -> str | None:
         m = self.cfg
         options = {"model_type": m.model_type, "pretrained": m.pretrained, "config": m.config}
-        return facts_key({**options, "attn": m.attn_implementation})
+        return facts_key({**options, "attn": m.attn_implementation, "block_size": m.block_size})
 
     def _known(self) -> dict[str, Any] | None:
         """The plan's record when this process or the data cache has it; never computes."""
@@ -216,14 +217,14 @@ class HFSpec(ModelSpec):
         known = self._known()
         if known is not None:
             return known["meta"]
-        from dtrain_cli.models.hf.net import meta_counts
+        from dtrain_cli.models.hf.net import plan_facts
 
         conf = self.hf_config
         record = {
             "model_type": str(conf.model_type),
             "vocab_size": int(conf.vocab_size),
             "tied": bool(getattr(conf, "tie_word_embeddings", False)),
-            "meta": meta_counts(self),
+            "meta": plan_facts(self),
         }
         if self._key is not None:
             _RECORDS[self._key] = record
@@ -253,9 +254,13 @@ class HFSpec(ModelSpec):
     def activation_bytes(
         self, micro_batch: int, bytes_per_value: int, tp: int
     ) -> tuple[float, float]:
-        """Korthikanti et al. 2022 per block (as for the built-in GPT); the fp32 logits and
+        """Measured: what one window's forward saves under fake tensors
+        (:func:`.net.saved_per_sample`), times the micro-batch. When that could not run,
+        Korthikanti et al. 2022 per block (as for the built-in GPT); the fp32 logits and
         their gradient outside the blocks."""
         c = self._meta
+        if c.get("saved"):
+            return SavedBytes(**c["saved"]).per_micro_batch(micro_batch, bytes_per_value, tp)
         s, d, a = self.cfg.block_size, c["hidden"], c["heads"]
         per_layer = s * micro_batch * d * (34 + 5 * a * s / d) * (bytes_per_value / 2) / tp
         return per_layer, float(micro_batch * s * c["vocab"] * 4 * 2)
@@ -299,6 +304,11 @@ class HFSpec(ModelSpec):
         return bool(self._meta["tp_plan"])
 
     # -- runtime -------------------------------------------------------------------------------
+    def fake_tensor_context(self) -> Any:
+        from dtrain_cli.models.hf.net import unpacked_windows
+
+        return unpacked_windows()
+
     def build(self, device: Any) -> Any:
         from dtrain_cli.models.hf.net import build
 
