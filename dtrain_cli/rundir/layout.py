@@ -11,9 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+CONFIG_FILE = "config.yaml"
+PLAN_FILE = "plan.yaml"
+"""The two files every process of a run reads (a pod gets them from its ConfigMap)."""
+
 ENTRIES: dict[str, str] = {
-    "config.yaml": "the fully resolved config (the launcher writes it; workers never compose)",
-    "plan.yaml": "the plan, with the rank -> (pp, dp, tp) table",
+    CONFIG_FILE: "the fully resolved config (the launcher writes it; workers never compose)",
+    PLAN_FILE: "the plan, with the rank -> (pp, dp, tp) table",
     "metrics.jsonl": "one line per logging window (train), validation (val) and other records",
     "summary.json": "the outcome: losses, tokens/s, start-up breakdown, per-rank times, memory",
     "first_step.json": "rank 0 wrote it when the first optimizer step finished: the run trained",
@@ -46,11 +50,11 @@ class RunDir:
 
     @property
     def config(self) -> Path:
-        return self.path / "config.yaml"
+        return self.path / CONFIG_FILE
 
     @property
     def plan(self) -> Path:
-        return self.path / "plan.yaml"
+        return self.path / PLAN_FILE
 
     @property
     def metrics(self) -> Path:

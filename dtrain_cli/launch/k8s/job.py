@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from dtrain_cli.config.compose import config_to_yaml
 from dtrain_cli.config.schema import ClusterConfig, DtrainConfig
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir.layout import CONFIG_FILE, PLAN_FILE
 
 JOBSET_API = ("jobset.x-k8s.io", "v1alpha2", "jobsets")
 TRAINJOB_API = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
@@ -36,7 +37,7 @@ DEFAULT_PORT = 29500
 """Rendezvous port when ``cluster.rdzv_port`` is 0 (Kubeflow Trainer's trainer port)."""
 CONFIG_MOUNT = "/etc/dtrain"
 """Where the ConfigMap's config.yaml and plan.yaml are mounted (read-only)."""
-RUN_FILES = ("config.yaml", "plan.yaml")
+RUN_FILES = (CONFIG_FILE, PLAN_FILE)
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 RESTART_ATTEMPT = "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -131,7 +132,7 @@ def job_from_plan(cfg: DtrainConfig, plan: Plan, name: str) -> K8sJob:
         port=c.rdzv_port or DEFAULT_PORT,
         grace_period_s=c.grace_period_s or grace_estimate_s(cfg, plan),
         max_restarts=plan.max_restarts,
-        files={"config.yaml": config_to_yaml(cfg), "plan.yaml": plan.to_yaml()},
+        files={CONFIG_FILE: config_to_yaml(cfg), PLAN_FILE: plan.to_yaml()},
         summary=(
             f"run {name} (recipe {plan.recipe}): {nodes} node(s) x {plan.nproc_per_node} "
             f"process(es), {plan.device}/{plan.backend}, {plan.steps} steps"
