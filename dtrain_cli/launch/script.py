@@ -89,6 +89,16 @@ def script_failure(failed: list[Any], run_dir: Path, plan: Plan) -> tuple[int, s
     return code, first + nl + rest
 
 
+def traceback_block(lines: list[str]) -> list[str]:
+    """A traceback from its header to its exception line (the first line after the header
+    that is not an indented frame): stdout and stderr reach the log through two pipes, so
+    a line the script printed before raising can land after its traceback."""
+    for i, line in enumerate(lines[1:], start=1):
+        if line and not line[0].isspace():
+            return lines[: i + 1]
+    return lines
+
+
 def failure_tail(run_dir: Path, rank: int) -> str | None:
     """The failing rank's last line (the exception, or what it printed last), then its
     last traceback (or last lines) from ``logs/rank_<k>.log``."""
@@ -107,7 +117,7 @@ def failure_tail(run_dir: Path, rank: int) -> str | None:
         return None
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback (most recent")]
-    tail = lines[starts[-1] :] if starts else lines
+    tail = traceback_block(lines[starts[-1] :]) if starts else lines
     tail = [line for line in tail[-TAIL_LINES:] if line.strip()]
     if not tail:
         return None

@@ -137,3 +137,24 @@ def test_a_rank_that_stopped_answering_is_named():
         text
         == f"rank 1 stopped answering (frozen?) after step 7; rank 0 then lost its peer ({timeout})"
     )
+
+
+def test_a_scripts_exception_is_named_though_its_stdout_landed_after_the_traceback(tmp_path):
+    """stdout and stderr reach a rank's log through two pipes: a line printed before the
+    raise can be written after the traceback (it was, on a loaded machine, and the report
+    named that line instead of the exception)."""
+    from dtrain_cli.launch.script import failure_tail
+    from dtrain_cli.rundir.layout import RunDir
+
+    log = RunDir(tmp_path).rank_log(1)
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        "Traceback (most recent call last):\n"
+        '  File "probe.py", line 55, in <module>\n'
+        '    raise ValueError("boom from rank 1")\n'
+        "ValueError: boom from rank 1\n"
+        "rank 1 about to fail\n"
+    )
+    headline, _, detail = failure_tail(tmp_path, 1).partition("\n")
+    assert headline == "ValueError: boom from rank 1"
+    assert detail.splitlines()[0].startswith("Traceback") and "about to fail" not in detail
