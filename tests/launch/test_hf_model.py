@@ -5,8 +5,6 @@ tests/unit/test_hf_model.py."""
 
 from __future__ import annotations
 
-import os
-import socket
 import sys
 
 import pytest
@@ -14,12 +12,6 @@ import torch
 
 from dtrain_cli.models.hf import HFSpec
 from tests.unit.test_hf_model import VOCAB, Stage, built, spec_of, tokens
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _sgd_losses(
@@ -75,15 +67,15 @@ def _pipeline_losses(spec: HFSpec, rank: int, steps: int) -> list[float]:
     return out
 
 
-def _worker(rank: int, port: int, ckpt: str, queue: object) -> None:
+def _worker(rank: int, store: str, ckpt: str, queue: object) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    # a file store: no port picked here that another test could take before it is bound
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     mesh = init_device_mesh("cpu", (2,))
     torch.set_num_threads(1)
     # tensor parallel (every rank sees the whole batch) from Llama's own base_model_tp_plan
@@ -125,7 +117,8 @@ def test_tp_pp_and_tied_fsdp_on_two_ranks_equal_one_process(tmp_path):
     ckpt = str(tmp_path / "ckpt")
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    mp.start_processes(_worker, args=(_free_port(), ckpt, queue), nprocs=2, start_method="spawn")
+    store = str(tmp_path / "store")
+    mp.start_processes(_worker, args=(store, ckpt, queue), nprocs=2, start_method="spawn")
     for rank, (tp, q_shape), tp_stage, pp, fsdp in sorted(queue.get() for _ in range(2)):
         assert q_shape == (32, 64), f"rank {rank}: q_proj not split by columns: {q_shape}"
         assert max(abs(a - b) for a, b in zip(tp, ref_llama, strict=True)) < 1e-5, (rank, tp)
