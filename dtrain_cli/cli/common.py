@@ -63,12 +63,13 @@ def compose_and_plan(
     on_hardware: bool = False,
 ):
     """recipe=... + overrides (+ a script and its arguments: ``dtrain run``) -> (typed
-    config, plan). ``on_hardware``: planned for a node of the config's hardware profile,
-    not this machine (``dtrain simulate``). ConfigError -> exit 2."""
+    config, plan). ``on_hardware``: planned for nodes of the config's hardware profile,
+    not this machine (``dtrain simulate``; as many nodes as the world needs unless the
+    command line says). ConfigError -> exit 2."""
     from dtrain_cli.cli.script_args import apply_script, script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.config.data_checks import data_problems
-    from dtrain_cli.plan.build import build_plan, node_of
+    from dtrain_cli.plan.build import build_plan, node_of, spread_over_nodes
     from dtrain_cli.plan.script import is_script
 
     if problems := script_problems(script):
@@ -93,6 +94,8 @@ def compose_and_plan(
         one_process_per_device(cfg, rest, visible_gpu_count())
     # paths and targets exist, before any write; a script's data is its own business
     problems = [] if is_script(cfg) else data_problems(cfg, config_dirs)
+    if on_hardware and not _names_nodes(rest):
+        spread_over_nodes(cfg)
     try:
         plan = build_plan(cfg, node_of(cfg) if on_hardware else None)
     except ConfigError as exc:
@@ -104,6 +107,14 @@ def compose_and_plan(
     if note := defaults_note(cfg, rest):
         plan.warnings.insert(0, note)
     return cfg, plan
+
+
+def _names_nodes(overrides: Sequence[str]) -> bool:
+    """Whether the command line sets the node count or processes per node itself."""
+    from dtrain_cli.config.compose import expand_shorthands
+
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in expand_shorthands(overrides)}
+    return bool(keys & {"parallel.nnodes", "parallel.nproc_per_node"})
 
 
 def is_tty() -> bool:

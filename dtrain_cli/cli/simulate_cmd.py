@@ -61,7 +61,7 @@ def simulate(
     if isinstance(runs, str):
         fail([runs])
     try:  # every value of a sweep is checked before the first one runs
-        layouts = [check_layout(ovs, config_dir, ranks) for _label, ovs in runs]
+        layouts = [check_layout(ovs, config_dir, ranks, compute) for _label, ovs in runs]
     except SimulateFailed as exc:
         fail(exc.lines)
     docs, points = [], []
@@ -101,10 +101,14 @@ class Layout:
     ranks: list[int]
 
 
-def check_layout(ovs: list[str], config_dir: list[Path], ranks_arg: str) -> Layout:
+def check_layout(
+    ovs: list[str], config_dir: list[Path], ranks_arg: str, compute: str = "auto"
+) -> Layout:
     """Plan ``ovs`` and check it can be simulated here, starting nothing. Raises
     :class:`SimulateFailed`; a plan error exits as ``dtrain plan`` does."""
+    from dtrain_cli.models import model_spec
     from dtrain_cli.simulate.expect import MAX_WORLD, default_ranks
+    from dtrain_cli.simulate.run import choose_compute
 
     cfg, plan = compose_and_plan(ovs, config_dir, on_hardware=True)
     if plan.world_size > MAX_WORLD:
@@ -115,6 +119,9 @@ def check_layout(ovs: list[str], config_dir: list[Path], ranks_arg: str) -> Layo
         raise SimulateFailed(
             ["sync.mode=param_server: its servers are not simulated; simulate sync.mode=sync"]
         )
+    tokens = model_spec(cfg).facts().tokens_per_sample
+    if choose_compute(plan, tokens, compute) == "fake" and (problem := _fake_problem(plan)):
+        raise SimulateFailed([problem])
     ranks = _parse_ranks(ranks_arg, plan.world_size) or default_ranks(plan)
     return Layout(cfg=cfg, plan=plan, ranks=ranks)
 
@@ -155,13 +162,25 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], compute: str, o
     return doc
 
 
+def _fake_problem(plan: Any) -> str | None:
+    """Why this layout cannot run on fake tensors (its strategy says), or None."""
+    from dtrain_cli.mesh.schedules import SPLIT_BACKWARD
+    from dtrain_cli.strategies import strategy_for
+
+    split = plan.pipeline is not None and plan.pipeline.schedule in SPLIT_BACKWARD
+    return strategy_for(plan.strategy).fake_tensor_problem(
+        dp=plan.dims.dp, tp=plan.dims.tp, split_backward=split
+    )
+
+
 def cuda_notes(cfg: Any, plan: Any) -> list[str]:
     """What a CUDA plan runs differently here: said next to the table."""
     if plan.device != "cuda":
         return []
     notes = [
-        f"planned for {cfg.hardware.name} ({plan.backend}, CUDA): simulated here on CPU "
-        f"tensors and the fake process group; byte sizes and collectives are the plan's"
+        f"planned for {plan.nnodes:,} node{'s' * (plan.nnodes > 1)} x {plan.nproc_per_node} "
+        f"{cfg.hardware.name} ({plan.backend}, CUDA): simulated here on CPU tensors and the "
+        f"fake process group; byte sizes and collectives are the plan's"
     ]
     if plan.precision.loss_scaling:
         notes.append(

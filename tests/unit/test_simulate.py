@@ -62,8 +62,21 @@ def test_fsdp_counts_follow_torch_chunk():
         (["recipe=gpt_tiny", "pp=8", "dp=1"], "model.n_layer"),
         # a sweep checks every value before the first one runs (nothing simulated, no run dir)
         (["recipe=gpt_tiny", "dp=2,x"], "parallel.dp: value 'x' is not an integer"),
-        (["recipe=gpt_tiny", "dp=2,16384", "train.global_batch_size=16384"], "up to 8,192"),
+        (
+            [
+                "recipe=gpt_tiny",
+                "dp=2,16384",
+                "train.global_batch_size=16384",
+                "parallel.strategy=fsdp",
+            ],
+            "up to 8,192",
+        ),
         (["recipe=gpt_tiny", "dp=1,2", "--ranks", "1"], "1 is outside the world (ranks 0..0)"),
+        # DistributedDataParallel reads its parameters' values when built: not on fake tensors
+        (
+            ["recipe=gpt_tiny", "dp=8", "parallel.strategy=zero1", "--compute", "fake"],
+            "parallel.strategy=zero1 at tp=1: DistributedDataParallel reads its parameters'",
+        ),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, says, tmp_path, monkeypatch):
@@ -208,8 +221,20 @@ def test_a_cuda_plan_is_simulated_as_planned_for_its_hardware():
     layout = check_layout(args, [], "0")
     assert layout.plan.device == "cuda" and layout.plan.backend == "nccl"
     notes = cuda_notes(layout.cfg, layout.plan)
-    assert "planned for h100_80g" in notes[0] and "precision=fp16" in notes[1]
+    assert "planned for 1 node x 8 h100_80g" in notes[0] and "precision=fp16" in notes[1]
     plain = check_layout(["recipe=gpt_tiny", "dp=8"], [], "0")  # hardware=cpu: as before
     assert plain.plan.device == "cpu" and cuda_notes(plain.cfg, plain.plan) == []
     result = CliRunner().invoke(app, ["plan", *args])
     assert result.exit_code == 2 and "precision=fp16" in result.output
+
+
+def test_a_cuda_plan_without_a_node_count_gets_the_nodes_its_world_needs():
+    """The issue's own ``dtrain simulate recipe=gpt_1b dp=64 tp=8 pp=2``: 1,024 ranks on the
+    8-GPU nodes of hardware=h100_80g are 128 nodes; a node count on the command line stays."""
+    from dtrain_cli.cli.simulate_cmd import check_layout, cuda_notes
+
+    layout = check_layout(["recipe=gpt_1b", "dp=64", "tp=8", "pp=2"], [], "0")
+    assert (layout.plan.nnodes, layout.plan.nproc_per_node) == (128, 8)
+    assert "128 nodes x 8 h100_80g" in cuda_notes(layout.cfg, layout.plan)[0]
+    said = check_layout(["recipe=gpt_1b", "dp=64", "tp=8", "pp=2", "parallel.nnodes=256"], [], "0")
+    assert (said.plan.nnodes, said.plan.nproc_per_node) == (256, 4)
