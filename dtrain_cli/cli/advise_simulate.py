@@ -5,7 +5,8 @@ rank (rank 0, one step, ``dtrain simulate``'s fake process group).
 
 Per layout: whether rank 0's start-up and step ran at that scale, and its measured bytes
 (parameters, gradients, optimizer state, activations, dp bytes per step) against the plan's,
-as the largest measured / plan ratio; a failure is the one line ``dtrain simulate`` prints.
+as the largest measured / plan ratio; a failure (``FAILED:``), or a layout the simulator
+cannot run (``not simulated:``), is the one line ``dtrain simulate`` prints.
 """
 
 from __future__ import annotations
@@ -21,8 +22,14 @@ CHECKED = 3
 def simulate_top(
     advice: Any, kept: list[str], config_dir: list[Path], count: int = CHECKED
 ) -> list[dict[str, Any]]:
-    """``{layout, ok, worst, result}`` for the first ``count`` ranked layouts."""
-    from dtrain_cli.cli.simulate_cmd import SimulateFailed, check_layout, simulate_layout
+    """``{layout, ok, status, worst, result}`` for the first ``count`` ranked layouts;
+    status: ran, failed, or not simulated (the simulator cannot run that layout here)."""
+    from dtrain_cli.cli.simulate_cmd import (
+        NotSimulated,
+        SimulateFailed,
+        check_layout,
+        simulate_layout,
+    )
 
     out = []
     for verdict in advice.ranked[:count]:
@@ -31,11 +38,22 @@ def simulate_top(
         try:
             doc = simulate_layout(check_layout(ovs, config_dir, "0"), (1, 1), "auto", None)
         except SimulateFailed as exc:
-            out.append({"layout": layout.label(), "ok": False, "result": exc.lines[0]})
+            status = "not simulated" if isinstance(exc, NotSimulated) else "failed"
+            out.append(
+                {"layout": layout.label(), "ok": False, "status": status, "result": exc.lines[0]}
+            )
             continue
         what, ratio = worst_ratio(doc["ranks"][0]["bytes"])
         result = f"ran; measured/plan within {ratio:.2f}x ({what})" if what else "ran"
-        out.append({"layout": layout.label(), "ok": True, "worst": ratio, "result": result})
+        out.append(
+            {
+                "layout": layout.label(),
+                "ok": True,
+                "status": "ran",
+                "worst": ratio,
+                "result": result,
+            }
+        )
     return out
 
 
@@ -54,5 +72,6 @@ def render(checked: list[dict[str, Any]]) -> Any:
     for col in ("layout", "simulated"):
         table.add_column(col)
     for c in checked:
-        table.add_row(c["layout"], c["result"] if c["ok"] else f"FAILED: {c['result']}")
+        shown = c["result"] if c["ok"] else f"{c['status'].upper()}: {c['result']}"
+        table.add_row(c["layout"], shown)
     return table

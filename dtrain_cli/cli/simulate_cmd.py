@@ -92,6 +92,10 @@ class SimulateFailed(Exception):
         self.lines = lines
 
 
+class NotSimulated(SimulateFailed):
+    """The layout is valid but this simulator cannot run it (said before any rank runs)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Layout:
     """One layout to simulate, checked: its config, plan and the ranks to run."""
@@ -121,7 +125,7 @@ def check_layout(
         )
     tokens = model_spec(cfg).facts().tokens_per_sample
     if choose_compute(plan, tokens, compute) == "fake" and (problem := _fake_problem(plan)):
-        raise SimulateFailed([problem])
+        raise NotSimulated([problem])
     ranks = _parse_ranks(ranks_arg, plan.world_size) or default_ranks(plan)
     return Layout(cfg=cfg, plan=plan, ranks=ranks)
 

@@ -234,7 +234,22 @@ def test_simulate_checks_the_top_three(tmp_path, monkeypatch):
     checked = json.loads(r.output)["simulated"]
     assert len(checked) == 3 and calls == [([0], 1, 1)] * 3
     assert [c["ok"] for c in checked] == [True, False, True]
+    assert [c["status"] for c in checked] == ["ran", "failed", "ran"]
     assert "ran; measured/plan within" in checked[0]["result"]
     assert "failed: ValueError: does not divide" in checked[1]["result"]
     ranked = json.loads(r.output)["ranked"]
     assert [c["layout"] for c in checked] == [v["layout"] for v in ranked[:3]]
+
+
+def test_simulate_says_which_layouts_it_cannot_run(tmp_path, monkeypatch):
+    """A top layout the simulator cannot build on fake tensors (plain DDP of a model too large
+    to run for real) is "not simulated", with the reason, not a failure of the layout."""
+    from dtrain_cli.cli.advise_simulate import render
+    from dtrain_cli.cli.simulate_cmd import NotSimulated, check_layout
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NotSimulated, match="DistributedDataParallel reads"):
+        check_layout(["recipe=gpt_1b", "dp=8", "parallel.strategy=zero1"], [], "0")
+    row = {"layout": "dp8 zero1", "ok": False, "status": "not simulated", "result": "why"}
+    table = render([row])
+    assert list(table.columns[1].cells) == ["NOT SIMULATED: why"]
