@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DTRAIN, REPO
+from tests.conftest import DTRAIN, REPO, run_reference
 
 CORPUS = REPO / "tests" / "scripts" / "corpus"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -37,7 +37,12 @@ class Outcome:
 
 def _launch(command: list[str], cwd: Path, out: Path) -> Outcome:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+    if command[0] == str(TORCHRUN):  # the reference: see run_reference
+        proc = run_reference(command, cwd=cwd, env=env, timeout=300)
+    else:
+        proc = subprocess.run(
+            command, cwd=cwd, capture_output=True, text=True, env=env, timeout=300
+        )
     ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
     return Outcome(
         returncode=proc.returncode,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DTRAIN, REPO, run_dtrain
+from tests.conftest import DTRAIN, REPO, run_dtrain, run_reference
 
 SCRIPTS = REPO / "tests" / "scripts"
 DDP = SCRIPTS / "ddp_plain.py"
@@ -48,11 +48,9 @@ def env() -> dict[str, str]:
 
 def torchrun(nproc: int, out: Path, dump: Path, cwd: Path) -> subprocess.CompletedProcess:
     args = ["--standalone", f"--nproc-per-node={nproc}", str(DDP), "--steps", "6"]
-    return subprocess.run(
+    return run_reference(
         [str(TORCHRUN), *args, "--out", str(out), "--dump", str(dump)],
         cwd=cwd,
-        capture_output=True,
-        text=True,
         timeout=300,
         env=env(),
     )
