@@ -38,11 +38,10 @@ class SavedBytesMeter:
 
     def __init__(self) -> None:
         self.peak_step_bytes = 0
-        self._seen: dict[int, int] = {}
-        self._held: list[Any] = []
-        """Every storage counted, alive until the step ends: a micro-batch's storages are
-        freed after its backward, and a later one's could reuse their addresses (the key),
-        which made the count depend on the allocator."""
+        self._seen: dict[int, tuple[int, Any]] = {}
+        """Storage address -> (bytes, the storage), each kept alive until the step ends: a
+        micro-batch's storages are freed after its backward, and a later one's could reuse
+        their addresses (the key), which made the count depend on the allocator."""
         self._hooks: Any = None
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
@@ -53,21 +52,20 @@ class SavedBytesMeter:
                 key, nbytes = st._cdata, st.nbytes()
             except (RuntimeError, NotImplementedError):  # a tensor subclass without storage
                 st, key, nbytes = local, id(local), local.numel() * local.element_size()
-            if key not in self._seen:
-                self._seen[key] = nbytes
-                self._held.append(st)
+            self._seen.setdefault(key, (nbytes, st))
         return t
 
     def __enter__(self) -> SavedBytesMeter:
-        self._seen, self._held = {}, []
+        self._seen = {}
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self._hooks.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self._hooks.__exit__(*exc)
-        self.peak_step_bytes = max(self.peak_step_bytes, sum(self._seen.values()))
-        self._held = []
+        step_bytes = sum(nbytes for nbytes, _ in self._seen.values())
+        self.peak_step_bytes = max(self.peak_step_bytes, step_bytes)
+        self._seen = {}
 
 
 def weight_derived(t: torch.Tensor, depth: int = 6) -> bool:
