@@ -36,7 +36,7 @@ def simulate_top(
         layout = verdict.layout
         ovs = [*kept, *layout.overrides(advice.nnodes)]
         try:
-            doc = simulate_layout(check_layout(ovs, config_dir, "0"), (1, 1), "auto", None)
+            doc = simulate_layout(check_layout(ovs, config_dir, "0"), (1, 1), None)
         except SimulateFailed as exc:
             status = "not simulated" if isinstance(exc, NotSimulated) else "failed"
             out.append(

@@ -67,7 +67,7 @@ def simulate(
     docs, points = [], []
     for layout in layouts:
         try:
-            doc = simulate_layout(layout, (steps, jobs), compute, out)
+            doc = simulate_layout(layout, (steps, jobs), out)
         except SimulateFailed as exc:
             fail(exc.lines)
         docs.append(doc)
@@ -103,6 +103,8 @@ class Layout:
     cfg: Any
     plan: Any
     ranks: list[int]
+    compute: str
+    """real or fake: ``--compute``, with ``auto`` resolved for this layout."""
 
 
 def check_layout(
@@ -123,14 +125,14 @@ def check_layout(
         raise SimulateFailed(
             ["sync.mode=param_server: its servers are not simulated; simulate sync.mode=sync"]
         )
-    tokens = model_spec(cfg).facts().tokens_per_sample
-    if choose_compute(plan, tokens, compute) == "fake" and (problem := _fake_problem(plan)):
+    mode = choose_compute(plan, model_spec(cfg).facts().tokens_per_sample, compute)
+    if mode == "fake" and (problem := _fake_problem(plan)):
         raise NotSimulated([problem])
     ranks = _parse_ranks(ranks_arg, plan.world_size) or default_ranks(plan)
-    return Layout(cfg=cfg, plan=plan, ranks=ranks)
+    return Layout(cfg=cfg, plan=plan, ranks=ranks, compute=mode)
 
 
-def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], compute: str, out) -> dict:
+def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
     """Run a checked layout's ranks, compare: the document ``--json`` prints (with the
     plan). Raises :class:`SimulateFailed` when a rank fails."""
     from dtrain_cli.cli.launch_cmd import prepare_data
@@ -138,14 +140,13 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], compute: str, o
     from dtrain_cli.models import model_spec
     from dtrain_cli.simulate.expect import coords_of, rank_params
     from dtrain_cli.simulate.report import compare
-    from dtrain_cli.simulate.run import choose_compute, run_ranks
+    from dtrain_cli.simulate.run import run_ranks
 
     steps, jobs = steps_jobs
     cfg, plan, ranks = layout.cfg, layout.plan, layout.ranks
     prepare_data(cfg)
     run_dir = materialize(cfg, plan, _simulate_dir(new_run_dir(cfg), out, cfg.run.name))
-    spec = model_spec(cfg)
-    mode = choose_compute(plan, spec.facts().tokens_per_sample, compute)
+    spec, mode = model_spec(cfg), layout.compute
     results = run_ranks(run_dir, ranks, steps, mode, jobs=jobs)
     layout = " x ".join(
         f"{n}={s}" for n, s in zip(plan.mesh.dim_names, plan.mesh.shape, strict=True)
