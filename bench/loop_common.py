@@ -73,6 +73,7 @@ def parse_args(description: str) -> argparse.Namespace:
     add("--precision", default="fp32", choices=("fp32", "bf16"), help="bf16: autocast")
     add("--compile", action="store_true", help="torch.compile each block, as dtrain does")
     add("--hf-model", default=None, help="JSON {model_type, config}: a transformers model")
+    add("--custom-model", default=None, help="JSON {_target_, kwargs, import_roots}: your own")
     return p.parse_args()
 
 

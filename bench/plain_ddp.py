@@ -30,6 +30,10 @@ def train(args: Any, times: Timings) -> dict[str, Any]:
         from hf_workload import HFWorkload
 
         work: Workload = HFWorkload(args, rank, world)
+    elif args.custom_model:  # the same loop over a model class of one's own
+        from custom_workload import CustomWorkload
+
+        work = CustomWorkload(args, rank, world)
     else:
         work = Workload(args, rank, world)
     times.dtrain_imported = work.imported_at

@@ -130,14 +130,21 @@ PLAIN_SUPPORTS = (
 PLAIN_PRECISIONS = ("fp32", "bf16")
 # model.kind=hf: plain_ddp.py --hf-model (bench/hf_workload.py); the layout rows as above.
 HF_SUPPORTS = (("model.kind", "hf", "gpt"), *PLAIN_SUPPORTS[4:], ("model.pretrained", None, None))
+# model.kind=custom: plain_ddp.py --custom-model (bench/custom_workload.py), token data.
+CUSTOM_SUPPORTS = (
+    ("model.kind", "custom", "gpt"),
+    *PLAIN_SUPPORTS[4:],
+    ("train.loss", "auto", "auto"),
+)
 
 
 def plain_args_from_run(run_dir: Path) -> list[str]:
     """plain_ddp.py flags for the job a dtrain run did, from its config.yaml and plan.yaml."""
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     plan = yaml.safe_load((run_dir / "plan.yaml").read_text())
-    hf = _get(cfg, "model.kind") == "hf"
-    for key, supported, default in HF_SUPPORTS if hf else PLAIN_SUPPORTS:
+    kind = _get(cfg, "model.kind")
+    supports = {"hf": HF_SUPPORTS, "custom": CUSTOM_SUPPORTS}.get(kind, PLAIN_SUPPORTS)
+    for key, supported, default in supports:
         value = _get(cfg, key, default)
         if value != supported:
             raise ValueError(f"plain_ddp.py only does {key}={supported}, the run has {value}")
@@ -153,9 +160,15 @@ def plain_args_from_run(run_dir: Path) -> list[str]:
         "n-embd": _get(cfg, "model.n_embd"),
         "vocab-size": _get(cfg, "model.vocab_size"),
     }
-    if hf:  # the transformers config goes whole; the vocabulary is the model's
+    if kind == "hf":  # the transformers config goes whole; the vocabulary is the model's
         keys = ("model_type", "config", "attn_implementation")
         model_flags = {"hf-model": json.dumps({k: _get(cfg, f"model.{k}") for k in keys})}
+    if kind == "custom":  # the class, its arguments and where the run imported it from
+        kwargs = {k: v for k, v in cfg["model"].items() if k not in ("kind", "_target_")}
+        desc = {"_target_": _get(cfg, "model._target_"), "kwargs": kwargs}
+        model_flags = {
+            "custom-model": json.dumps({**desc, "import_roots": _get(cfg, "run.import_roots")})
+        }
     flags: dict[str, Any] = {
         **model_flags,
         "block-size": _get(cfg, "model.block_size"),

@@ -26,8 +26,8 @@ from data_bench import data_loading
 from diagnose_bench import diagnose_bench
 from elastic_bench import elastic_bench
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
-from hf_bench import hf_overhead
 from layout_bench import pipeline_bench, strategy_bench
+from model_bench import custom_overhead, hf_overhead
 from peers import peers_bench
 from programs import Pair, Workload
 from script_bench import script_vs_torchrun
@@ -48,6 +48,7 @@ BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "calibration": calibration_bench,
     "data": data_loading,
     "hf": hf_overhead,
+    "custom": custom_overhead,
     "async": async_bench,
     "diagnose": diagnose_bench,
     "elastic": elastic_bench,

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from dtrain_cli.errors import ConfigError
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
 
 EXIT_CONFIG = 2
 console = Console()
@@ -61,11 +64,13 @@ def compose_and_plan(
     script: list[str] | None = None,
     *,
     on_hardware: bool = False,
+    on_composed: Callable[[DtrainConfig], None] | None = None,
 ):
     """recipe=... + overrides (+ a script and its arguments: ``dtrain run``) -> (typed
     config, plan). ``on_hardware``: planned for nodes of the config's hardware profile,
     not this machine (``dtrain simulate``; as many nodes as the world needs unless the
-    command line says). ConfigError -> exit 2."""
+    command line says). ``on_composed``: called with the composed config before the plan
+    is made (the launch tells its fork server what to import). ConfigError -> exit 2."""
     from dtrain_cli.cli.script_args import apply_script, script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.config.data_checks import data_problems
@@ -87,6 +92,8 @@ def compose_and_plan(
                 problems = problems + [p for p in more.problems if p not in problems]
         fail(problems)
     apply_script(cfg, script)
+    if on_composed is not None:
+        on_composed(cfg)
     if script:
         from dtrain_cli.cli.script_args import one_process_per_device
         from dtrain_cli.plan.build import visible_gpu_count

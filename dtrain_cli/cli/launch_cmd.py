@@ -96,7 +96,9 @@ def start_run(
     count = counts[1] if counts else None
     if problems:
         fail(problems)
-    cfg, plan = compose_and_plan([*overrides, *extra], config_dirs, script)
+    cfg, plan = compose_and_plan(
+        [*overrides, *extra], config_dirs, script, on_composed=None if script else announce_layout
+    )
     composed = time.time()
     problems = apply_node_args(cfg, NodeArgs(count, node_rank, rdzv_endpoint, rdzv_id))
     if problems:
@@ -124,6 +126,15 @@ def start_run(
         why = getattr(exc, "strerror", None) or exc
         fail([f"run.root={cfg.run.root}: cannot create the run directory ({why})"])
     start_workers(run_dir, cfg, plan, node_rank, {"composed": composed}, fresh, fresh_root)
+
+
+def announce_layout(cfg: DtrainConfig) -> None:
+    """The fork server imports what the config's layout and model kind need (DDP's
+    torch._dynamo...) while the plan is made; the rest comes with the plan."""
+    from dtrain_cli.launch import worker_server
+    from dtrain_cli.launch.preload import modules_known_once_composed
+
+    worker_server.announce(modules_known_once_composed(cfg), last=False)
 
 
 def rendezvous_problems(cfg: DtrainConfig, plan: Plan, node_rank: int | None) -> list[str]:

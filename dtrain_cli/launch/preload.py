@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.mesh.dims import ParallelDims
 from dtrain_cli.plan.plan import Plan
 
 WORKER_ENTRY = "dtrain_cli.runtime.worker:worker_main"
@@ -59,22 +60,43 @@ def entry_point(path: str) -> Callable[..., Any]:
 def modules_before_first_step(cfg: DtrainConfig, plan: Plan, resuming: bool) -> list[str]:
     """Importable module names, cheapest first; importing them is optional (a speed-up)."""
     from dtrain_cli.models import model_spec
+
+    mods = [*WORKER_FIRST, *_layout_modules(plan.dims, plan.strategy, cfg.train.compile)]
+    if resuming:
+        mods.extend(CHECKPOINT_MODULES)
+    return mods + model_spec(cfg).worker_modules()
+
+
+def modules_known_once_composed(cfg: DtrainConfig) -> list[str]:
+    """What the composed config alone says the workers will import (its layout's and its
+    model kind's modules), for the fork server to import while the plan is still being made
+    (a model of your own is built on the meta device for it, seconds). A config the plan
+    will refuse gets what it names, or nothing: the server's imports are only a speed-up."""
+    from dtrain_cli.models import model_spec
+
+    par = cfg.parallel
+    try:
+        dims = ParallelDims(pp=par.pp, dp=par.dp, tp=par.tp, dp_replicate=1)
+        layout = _layout_modules(dims, par.strategy, cfg.train.compile)
+        return [*layout, *model_spec(cfg).worker_modules()]
+    except Exception:  # an unknown strategy or model kind: the plan says so
+        return []
+
+
+def _layout_modules(dims: ParallelDims, strategy: str, compile: bool) -> list[str]:
     from dtrain_cli.strategies import strategy_for
 
-    dims = plan.dims
-    mods = list(WORKER_FIRST)
-    if dims.dp_enabled or cfg.train.compile:
+    mods = []
+    if dims.dp_enabled or compile:
         # DistributedDataParallel's constructor touches torch._dynamo (about 1 s)
         mods.append("torch._dynamo")
     if dims.dp_enabled:
-        mods.extend(strategy_for(plan.strategy).worker_modules)
+        mods.extend(strategy_for(strategy).worker_modules)
     if dims.tp_enabled:
         mods.extend(TENSOR_PARALLEL_MODULES)
     if dims.pp_enabled:
         mods.extend(PIPELINE_MODULES)
-    if resuming:
-        mods.extend(CHECKPOINT_MODULES)
-    return mods + model_spec(cfg).worker_modules()
+    return mods
 
 
 def script_preload(plan: Plan) -> list[str]:

@@ -1,8 +1,9 @@
 """Imported only by the workers' fork server, as its preload module.
 
 It imports the worker entry point (torch and the runtime) at once, then waits for the
-launcher to name the modules the plan needs before the first step
-(:func:`dtrain_cli.launch.worker_server.announce`), imports them, and returns; the server
+launcher to name the modules the run needs before the first step
+(:func:`dtrain_cli.launch.worker_server.announce`: one list or more, the last marked),
+imports them as each list comes, and returns after the last; the server
 then serves the agent's requests for workers. Everything here is a speed-up: a module
 that fails to import is left to the worker, and a launcher that exits stops the wait.
 
@@ -16,18 +17,15 @@ installing their own handlers.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import json
 import os
 import signal
-import time
 
 from dtrain_cli.launch.preload import WORKER_FIRST
+from dtrain_cli.launch.preload_lists import import_announced_modules
 from dtrain_cli.rundir import env
 from dtrain_cli.rundir.protocol import STEP_SIGNALS
 
-WAIT_S = 600.0
 _SERVER_PID = os.getpid()
 
 
@@ -51,27 +49,6 @@ def shield_server_from_step_signals() -> None:
     traceback from here."""
     for sig in (*STEP_SIGNALS, signal.SIGINT):
         signal.signal(sig, _ignored_by_the_server)
-
-
-def import_announced_modules(path: str | None, launcher: int) -> None:
-    if not path or not launcher:
-        return
-    deadline = time.monotonic() + WAIT_S
-    while not os.path.exists(path):
-        if os.getppid() != launcher:  # the launcher is gone (killed before it could say)
-            raise SystemExit(0)
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.005)
-    try:
-        with open(path) as f:
-            modules = json.load(f)
-        os.unlink(path)
-    except (OSError, ValueError):
-        return
-    for name in modules:
-        with contextlib.suppress(Exception):  # the worker imports it again and reports
-            importlib.import_module(name)
 
 
 shield_server_from_step_signals()

@@ -13,14 +13,15 @@ Which modules a worker needs before its first step beyond torch and the runtime 
 the plan (``torch._dynamo`` for DDP, DCP to resume, pipelining...), and the plan does not
 exist when the server starts: the server's preload module,
 :mod:`dtrain_cli.launch.server_preload`, imports the worker entry point and then waits
-for the list :func:`announce` writes.
+for the lists :func:`announce` writes: a first one as soon as the config is composed (what
+the layout alone says, so the server imports while the plan builds a model on the meta
+device), the last once the plan and the run dir exist.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import multiprocessing
 import os
 import signal
@@ -28,12 +29,14 @@ import tempfile
 from multiprocessing import forkserver
 
 from dtrain_cli.launch.preload import WORKER_FIRST
+from dtrain_cli.launch.preload_lists import write_list
 from dtrain_cli.rundir import env
 from dtrain_cli.rundir.protocol import STEP_SIGNALS
 
 BASE_PRELOAD = ["dtrain_cli.launch.server_preload"]  # it imports the worker, then waits
 
-_preload_file: str | None = None  # where the server waits for the list; None once written
+_preload_file: str | None = None  # where the server waits for the lists; None after the last
+_announced = 0  # lists written so far: the next one is <_preload_file>.<_announced>
 _running = False
 _env_at_start: dict[str, str] = {}  # the server's (and so its workers') environment
 
@@ -42,7 +45,7 @@ def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FI
     """Start the server now unless the overrides ask for another start method (a recipe that
     does can still say so: :func:`stop` then ends the server, unused). ``first``: what it
     imports at once (dtrain's worker; ``dtrain run``: torch for your script)."""
-    global _preload_file, _running
+    global _preload_file, _running, _announced
     if _running:
         return
     for item in overrides or []:
@@ -66,7 +69,7 @@ def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FI
         env.clear_preload()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    _preload_file = path
+    _preload_file, _announced = path, 0
     _running = True
     atexit.register(stop)  # an error exit before the workers start leaves no server behind
 
@@ -80,26 +83,30 @@ def env_changes() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if _env_at_start.get(k) != v}
 
 
-def announce(modules: list[str]) -> None:
-    """Tell the server what else to import before it forks workers (written atomically)."""
-    global _preload_file
+def announce(modules: list[str], last: bool = True) -> None:
+    """Tell the server what else to import before it forks workers (each list written
+    atomically, in order); after the ``last`` one it stops waiting and serves."""
+    global _preload_file, _announced
     if _preload_file is None:
         return
-    tmp = f"{_preload_file}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(modules, f)
-    os.replace(tmp, _preload_file)
-    _preload_file = None
+    write_list(f"{_preload_file}.{_announced}", modules, last)
+    _announced += 1
+    if last:
+        _preload_file = None
 
 
 def stop() -> None:
     """End the server this process started: unused (another start method), or at the end
     of the run, so that no helper process outlives the launcher."""
-    global _running
+    global _running, _preload_file
     if not _running:
         return
     _running = False
-    announce([])
+    if _preload_file is not None:  # lists the server did not read (it is killed below)
+        for part in range(_announced + 1):
+            with contextlib.suppress(OSError):
+                os.unlink(f"{_preload_file}.{part}")
+        _preload_file = None
     server = forkserver._forkserver  # no public API to stop it (3.11): its private parts
     pid = getattr(server, "_forkserver_pid", None)
     if pid is not None:

@@ -67,3 +67,60 @@ def _found(name: str) -> bool:
         return importlib.util.find_spec(name) is not None
     except ModuleNotFoundError:  # a parent package that is not there
         return False
+
+
+def test_the_composed_config_names_what_its_plan_will():
+    """What the fork server is told before the plan exists (the layout's and the model
+    kind's modules) is what the plan's list adds to the worker itself, for the layouts
+    users write; a config the plan will refuse gets no list, not an error."""
+    from dtrain_cli.launch.preload import WORKER_FIRST, modules_known_once_composed
+
+    for recipe, layout in (
+        ("gpt_tiny", ["dp=1"]),
+        ("gpt_tiny", ["dp=2"]),
+        ("gpt_tiny", ["tp=2"]),
+        ("gpt_tiny", ["dp=2", "pp=2", "parallel.strategy=fsdp"]),
+        ("gpt_tiny", ["dp=2", "parallel.strategy=zero1"]),
+        ("llama_tiny_hf", ["dp=2"]),
+    ):
+        cfg = compose_config(recipe, layout)
+        planned = modules_before_first_step(cfg, build_plan(cfg), False)
+        assert [*WORKER_FIRST, *modules_known_once_composed(cfg)] == planned, layout
+    bad = compose_config("gpt_tiny", ["dp=2"])
+    bad.parallel.strategy = "no_such_strategy"
+    assert modules_known_once_composed(bad) == []
+
+
+def test_the_fork_server_imports_each_list_in_order_until_the_last(tmp_path, monkeypatch):
+    """The launcher's lists (``worker_server.announce``) reach the server's preload in
+    order; it imports each as it comes, stops after the one marked last, and removes them."""
+    import json
+    import os
+    import sys
+
+    from dtrain_cli.launch import preload_lists as lists
+
+    base = str(tmp_path / "preload.json")
+    (tmp_path / "preload.json.0").write_text(json.dumps({"modules": ["json"], "last": False}))
+    (tmp_path / "preload.json.1").write_text(json.dumps({"modules": ["colorsys"], "last": True}))
+    (tmp_path / "preload.json.2").write_text(json.dumps({"modules": ["sched"], "last": True}))
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    monkeypatch.delitem(sys.modules, "sched", raising=False)
+    lists.import_announced_modules(base, os.getppid())
+    assert "colorsys" in sys.modules and "sched" not in sys.modules
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["preload.json.2"]
+
+
+def test_stopping_an_unused_fork_server_leaves_no_list_behind(tmp_path, monkeypatch):
+    """A launch that ends before its server read what it was told (a refused plan, another
+    start method) removes the lists: nothing of it stays in the temp folder."""
+    from dtrain_cli.launch import worker_server
+
+    base = str(tmp_path / "preload.json")
+    monkeypatch.setattr(worker_server, "_preload_file", base)
+    monkeypatch.setattr(worker_server, "_announced", 0)
+    monkeypatch.setattr(worker_server, "_running", True)
+    worker_server.announce(["json"], last=False)
+    assert [p.name for p in tmp_path.iterdir()] == ["preload.json.0"]
+    worker_server.stop()
+    assert list(tmp_path.iterdir()) == []
