@@ -7,7 +7,8 @@ The other keys under ``model`` are the class's keyword arguments (Hydra's ``inst
 semantics: a nested ``_target_`` builds a nested object). The class is imported from the
 current directory, the ``--config-dir`` folders and ``PYTHONPATH`` (``run.import_roots``,
 the same on every worker and node). The plan builds the model once on the meta device for
-its counts, which costs a torch import (the built-in models keep a torch-free plan).
+its counts, which costs a torch import (the built-in models keep a torch-free plan); what it
+measured is kept in the data cache (:mod:`.record`), so planning it again builds nothing.
 
 Layouts: FSDP wraps ``parallel.fsdp_units`` (class names) or, by default, the children of
 the model's largest ``nn.ModuleList``; tensor parallel follows ``parallel.tp_plan``
@@ -19,20 +20,20 @@ the first and last stage (the stage then runs first -> its layers -> last, in or
 from __future__ import annotations
 
 import functools
-import json
 import sys
-import types
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
+from dtrain_cli.models.records import cache_root, load, store
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
 
 TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence")
-_SAVED: dict[str, Any] = {}
-"""Saved-for-backward bytes of one sample by model, loss and layer list (:meth:`_saved`)."""
+_RECORDS: dict[str, dict[str, Any]] = {}
+"""This process's records by key (``dtrain advise`` plans dozens of layouts of one model)."""
 
 
 @dataclass(kw_only=True)
@@ -95,7 +96,7 @@ class CustomSpec(ModelSpec):
                 "e.g. model._target_=my_pkg.net.Net"
             ]
         try:
-            self.meta_model()
+            measured = self._measured()
             out = super().problems(cfg)  # counts the layers: may find pipeline.* wrong
         except ValueError as exc:
             return [str(exc)]
@@ -106,7 +107,9 @@ class CustomSpec(ModelSpec):
                 f"parallel.tp_plan: unknown style {', '.join(f'{k}={v}' for k, v in bad.items())}; "
                 f"choose one of {', '.join(TP_STYLES)}"
             )
-        if cfg.parallel.fsdp_units and not self._named_units(self.meta_model()):
+        if cfg.parallel.fsdp_units and not set(cfg.parallel.fsdp_units) & set(
+            measured["module_classes"]
+        ):
             out.append(
                 f"parallel.fsdp_units={list(cfg.parallel.fsdp_units)}: no module of those classes "
                 f"in {self.cfg.target}"
@@ -133,8 +136,51 @@ class CustomSpec(ModelSpec):
         with torch.device("meta"):
             return self._instantiate()
 
-    def facts(self) -> ModelFacts:
+    # -- plan: measured once on the meta device, then kept (:mod:`.record`) ------------------
+    @functools.cached_property
+    def _key(self) -> str | None:
+        """The record's key (None without a run config: tests' bare specs measure anew)."""
+        run = self.run
+        if run is None:
+            return None
+        pipe = run.pipeline
+        options = [self.cfg.target, self.cfg.kwargs, run.data.source, run.train.loss]
+        options += [pipe.layers, list(pipe.first or []), list(pipe.last or [])]
+        return record_key([*options, list(run.run.import_roots)])
+
+    def _measured(self) -> dict[str, Any]:
+        """The facts, the saved bytes of one sample and the module class names: the data
+        cache's record when its sources are unchanged, else measured on a meta build (and
+        recorded). ValueError: the model cannot be built or its layer list named."""
+        key = self._key
+        if key is not None and key in _RECORDS:
+            return _RECORDS[key]
+        if key is not None:
+            known = load(cache_root(self.run), key, FOLDER)
+            if known is not None and sources_unchanged(known.get("sources")):
+                _RECORDS[key] = known
+                return known
         model = self.meta_model()
+        saved = self._measure_saved(model)
+        measured = {
+            "facts": asdict(self._count(model)),
+            "saved": asdict(saved) if saved is not None else None,
+            "module_classes": sorted({type(m).__name__ for m in model.modules() if m is not model}),
+        }
+        if key is not None:
+            roots = list(self.run.run.import_roots) if self.run else []
+            measured["sources"] = source_files(roots)
+            store(cache_root(self.run), key, measured, FOLDER)
+            _RECORDS[key] = measured
+        return measured
+
+    def facts(self) -> ModelFacts:
+        f = dict(self._measured()["facts"])
+        f["matrix_shapes"] = [tuple(x) for x in f.get("matrix_shapes", [])]
+        f["param_rows"] = [tuple(x) for x in f.get("param_rows", [])]
+        return ModelFacts(**f)
+
+    def _count(self, model: Any) -> ModelFacts:
         params = [p for p in model.parameters()]
         n = sum(p.numel() for p in params)
         mats = [tuple(p.shape) for p in params if p.dim() == 2]
@@ -161,29 +207,26 @@ class CustomSpec(ModelSpec):
         """:class:`.saved_bytes.SavedBytes` of one sample, or None when dtrain cannot form
         one (``data=custom``: the inputs are your dataset's) or the forward fails on meta.
         Measured once per model, loss and data (the advisor plans many layouts of one)."""
+        from dtrain_cli.models.saved_bytes import SavedBytes
+
+        try:
+            saved = self._measured()["saved"]
+        except ValueError:
+            return None
+        return SavedBytes(**saved) if saved is not None else None
+
+    def _measure_saved(self, model: Any) -> Any:
         run = self.run
         seq = self.cfg.block_size
         if run is None or not seq or run.data.source in ("custom", "shapes"):
             return None
-        key = json.dumps(
-            [self.cfg.target, self.cfg.kwargs, run.train.loss, run.pipeline.layers],
-            sort_keys=True,
-            default=str,
-        )
-        if key not in _SAVED:
-            _SAVED[key] = self._measure_saved(int(seq))
-        return _SAVED[key]
-
-    def _measure_saved(self, seq: int) -> Any:
-        run = self.run
-        assert run is not None
         import torch
 
         from dtrain_cli.models.losses import model_loss, resolve_loss
         from dtrain_cli.models.saved_bytes import measure_saved
 
         loss = self.default_loss() if run.train.loss == "auto" else run.train.loss
-        x = torch.zeros(1, seq, dtype=torch.long, device="meta")
+        x = torch.zeros(1, int(seq), dtype=torch.long, device="meta")
         try:
             loss_fn = resolve_loss(loss, list(run.run.import_roots)) or self.loss
 
@@ -192,7 +235,6 @@ class CustomSpec(ModelSpec):
                     return model_loss(model(inputs, inputs))
                 return loss_fn(model(inputs), inputs)
 
-            model = self.meta_model()
             return measure_saved(model, self._layer_list(model), x, forward_loss)
         except Exception:  # the user's forward on meta, their loss: then not estimated
             return None
@@ -320,40 +362,11 @@ class CustomSpec(ModelSpec):
         return out
 
     def pipeline_stage(self, model: Any, stage: Any) -> Any:
-        import copy
-        from collections import OrderedDict
+        from dtrain_cli.models.custom.stages import stage_module
 
-        from torch import nn
-
-        lo, hi = stage.layers
-        part = copy.deepcopy(model)
-        attr = self._layer_attr()
-        if not attr:  # an nn.Sequential: keep the stage's children under their own indices
-            kept = OrderedDict(
-                (k, m) for i, (k, m) in enumerate(part.named_children()) if lo <= i < hi
-            )
-            return nn.Sequential(kept)
-        layers = list(getattr(part, attr).children())
-        # a ModuleDict keyed by the original index keeps the full model's parameter names
-        setattr(part, attr, nn.ModuleDict({str(i): layers[i] for i in range(lo, hi)}))
-        first = list(self.run.pipeline.first) if stage.embeddings else []
-        last = list(self.run.pipeline.last) if stage.head else []
-        for name in set(self.run.pipeline.first) - set(first):
-            setattr(part, name, None)
-        for name in set(self.run.pipeline.last) - set(last):
-            setattr(part, name, None)
-
-        def forward(self: nn.Module, x: Any) -> Any:
-            for name in first:
-                x = getattr(self, name)(x)
-            for layer in getattr(self, attr).values():
-                x = layer(x)
-            for name in last:
-                x = getattr(self, name)(x)
-            return x
-
-        part.forward = types.MethodType(forward, part)
-        return part
+        pipe = self.run.pipeline if self.run else None
+        first, last = (list(pipe.first or []), list(pipe.last or [])) if pipe else ([], [])
+        return stage_module(model, stage, self._layer_attr(), first, last)
 
 
 def _matches_any(pattern: str, names: set[str]) -> bool:

@@ -17,7 +17,6 @@ run: an unreadable record or folder is a miss, a write that fails is skipped.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -26,8 +25,6 @@ import json
 import os
 from pathlib import Path
 from typing import Any
-
-from dtrain_cli.rundir import env
 
 FOLDER = "hf-facts"
 FORMAT = 2
@@ -39,14 +36,6 @@ _COUNTING_CODE = (
 )
 """What computes the counts (:func:`.net.meta_counts` and the layer lists it reads) and
 the bytes saved for backward (:func:`.net.saved_per_sample`)."""
-
-
-def cache_root(run: Any) -> Path:
-    """The data cache (:func:`dtrain_cli.corpus.cache.cache_root`'s rule): the run's
-    ``data.cache_dir``, ``$DTRAIN_CACHE`` or ``~/.cache/dtrain``."""
-    data = getattr(run, "data", None)
-    own = getattr(data, "cache_dir", None)
-    return Path(own or env.cache_root() or Path.home() / ".cache" / "dtrain")
 
 
 def facts_key(options: dict[str, Any]) -> str | None:
@@ -77,24 +66,3 @@ def _key(options_json: str) -> str | None:
         return None
     text = json.dumps([FORMAT, versions, net, saved, options], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def load(root: Path, key: str) -> dict[str, Any] | None:
-    try:
-        record = json.loads((root / FOLDER / f"{key}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("key") == key else None
-
-
-def store(root: Path, key: str, record: dict[str, Any]) -> None:
-    """Write the record atomically (concurrent launches of one config write the same bytes)."""
-    folder = root / FOLDER
-    tmp = folder / f".{key}.{os.getpid()}.tmp"
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({**record, "key": key}, sort_keys=True))
-        os.replace(tmp, folder / f"{key}.json")
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)

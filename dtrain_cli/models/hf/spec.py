@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.errors import ConfigError
-from dtrain_cli.models.hf.facts_cache import cache_root, facts_key, load, store
+from dtrain_cli.models.hf.facts_cache import FOLDER, facts_key
 from dtrain_cli.models.hf.library import transformers_module
 from dtrain_cli.models.hf.tp_checks import tp_problems
+from dtrain_cli.models.records import cache_root, load, store
 from dtrain_cli.models.saved_bytes import SavedBytes
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 
@@ -204,7 +205,7 @@ class HFSpec(ModelSpec):
         if key is None:
             return None
         if key not in _RECORDS:
-            record = load(cache_root(self.run), key)
+            record = load(cache_root(self.run), key, FOLDER)
             if record is None:
                 return None
             _RECORDS[key] = record
@@ -229,7 +230,7 @@ class HFSpec(ModelSpec):
         if self._key is not None:
             _RECORDS[self._key] = record
             if self.run is not None:
-                store(cache_root(self.run), self._key, record)
+                store(cache_root(self.run), self._key, record, FOLDER)
         return record["meta"]
 
     def facts(self) -> ModelFacts:

@@ -1,0 +1,93 @@
+"""What the plan measured of a model of your own, kept in the data cache so that planning it
+again imports no torch and builds nothing (``dtrain plan`` and ``dtrain launch`` of a config
+seen before).
+
+    <cache>/custom-facts/<sha256 of the key>.json   # <cache>: as the HF facts and corpora
+
+A record holds the meta-device build's counts (:class:`~dtrain_cli.models.spec.ModelFacts`),
+the bytes one sample's forward and loss save for backward, and the class names of its
+modules (what ``parallel.fsdp_units`` is checked against); the plan's checks run again on
+it each time. Its key is everything those depend on: the target and its arguments, the data
+source and loss, the pipeline's layer list and ends, the import roots, the installed torch
+and the source of dtrain's counting code. Your code is not in the key but in the record:
+the size and modification time of every module file loaded from the import roots when it
+was measured (dtrain's and the installed packages' aside); a record whose files changed is
+a miss, as Python's own cached bytecode is. Reading or writing it never fails a plan.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+FOLDER = "custom-facts"
+FORMAT = 1
+"""The record's layout; raise it when its fields change."""
+_COUNTING_CODE = (
+    Path(__file__).with_name("spec.py"),
+    Path(__file__).parent.parent / "spec.py",
+    Path(__file__).parent.parent / "units.py",
+    Path(__file__).parent.parent / "saved_bytes.py",
+    Path(__file__).parent.parent / "losses.py",
+)
+
+
+def record_key(options: list[Any]) -> str | None:
+    """The key for ``options`` (JSON-able); None when torch's version cannot be read."""
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    text = json.dumps([FORMAT, torch_version, _code_hash(), options], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@functools.cache
+def _code_hash() -> str:
+    return hashlib.sha256(b"".join(p.read_bytes() for p in _COUNTING_CODE)).hexdigest()
+
+
+def source_files(roots: list[str]) -> list[list[Any]]:
+    """[path, mtime_ns, size] of every loaded module file under ``roots``, except dtrain's
+    own (in the key) and the interpreter's and installed packages' (versions: torch is in
+    the key; a package upgrade elsewhere does not change what your model counts)."""
+    here = str(Path(__file__).resolve().parent.parent.parent)  # the dtrain_cli package
+    skip = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    under = [os.path.realpath(r) for r in roots]
+    out = []
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path:
+            continue
+        real = os.path.realpath(path)
+        inside = any(real.startswith(r + os.sep) for r in under)
+        if not inside or real.startswith(here + os.sep) or "site-packages" in real:
+            continue
+        if any(real.startswith(p + os.sep) for p in skip):
+            continue
+        try:
+            st = os.stat(real)
+        except OSError:
+            continue
+        out.append([real, st.st_mtime_ns, st.st_size])
+    return sorted(out)
+
+
+def sources_unchanged(files: Any) -> bool:
+    """Whether every file of a record still has its size and modification time."""
+    if not isinstance(files, list):
+        return False
+    for path, mtime_ns, size in files:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if (st.st_mtime_ns, st.st_size) != (mtime_ns, size):
+            return False
+    return True

@@ -1,0 +1,117 @@
+"""What the plan measured of a model of your own, from the data cache
+(models/custom/record.py): a hit gives the same plan without building the model, a changed
+source file or argument is a miss, and the checks that need the model still run on a hit."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+
+import pytest
+
+from dtrain_cli.config.compose import compose_config
+from dtrain_cli.errors import ConfigError
+from dtrain_cli.models.custom import record, spec
+from dtrain_cli.plan.build import build_plan
+
+MODEL = textwrap.dedent(
+    """
+    import torch
+    from torch import nn
+
+    class Unit(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.up = nn.Linear(width, {mult} * width)
+            self.down = nn.Linear({mult} * width, width)
+
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))
+
+    class Net(nn.Module):
+        def __init__(self, vocab_size=256, block_size=32, width=16, depth=2):
+            super().__init__()
+            self.embed = nn.Embedding(vocab_size, width)
+            self.units = nn.ModuleList(Unit(width) for _ in range(depth))
+            self.head = nn.Linear(width, vocab_size)
+
+        def forward(self, x):
+            h = self.embed(x)
+            for unit in self.units:
+                h = unit(h)
+            return self.head(h)
+    """
+)
+
+
+@pytest.fixture
+def own(tmp_path, monkeypatch):
+    """A model file in its own folder (the run's import root) and an empty data cache."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "recnet.py").write_text(MODEL.format(mult=4))
+    monkeypatch.setenv("DTRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(spec, "_RECORDS", {})
+    monkeypatch.syspath_prepend(str(folder))
+    yield folder
+    sys.modules.pop("recnet", None)
+
+
+def _cfg(folder, *more: str):
+    over = ["model=custom", "model._target_=recnet.Net", "model.block_size=32", "dp=2", *more]
+    cfg = compose_config("gpt_tiny", over)
+    cfg.run.import_roots = [str(folder)]
+    return cfg
+
+
+def _records(folder) -> list:
+    return sorted((folder.parent / "cache" / record.FOLDER).glob("*.json"))
+
+
+def _new_process(monkeypatch) -> None:
+    """What a second `dtrain plan` starts with: no record in memory, the model not built."""
+    spec._RECORDS.clear()
+
+    def no_build(self):
+        raise AssertionError("built the model although the record was there")
+
+    monkeypatch.setattr(spec.CustomSpec, "meta_model", no_build)
+
+
+def test_a_recorded_plan_is_the_measured_one_and_builds_nothing(own, monkeypatch):
+    measured = build_plan(_cfg(own, "parallel.strategy=fsdp"))
+    (path,) = _records(own)
+    _new_process(monkeypatch)
+    again = build_plan(_cfg(own, "parallel.strategy=fsdp"))
+    assert again.estimates == measured.estimates
+    units = 2 * (16 * 64 + 64 + 64 * 16 + 16)
+    assert again.estimates.num_params == 256 * 16 + units + 16 * 256 + 256
+    assert again.estimates.activations_estimated
+    assert _records(own) == [path]
+
+
+def test_the_checks_that_need_the_model_run_on_a_hit(own, monkeypatch):
+    build_plan(_cfg(own))
+    _new_process(monkeypatch)
+    build_plan(_cfg(own, "parallel.strategy=fsdp", "parallel.fsdp_units=[Unit]"))
+    with pytest.raises(ConfigError) as err:
+        build_plan(_cfg(own, "parallel.strategy=fsdp", "parallel.fsdp_units=[Block]"))
+    assert "parallel.fsdp_units=['Block']: no module of those classes in recnet.Net" in str(
+        err.value
+    )
+
+
+def test_an_edited_model_file_or_argument_is_measured_again(own, monkeypatch):
+    before = build_plan(_cfg(own)).estimates.num_params
+    (own / "recnet.py").write_text(MODEL.format(mult=2))  # the user edits the model
+    st = os.stat(own / "recnet.py")
+    os.utime(own / "recnet.py", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    sys.modules.pop("recnet", None)
+    spec._RECORDS.clear()
+    after = build_plan(_cfg(own)).estimates.num_params
+    assert after == before - 2 * (2 * 16 * 32 + 32)  # the MLPs are half as wide
+    assert len(_records(own)) == 1  # same key: the record was replaced
+    spec._RECORDS.clear()
+    wider = build_plan(_cfg(own, "model.width=32")).estimates.num_params
+    assert wider > after and len(_records(own)) == 2  # another argument, another record
