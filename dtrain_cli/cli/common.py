@@ -74,7 +74,7 @@ def compose_and_plan(
     from dtrain_cli.cli.script_args import apply_script, script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.config.data_checks import data_problems
-    from dtrain_cli.plan.build import build_plan, node_of, spread_over_nodes
+    from dtrain_cli.plan.build import build_plan, node_of, nodes_needed
     from dtrain_cli.plan.script import is_script
 
     if problems := script_problems(script):
@@ -102,7 +102,7 @@ def compose_and_plan(
     # paths and targets exist, before any write; a script's data is its own business
     problems = [] if is_script(cfg) else data_problems(cfg, config_dirs)
     if on_hardware and not _names_nodes(rest):
-        spread_over_nodes(cfg)
+        cfg.parallel.nnodes = nodes_needed(cfg) or cfg.parallel.nnodes
     try:
         plan = build_plan(cfg, node_of(cfg) if on_hardware else None)
     except ConfigError as exc:

@@ -73,16 +73,15 @@ def node_of(cfg: DtrainConfig) -> Resources:
     return Resources(num_gpus=gpus, num_cpus=len(os.sched_getaffinity(0)))
 
 
-def spread_over_nodes(cfg: DtrainConfig) -> int | None:
+def nodes_needed(cfg: DtrainConfig) -> int | None:
     """``dtrain simulate`` of a CUDA plan that names no node count: the nodes of
     ``hardware.devices_per_node`` GPUs its world needs (``dp=64 tp=8 pp=2`` on 8-GPU nodes:
-    128), set in ``cfg``; None when one node holds it or the world does not divide."""
+    128); None when one node holds it, the world does not divide, or the config says."""
     par, g = cfg.parallel, node_of(cfg).num_gpus
     world = par.dp * par.tp * par.pp
     if not g or par.nnodes != 1 or par.nproc_per_node is not None or world <= g or world % g:
         return None
-    par.nnodes = world // g
-    return par.nnodes
+    return world // g
 
 
 def visible_gpu_count() -> int:

@@ -38,7 +38,7 @@ from dtrain_cli.runtime.components.sinks import MetricsSink, startup_phases, wri
 from dtrain_cli.runtime.components.validator import Validator
 from dtrain_cli.runtime.data.loader import Batches
 from dtrain_cli.runtime.data.stream import BatchLayout, open_splits
-from dtrain_cli.runtime.diagnostics import faults
+from dtrain_cli.runtime.diagnostics import faults, peak_memory
 from dtrain_cli.runtime.diagnostics.watchdog import Watchdog
 from dtrain_cli.runtime.parallel.dtensors import local_tensor
 from dtrain_cli.runtime.parallel.mesh import DistContext
@@ -63,7 +63,6 @@ class Trainer:
     ) -> None:
         self.cfg, self.plan, self.ctx, self.run_dir = cfg, plan, ctx, run_dir
         self.times: dict[str, float] = {}
-        self.startup_peak: dict[str, int] = {}  # the worker measures it after start-up
         torch.manual_seed(cfg.train.seed + ctx.rank)  # dropout differs per rank, init does not
         self.layout = BatchLayout(
             plan.batch.micro_batch_size, plan.batch.grad_accum, plan.batch.dp, ctx.dp_rank
@@ -86,6 +85,7 @@ class Trainer:
         self.sync.start(self.step)  # param_server: seed the servers, pull
         self.mode_extra: dict[str, Any] = {}
         self._build_metrics(console)
+        self.startup_peak = peak_memory.peak_bytes(ctx.device)  # model, data, optimizer, resume
 
     def _build_model(self) -> None:
         """This rank's model part(s) with the layout applied, the step runner, optimizers."""

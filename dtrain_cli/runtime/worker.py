@@ -96,7 +96,6 @@ def worker_main(
             process_group_ready=pg_ready,
             model_ready=time.time(),
         )
-        trainer.startup_peak = peak_memory.peak_bytes(ctx.device)
         log.info(
             "rank %d start-up peak memory: %s", rank, peak_memory.describe(trainer.startup_peak)
         )

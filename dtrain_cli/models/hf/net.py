@@ -18,6 +18,7 @@ import importlib
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from unittest import mock
@@ -68,14 +69,15 @@ def build(spec: HFSpec, device: torch.device | str) -> nn.Module:
     return model
 
 
-def meta_counts(spec: HFSpec) -> dict[str, Any]:
-    """What the plan needs, read off a meta-device build (no memory, no init cost)."""
+def meta_counts(spec: HFSpec, model: nn.Module | None = None) -> dict[str, Any]:
+    """What the plan needs, read off a build that allocates nothing: ``model`` (built under
+    fake tensors) or a meta-device build."""
     conf = spec.hf_config
-    tf = transformers_module()
-    with torch.device("meta"):
-        model = tf.AutoModelForCausalLM.from_config(
-            conf, attn_implementation=spec.cfg.attn_implementation
-        )
+    if model is None:
+        with torch.device("meta"):
+            model = transformers_module().AutoModelForCausalLM.from_config(
+                conf, attn_implementation=spec.cfg.attn_implementation
+            )
     base = model.base_model
     layers = _layer_list(model)
 
@@ -111,9 +113,13 @@ def meta_counts(spec: HFSpec) -> dict[str, Any]:
 
 
 def plan_facts(spec: HFSpec) -> dict[str, Any]:
-    """What the plan's record keeps of the model (:mod:`.facts_cache`): the meta build's
-    counts and the bytes one window saves for backward."""
-    return {**meta_counts(spec), "saved": saved_per_sample(spec)}
+    """What the plan's record keeps of the model (:mod:`.facts_cache`): its counts and the
+    bytes one window saves for backward, both from one build under fake tensors (the counts
+    from a meta-device build when the family does not build or run under them)."""
+    with fake_built(spec) as model:
+        if model is not None:
+            return {**meta_counts(spec, model), "saved": saved_per_sample(spec, model)}
+    return {**meta_counts(spec), "saved": None}
 
 
 def unpacked_windows() -> contextlib.AbstractContextManager:
@@ -131,32 +137,41 @@ def unpacked_windows() -> contextlib.AbstractContextManager:
     return mock.patch.object(masking, "find_packed_sequence_indices", lambda *_a, **_k: None)
 
 
-def saved_per_sample(spec: HFSpec) -> dict[str, float] | None:
-    """What autograd keeps for backward in one forward and loss of one ``block_size``
-    window (:func:`dtrain_cli.models.saved_bytes.measure_saved`), in fp32: the model built
-    and run under torch's ``FakeTensorMode`` (CPU kernels chosen as on a real run, SDPA
-    keeping no s x s scores; no memory, no compute). None when the family's forward does
-    not run under fake tensors (the plan then uses Korthikanti et al.'s formula)."""
+@contextlib.contextmanager
+def fake_built(spec: HFSpec) -> Iterator[nn.Module | None]:
+    """The model built in fp32 under torch's ``FakeTensorMode`` (no memory, no compute; CPU
+    kernels chosen as on a real run), the mode active while the caller uses it; None for a
+    family that does not build under fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    tf = transformers_module()
+    with unpacked_windows(), FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
+        try:
+            attn = spec.cfg.attn_implementation
+            model = tf.AutoModelForCausalLM.from_config(
+                spec.hf_config, attn_implementation=attn, dtype=torch.float32
+            )
+            model.config.use_cache = False
+        except Exception:  # a family fake tensors cannot build: the meta build counts
+            model = None
+        yield model
+
+
+def saved_per_sample(spec: HFSpec, model: nn.Module) -> dict[str, float] | None:
+    """What autograd keeps for backward in one forward and loss of one ``block_size``
+    window (:func:`dtrain_cli.models.saved_bytes.measure_saved`), in fp32, on ``model``
+    built by :func:`fake_built` (SDPA keeping no s x s scores). None when the family's
+    forward does not run under fake tensors (the plan then uses Korthikanti et al.'s
+    formula)."""
     from dtrain_cli.models.losses import cross_entropy
     from dtrain_cli.models.saved_bytes import measure_saved
-
-    tf = transformers_module()
 
     def forward_loss(model: nn.Module, inputs: torch.Tensor) -> torch.Tensor:
         return cross_entropy(model(input_ids=inputs, use_cache=False).logits, inputs)
 
     try:
-        with unpacked_windows(), FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
-            model = tf.AutoModelForCausalLM.from_config(
-                spec.hf_config,
-                attn_implementation=spec.cfg.attn_implementation,
-                dtype=torch.float32,
-            )
-            model.config.use_cache = False
-            x = torch.zeros(1, int(spec.cfg.block_size), dtype=torch.long)
-            saved = measure_saved(model, _layer_list(model), x, forward_loss)
+        x = torch.zeros(1, int(spec.cfg.block_size), dtype=torch.long)
+        saved = measure_saved(model, _layer_list(model), x, forward_loss)
     except Exception:  # a family fake tensors cannot run: the formula stands in
         return None
     return dict(vars(saved))
