@@ -58,7 +58,7 @@ def cli_latency(ws: Workspace) -> Section:
         rows.append(
             [
                 f"`{p.label}`",
-                rounds_label(clean[p.label]),
+                rounds_label(clean[p.label], clean[REFERENCE]),
                 spread([walls[p.label][i] for i in used], lambda x: f"{x:.3f}"),
                 spread(ratios, lambda x: f"{x:.3f}"),
                 p.target,

@@ -40,7 +40,10 @@ class CustomWorkload(Workload):
         module, _, name = desc["_target_"].rpartition(".")
         cls = getattr(importlib.import_module(module), name)
         data = DataConfig(source=args.data_source, val_fraction=args.val_fraction)
-        shape = argparse.Namespace(block_size=args.block_size, vocab_size=kwargs["vocab_size"])
+        if args.compile:
+            raise SystemExit("plain_ddp.py --custom-model does not compile; run without --compile")
+        vocab = kwargs.get("vocab_size")  # as dtrain reads it: the argument, if given
+        shape = argparse.Namespace(block_size=args.block_size, vocab_size=vocab)
         self.windows = open_splits(data, shape, args.seed)["train"]
         self.stream = SampleStream(len(self.windows), args.seed)
         self.layout = BatchLayout(args.micro_batch, args.grad_accum, world, rank)

@@ -16,8 +16,9 @@ import importlib
 import os
 import sys
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 # Modules a target may never resolve into: the standard library and the interpreter's builtins.
 _REFUSED_MODULES = frozenset(sys.stdlib_module_names) | {"builtins", "__main__"}
@@ -143,3 +144,17 @@ def resolve_target(dotted: str, *, key: str, roots: Sequence[str] = ()) -> objec
             f"('{_top_module(obj)}'), which is refused; name your own class or function"
         )
     return obj
+
+
+def nested_targets(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
+    """(``<key>._target_``, dotted path) of every ``_target_`` inside keyword arguments
+    (``model.kwargs``, ``data.kwargs``: Hydra's ``instantiate`` builds them too)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k == "_target_":
+                yield f"{prefix}._target_", str(v)
+            else:
+                yield from nested_targets(v, f"{prefix}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from nested_targets(v, f"{prefix}.{i}")

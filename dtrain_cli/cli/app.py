@@ -35,6 +35,7 @@ from dtrain_cli.cli.run_cmd import RUN_SETTINGS, run
 from dtrain_cli.cli.sbatch_cmd import sbatch
 from dtrain_cli.cli.simulate_cmd import simulate
 from dtrain_cli.cli.validate_cmd import validate_cluster
+from dtrain_cli.rundir.protocol import EXIT_INTERRUPTED
 
 OVERRIDE_SETTINGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
@@ -87,13 +88,16 @@ def main() -> None:
     """The ``dtrain`` command. A command that imported torch (launch, run, resume, agent:
     the elastic agent) leaves without the interpreter's teardown of torch's modules, which
     takes most of a second on 2 cores after the run is done: the threads are joined and
-    the exit handlers run as at a normal exit, then the process ends with the same code."""
+    the exit handlers run as at a normal exit, then the process ends with the same code.
+    A command stopped by Ctrl-C (130) leaves that way too: CPython remembers a
+    KeyboardInterrupt raised while C code ran Python (``import torch`` does) even after
+    dtrain caught it, and its own exit would then end the process by SIGINT, not 130."""
     try:
         app()
         code: object = 0
     except SystemExit as exc:  # how click ends every command
         code = exc.code
-    if "torch" not in sys.modules:
+    if "torch" not in sys.modules and code != EXIT_INTERRUPTED:
         raise SystemExit(code)
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:

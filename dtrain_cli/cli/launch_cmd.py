@@ -130,11 +130,16 @@ def start_run(
 
 def announce_layout(cfg: DtrainConfig) -> None:
     """The fork server imports what the config's layout and model kind need (DDP's
-    torch._dynamo...) while the plan is made; the rest comes with the plan."""
+    torch._dynamo...) while the plan is made; the rest comes with the plan. Not for a
+    script (a recipe can name one): its workers import what the script does."""
     from dtrain_cli.launch import worker_server
     from dtrain_cli.launch.preload import modules_known_once_composed
+    from dtrain_cli.plan.script import is_script
 
-    worker_server.announce(modules_known_once_composed(cfg), last=False)
+    if is_script(cfg):
+        return
+    with contextlib.suppress(OSError):  # only a speed-up: a full temp folder loses it
+        worker_server.announce(modules_known_once_composed(cfg), last=False)
 
 
 def rendezvous_problems(cfg: DtrainConfig, plan: Plan, node_rank: int | None) -> list[str]:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dtrain_cli.config.schema import DataConfig, DtrainConfig
-from dtrain_cli.targets import TargetError, import_roots, resolve_target
+from dtrain_cli.targets import TargetError, import_roots, nested_targets, resolve_target
 
 if TYPE_CHECKING:
     from dtrain_cli.models.spec import ModelSpec
@@ -232,19 +232,6 @@ def vocab_problem(vocab_size: int, needed: int, folder: str) -> str:
 
 
 # -- data=custom ----------------------------------------------------------------------------
-def nested_targets(value: Any, prefix: str) -> Iterator[tuple[str, str]]:
-    """(key, dotted path) of every ``_target_`` inside keyword arguments."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if k == "_target_":
-                yield f"{prefix}._target_", v
-            else:
-                yield from nested_targets(v, f"{prefix}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            yield from nested_targets(v, f"{prefix}.{i}")
-
-
 def target_problems(data: DataConfig, roots: Sequence[str]) -> list[str]:
     """Every target of a custom dataset imports, is not the standard library, and can be called."""
     from dtrain_cli.targets import argument_key_problems

@@ -35,8 +35,9 @@ from dtrain_cli.rundir.protocol import STEP_SIGNALS
 
 BASE_PRELOAD = ["dtrain_cli.launch.server_preload"]  # it imports the worker, then waits
 
-_preload_file: str | None = None  # where the server waits for the lists; None after the last
-_announced = 0  # lists written so far: the next one is <_preload_file>.<_announced>
+_lists: str | None = None  # where the server waits for the lists: <_lists>.0, <_lists>.1...
+_announced = 0  # lists written so far
+_last_sent = False  # the list marked last is written: the server waits for no more
 _running = False
 _env_at_start: dict[str, str] = {}  # the server's (and so its workers') environment
 
@@ -45,7 +46,7 @@ def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FI
     """Start the server now unless the overrides ask for another start method (a recipe that
     does can still say so: :func:`stop` then ends the server, unused). ``first``: what it
     imports at once (dtrain's worker; ``dtrain run``: torch for your script)."""
-    global _preload_file, _running, _announced
+    global _lists, _running, _announced, _last_sent
     if _running:
         return
     for item in overrides or []:
@@ -69,7 +70,7 @@ def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FI
         env.clear_preload()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    _preload_file, _announced = path, 0
+    _lists, _announced, _last_sent = path, 0, False
     _running = True
     atexit.register(stop)  # an error exit before the workers start leaves no server behind
 
@@ -86,27 +87,37 @@ def env_changes() -> dict[str, str]:
 def announce(modules: list[str], last: bool = True) -> None:
     """Tell the server what else to import before it forks workers (each list written
     atomically, in order); after the ``last`` one it stops waiting and serves."""
-    global _preload_file, _announced
-    if _preload_file is None:
+    global _announced, _last_sent
+    if _lists is None or _last_sent:
         return
-    write_list(f"{_preload_file}.{_announced}", modules, last)
+    write_list(f"{_lists}.{_announced}", modules, last)
     _announced += 1
-    if last:
-        _preload_file = None
+    _last_sent = last
 
 
 def stop() -> None:
     """End the server this process started: unused (another start method), or at the end
     of the run, so that no helper process outlives the launcher."""
-    global _running, _preload_file
+    global _running
     if not _running:
         return
     _running = False
-    if _preload_file is not None:  # lists the server did not read (it is killed below)
+    _stop_server()
+    _remove_unread_lists()
+
+
+def _remove_unread_lists() -> None:
+    """The lists the server had not read (and removed) when it stopped: nothing is left."""
+    global _lists
+    if _lists is not None:
         for part in range(_announced + 1):
-            with contextlib.suppress(OSError):
-                os.unlink(f"{_preload_file}.{part}")
-        _preload_file = None
+            for path in (f"{_lists}.{part}", f"{_lists}.{part}.tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+    _lists = None
+
+
+def _stop_server() -> None:
     server = forkserver._forkserver  # no public API to stop it (3.11): its private parts
     pid = getattr(server, "_forkserver_pid", None)
     if pid is not None:

@@ -144,6 +144,33 @@ def test_ctrl_c_stops_every_worker(tmp_path):
     assert log is not None
 
 
+CAUGHT_INTERRUPT_THEN_130 = """
+import ctypes, sys
+import dtrain_cli.cli.app as cli
+
+run = ctypes.pythonapi.PyRun_String  # C code running Python, as `import torch` does
+run.restype = ctypes.py_object
+run.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+try:
+    run(b"raise KeyboardInterrupt", 257, {}, {})  # a Ctrl-C there...
+except KeyboardInterrupt:
+    pass  # ...caught, as the launch command catches one during start-up
+cli.app = lambda: sys.exit(130)  # the command then reports it: exit 130
+cli.main()
+"""
+
+
+def test_a_ctrl_c_caught_during_start_up_exits_130_not_by_sigint(tmp_path):
+    """CPython remembers a KeyboardInterrupt raised while C code ran Python even after it
+    was caught, and `python -m` would then end the process by SIGINT (-2, 4 of 30 Ctrl-C's
+    in start-up under load): the command's own 130 must come out."""
+    (tmp_path / "caught_interrupt.py").write_text(CAUGHT_INTERRUPT_THEN_130)
+    proc = subprocess.run(
+        [sys.executable, "-m", "caught_interrupt"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 130, proc.stderr
+
+
 def test_wheel_carries_configs_and_recipes(tmp_path):
     """Build the wheel, install it alone into a folder, and run `dtrain recipes` from it."""
     build = subprocess.run(

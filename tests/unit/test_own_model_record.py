@@ -115,3 +115,41 @@ def test_an_edited_model_file_or_argument_is_measured_again(own, monkeypatch):
     spec._RECORDS.clear()
     wider = build_plan(_cfg(own, "model.width=32")).estimates.num_params
     assert wider > after and len(_records(own)) == 2  # another argument, another record
+
+
+def test_a_model_imported_from_outside_the_import_roots_is_still_watched(own, monkeypatch):
+    """The model's own package is watched wherever it is installed (an installed package,
+    a folder on PYTHONPATH that is no import root): editing it is a miss, not a stale hit."""
+    before = build_plan(_cfg(own)).estimates.num_params
+    elsewhere = own.parent / "elsewhere"  # the run's only import root: not where recnet is
+    elsewhere.mkdir()
+    cfg = _cfg(own)
+    cfg.run.import_roots = [str(elsewhere)]
+    spec._RECORDS.clear()
+    assert build_plan(cfg).estimates.num_params == before
+    (own / "recnet.py").write_text(MODEL.format(mult=2))
+    st = os.stat(own / "recnet.py")
+    os.utime(own / "recnet.py", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    sys.modules.pop("recnet", None)
+    spec._RECORDS.clear()
+    cfg = _cfg(own)
+    cfg.run.import_roots = [str(elsewhere)]
+    assert build_plan(cfg).estimates.num_params == before - 2 * (2 * 16 * 32 + 32)
+
+
+def test_a_measurement_whose_loss_did_not_import_is_not_recorded(own, monkeypatch):
+    """A loss module with a syntax error: the plan refuses it and keeps no record, so the
+    fixed module's activations are measured (not 'not estimated' from a stale record)."""
+    (own / "recloss.py").write_text("def fn(outputs, targets:\n")
+    with pytest.raises(ConfigError):
+        build_plan(_cfg(own, "train.loss=recloss.fn"))
+    assert _records(own) == []
+    (own / "recloss.py").write_text(
+        "import torch.nn.functional as F\n\n"
+        "def fn(outputs, targets):\n"
+        "    return F.cross_entropy(outputs.flatten(0, 1), targets.flatten())\n"
+    )
+    sys.modules.pop("recloss", None)
+    spec._RECORDS.clear()
+    plan = build_plan(_cfg(own, "train.loss=recloss.fn"))
+    assert plan.estimates.activations_estimated and len(_records(own)) == 1

@@ -4,6 +4,10 @@ hygiene and the worker module's imports in a fresh interpreter: tests/launch/tes
 
 from __future__ import annotations
 
+import types
+
+import pytest
+
 from dtrain_cli.config.compose import compose_config
 from dtrain_cli.launch.preload import CHECKPOINT_MODULES, modules_before_first_step
 from dtrain_cli.plan.build import build_plan
@@ -111,16 +115,27 @@ def test_the_fork_server_imports_each_list_in_order_until_the_last(tmp_path, mon
     assert sorted(p.name for p in tmp_path.iterdir()) == ["preload.json.2"]
 
 
-def test_stopping_an_unused_fork_server_leaves_no_list_behind(tmp_path, monkeypatch):
+@pytest.mark.parametrize("lists", [[False], [False, True]], ids=["before-last", "after-last"])
+def test_stopping_the_fork_server_leaves_no_list_behind(lists, tmp_path, monkeypatch):
     """A launch that ends before its server read what it was told (a refused plan, another
-    start method) removes the lists: nothing of it stays in the temp folder."""
+    start method, a failure or Ctrl-C while the server still imports torch) removes the
+    lists: nothing of it stays in the temp folder. No real server or tracker is touched."""
+    from multiprocessing import resource_tracker
+
     from dtrain_cli.launch import worker_server
 
     base = str(tmp_path / "preload.json")
-    monkeypatch.setattr(worker_server, "_preload_file", base)
+    monkeypatch.setattr(worker_server, "_lists", base)
     monkeypatch.setattr(worker_server, "_announced", 0)
+    monkeypatch.setattr(worker_server, "_last_sent", False)
     monkeypatch.setattr(worker_server, "_running", True)
-    worker_server.announce(["json"], last=False)
-    assert [p.name for p in tmp_path.iterdir()] == ["preload.json.0"]
+    monkeypatch.setattr(worker_server.forkserver, "_forkserver", types.SimpleNamespace())
+    monkeypatch.setattr(resource_tracker, "_resource_tracker", types.SimpleNamespace())
+    for last in lists:
+        worker_server.announce(["json"], last=last)
+    assert len(list(tmp_path.iterdir())) == len(lists)
+    if lists[-1]:
+        worker_server.announce(["json"])  # after the last one: not written
+        assert len(list(tmp_path.iterdir())) == len(lists)
     worker_server.stop()
     assert list(tmp_path.iterdir()) == []

@@ -10,9 +10,12 @@ modules (what ``parallel.fsdp_units`` is checked against); the plan's checks run
 it each time. Its key is everything those depend on: the target and its arguments, the data
 source and loss, the pipeline's layer list and ends, the import roots, the installed torch
 and the source of dtrain's counting code. Your code is not in the key but in the record:
-the size and modification time of every module file loaded from the import roots when it
-was measured (dtrain's and the installed packages' aside); a record whose files changed is
-a miss, as Python's own cached bytecode is. Reading or writing it never fails a plan.
+the size and modification time of every loaded module file of the packages your targets
+(model, nested targets, loss) come from, installed or not, and of every other module
+loaded from the import roots (the standard library, other installed packages and dtrain
+aside); a record whose files changed is a miss, as Python's own cached bytecode is. A
+measurement that did not complete (the loss did not import, the forward failed on the
+meta device) is not recorded. Reading or writing it never fails a plan.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +43,14 @@ _COUNTING_CODE = (
 
 
 def record_key(options: list[Any]) -> str | None:
-    """The key for ``options`` (JSON-able); None when torch's version cannot be read."""
+    """The key for ``options`` (JSON-able); None when torch's version or dtrain's counting
+    code cannot be read (then nothing is recorded)."""
     try:
         torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
+        code = _code_hash()
+    except (importlib.metadata.PackageNotFoundError, OSError):
         return None
-    text = json.dumps([FORMAT, torch_version, _code_hash(), options], sort_keys=True, default=str)
+    text = json.dumps([FORMAT, torch_version, code, options], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -53,29 +59,42 @@ def _code_hash() -> str:
     return hashlib.sha256(b"".join(p.read_bytes() for p in _COUNTING_CODE)).hexdigest()
 
 
-def source_files(roots: list[str]) -> list[list[Any]]:
-    """[path, mtime_ns, size] of every loaded module file under ``roots``, except dtrain's
-    own (in the key) and the interpreter's and installed packages' (versions: torch is in
-    the key; a package upgrade elsewhere does not change what your model counts)."""
+def source_files(roots: list[str], targets: list[str]) -> list[list[Any]] | None:
+    """[path, mtime_ns, size] of the module files the measurement may depend on: every loaded
+    module of the packages the ``targets`` (dotted paths: the model, nested targets, the loss)
+    belong to, wherever they are installed, and every other loaded module under ``roots``
+    but the standard library, installed packages and dtrain itself (torch's version and
+    dtrain's counting code are in the key). None when a target's own module has no file
+    to watch: such a measurement is not recorded."""
+    packages = {t.split(".")[0] for t in targets} - {"torch"}  # torch: its version is keyed
+    modules = {t.rpartition(".")[0] for t in targets if t.split(".")[0] in packages}
     here = str(Path(__file__).resolve().parent.parent.parent)  # the dtrain_cli package
-    skip = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    skip = [
+        os.path.realpath(p)
+        for p in {sysconfig.get_path(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        if p
+    ]
     under = [os.path.realpath(r) for r in roots]
-    out = []
-    for module in list(sys.modules.values()):
+    out, watched = [], set()
+    for name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
         if not path:
             continue
         real = os.path.realpath(path)
-        inside = any(real.startswith(r + os.sep) for r in under)
-        if not inside or real.startswith(here + os.sep) or "site-packages" in real:
-            continue
-        if any(real.startswith(p + os.sep) for p in skip):
-            continue
+        if name.split(".")[0] not in packages:
+            inside = any(real.startswith(r + os.sep) for r in under)
+            if not inside or real.startswith(here + os.sep) or "site-packages" in real:
+                continue
+            if any(real.startswith(p + os.sep) for p in skip):
+                continue
         try:
             st = os.stat(real)
         except OSError:
             continue
         out.append([real, st.st_mtime_ns, st.st_size])
+        watched.add(name)
+    if not modules <= watched:
+        return None
     return sorted(out)
 
 
@@ -83,11 +102,11 @@ def sources_unchanged(files: Any) -> bool:
     """Whether every file of a record still has its size and modification time."""
     if not isinstance(files, list):
         return False
-    for path, mtime_ns, size in files:
-        try:
+    try:
+        for path, mtime_ns, size in files:
             st = os.stat(path)
-        except OSError:
-            return False
-        if (st.st_mtime_ns, st.st_size) != (mtime_ns, size):
-            return False
+            if (st.st_mtime_ns, st.st_size) != (mtime_ns, size):
+                return False
+    except (OSError, TypeError, ValueError):  # gone, or a record not of this layout
+        return False
     return True

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.records import cache_root, load, store
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
+from dtrain_cli.targets import nested_targets
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
@@ -76,6 +77,8 @@ class CustomSpec(ModelSpec):
     kind = "custom"
     config_class = CustomModelConfig
     cfg: CustomModelConfig
+    _here: dict[str, Any] | None = None
+    """What this spec measured when it could not be recorded (kept for its other calls)."""
 
     def config_dict(self) -> dict[str, Any]:
         return {"kind": "custom", "_target_": self.cfg.target, **self.cfg.kwargs}
@@ -160,19 +163,32 @@ class CustomSpec(ModelSpec):
             if known is not None and sources_unchanged(known.get("sources")):
                 _RECORDS[key] = known
                 return known
+        if self._here is not None:  # measured already, not recordable (no key, no sources)
+            return self._here
         model = self.meta_model()
-        saved = self._measure_saved(model)
+        saved, complete = self._measure_saved(model)
         measured = {
             "facts": asdict(self._count(model)),
             "saved": asdict(saved) if saved is not None else None,
             "module_classes": sorted({type(m).__name__ for m in model.modules() if m is not model}),
         }
-        if key is not None:
-            roots = list(self.run.run.import_roots) if self.run else []
-            measured["sources"] = source_files(roots)
-            store(cache_root(self.run), key, measured, FOLDER)
-            _RECORDS[key] = measured
+        sources = source_files(self._roots(), self._target_paths()) if key and complete else None
+        if key is None or sources is None:
+            self._here = measured
+            return measured
+        measured["sources"] = sources
+        store(cache_root(self.run), key, measured, FOLDER)
+        _RECORDS[key] = measured
         return measured
+
+    def _roots(self) -> list[str]:
+        return list(self.run.run.import_roots) if self.run else []
+
+    def _target_paths(self) -> list[str]:
+        """The dotted paths the measurement imported: the model, nested targets, the loss."""
+        paths = [self.cfg.target, *(d for _, d in nested_targets(self.cfg.kwargs, "model"))]
+        loss = self.run.train.loss if self.run else ""
+        return paths + ([loss] if "." in loss else [])
 
     def facts(self) -> ModelFacts:
         f = dict(self._measured()["facts"])
@@ -215,11 +231,13 @@ class CustomSpec(ModelSpec):
             return None
         return SavedBytes(**saved) if saved is not None else None
 
-    def _measure_saved(self, model: Any) -> Any:
+    def _measure_saved(self, model: Any) -> tuple[Any, bool]:
+        """(the saved bytes or None, whether the measurement completed: None by design is
+        complete, a loss or forward that failed is not)."""
         run = self.run
         seq = self.cfg.block_size
         if run is None or not seq or run.data.source in ("custom", "shapes"):
-            return None
+            return None, True
         import torch
 
         from dtrain_cli.models.losses import model_loss, resolve_loss
@@ -235,9 +253,9 @@ class CustomSpec(ModelSpec):
                     return model_loss(model(inputs, inputs))
                 return loss_fn(model(inputs), inputs)
 
-            return measure_saved(model, self._layer_list(model), x, forward_loss)
+            return measure_saved(model, self._layer_list(model), x, forward_loss), True
         except Exception:  # the user's forward on meta, their loss: then not estimated
-            return None
+            return None, False
 
     def activations_estimated(self) -> bool:
         return self._saved() is not None
@@ -270,8 +288,8 @@ class CustomSpec(ModelSpec):
 
         roots = list(self.run.run.import_roots) if self.run else []
         try:
-            for key, dotted in _targets(self.cfg.kwargs, "model"):
-                resolve_target(dotted, key=f"{key}._target_", roots=roots)
+            for key, dotted in nested_targets(self.cfg.kwargs, "model"):
+                resolve_target(dotted, key=key, roots=roots)
             resolve_target(self.cfg.target, key="model._target_", roots=roots)
         except TargetError as exc:
             raise ValueError(str(exc)) from None
@@ -373,20 +391,6 @@ def _matches_any(pattern: str, names: set[str]) -> bool:
     import fnmatch
 
     return any(fnmatch.fnmatchcase(n, pattern) for n in names)
-
-
-def _targets(value: Any, key: str) -> list[tuple[str, str]]:
-    """(config key, dotted path) of every nested ``_target_`` under ``value``."""
-    out: list[tuple[str, str]] = []
-    if isinstance(value, dict):
-        if "_target_" in value:
-            out.append((key, str(value["_target_"])))
-        for k, v in value.items():
-            out += _targets(v, f"{key}.{k}")
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += _targets(v, f"{key}[{i}]")
-    return out
 
 
 def _count_batchnorm(model: Any) -> int:
