@@ -97,7 +97,7 @@ def start_run(
     if problems:
         fail(problems)
     cfg, plan = compose_and_plan(
-        [*overrides, *extra], config_dirs, script, on_composed=None if script else announce_layout
+        [*overrides, *extra], config_dirs, script, on_composed=announce_layout
     )
     composed = time.time()
     problems = apply_node_args(cfg, NodeArgs(count, node_rank, rdzv_endpoint, rdzv_id))

@@ -11,12 +11,26 @@ that fails is skipped.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from dtrain_cli.rundir import env
+
+
+def key_of(parts: list[Any]) -> str:
+    """A record's key: the sha256 of its parts as JSON (keys sorted)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@functools.cache
+def files_hash(paths: tuple[Path, ...]) -> str:
+    """The sha256 of the files' bytes (dtrain's counting code, which a key names). OSError
+    when one cannot be read."""
+    return hashlib.sha256(b"".join(p.read_bytes() for p in paths)).hexdigest()
 
 
 def cache_root(run: Any) -> Path:

@@ -20,15 +20,14 @@ meta device) is not recorded. Reading or writing it never fails a plan.
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib.metadata
-import json
 import os
 import sys
 import sysconfig
 from pathlib import Path
 from typing import Any
+
+from dtrain_cli.models.records import files_hash, key_of
 
 FOLDER = "custom-facts"
 FORMAT = 1
@@ -47,16 +46,10 @@ def record_key(options: list[Any]) -> str | None:
     code cannot be read (then nothing is recorded)."""
     try:
         torch_version = importlib.metadata.version("torch")
-        code = _code_hash()
+        code = files_hash(_COUNTING_CODE)
     except (importlib.metadata.PackageNotFoundError, OSError):
         return None
-    text = json.dumps([FORMAT, torch_version, code, options], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-@functools.cache
-def _code_hash() -> str:
-    return hashlib.sha256(b"".join(p.read_bytes() for p in _COUNTING_CODE)).hexdigest()
+    return key_of([FORMAT, torch_version, code, options])
 
 
 def source_files(roots: list[str], targets: list[str]) -> list[list[Any]] | None:

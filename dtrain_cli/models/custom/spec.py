@@ -77,8 +77,6 @@ class CustomSpec(ModelSpec):
     kind = "custom"
     config_class = CustomModelConfig
     cfg: CustomModelConfig
-    _here: dict[str, Any] | None = None
-    """What this spec measured when it could not be recorded (kept for its other calls)."""
 
     def config_dict(self) -> dict[str, Any]:
         return {"kind": "custom", "_target_": self.cfg.target, **self.cfg.kwargs}
@@ -99,7 +97,7 @@ class CustomSpec(ModelSpec):
                 "e.g. model._target_=my_pkg.net.Net"
             ]
         try:
-            measured = self._measured()
+            measured = self._measured
             out = super().problems(cfg)  # counts the layers: may find pipeline.* wrong
         except ValueError as exc:
             return [str(exc)]
@@ -151,10 +149,12 @@ class CustomSpec(ModelSpec):
         options += [pipe.layers, list(pipe.first or []), list(pipe.last or [])]
         return record_key([*options, list(run.run.import_roots)])
 
+    @functools.cached_property
     def _measured(self) -> dict[str, Any]:
         """The facts, the saved bytes of one sample and the module class names: the data
         cache's record when its sources are unchanged, else measured on a meta build (and
-        recorded). ValueError: the model cannot be built or its layer list named."""
+        recorded when it can be). Once per spec. ValueError: the model cannot be built or
+        its layer list named."""
         key = self._key
         if key is not None and key in _RECORDS:
             return _RECORDS[key]
@@ -163,8 +163,6 @@ class CustomSpec(ModelSpec):
             if known is not None and sources_unchanged(known.get("sources")):
                 _RECORDS[key] = known
                 return known
-        if self._here is not None:  # measured already, not recordable (no key, no sources)
-            return self._here
         model = self.meta_model()
         saved, complete = self._measure_saved(model)
         measured = {
@@ -173,8 +171,7 @@ class CustomSpec(ModelSpec):
             "module_classes": sorted({type(m).__name__ for m in model.modules() if m is not model}),
         }
         sources = source_files(self._roots(), self._target_paths()) if key and complete else None
-        if key is None or sources is None:
-            self._here = measured
+        if key is None or sources is None:  # not recordable: kept by this spec only
             return measured
         measured["sources"] = sources
         store(cache_root(self.run), key, measured, FOLDER)
@@ -191,7 +188,7 @@ class CustomSpec(ModelSpec):
         return paths + ([loss] if "." in loss else [])
 
     def facts(self) -> ModelFacts:
-        f = dict(self._measured()["facts"])
+        f = dict(self._measured["facts"])
         f["matrix_shapes"] = [tuple(x) for x in f.get("matrix_shapes", [])]
         f["param_rows"] = [tuple(x) for x in f.get("param_rows", [])]
         return ModelFacts(**f)
@@ -226,7 +223,7 @@ class CustomSpec(ModelSpec):
         from dtrain_cli.models.saved_bytes import SavedBytes
 
         try:
-            saved = self._measured()["saved"]
+            saved = self._measured["saved"]
         except ValueError:
             return None
         return SavedBytes(**saved) if saved is not None else None

@@ -26,6 +26,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dtrain_cli.models.records import files_hash, key_of
+
 FOLDER = "hf-facts"
 FORMAT = 2
 """The record's layout; raise it when the record's fields change (2: saved bytes)."""
@@ -56,7 +58,7 @@ def _key(options_json: str) -> str | None:
     options = json.loads(options_json)
     try:
         versions = [importlib.metadata.version(p) for p in ("transformers", "torch")]
-        net = hashlib.sha256(b"".join(p.read_bytes() for p in _COUNTING_CODE)).hexdigest()
+        net = files_hash(_COUNTING_CODE)
         pretrained = options.get("pretrained")
         saved = ""
         if pretrained:
@@ -64,5 +66,4 @@ def _key(options_json: str) -> str | None:
             saved = hashlib.sha256(text).hexdigest()
     except (importlib.metadata.PackageNotFoundError, OSError):
         return None
-    text = json.dumps([FORMAT, versions, net, saved, options], sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+    return key_of([FORMAT, versions, net, saved, options])
