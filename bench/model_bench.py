@@ -38,9 +38,10 @@ HOW = (
 
 
 def hf_overhead(ws: Workspace) -> Section:
-    steps, rounds = (20, 2) if ws.quick else (60, 3)
-    res = measure(ws, Workload("llama_tiny_hf", "llama_tiny_hf", steps, 10, 10), rounds)
-    return Section(
+    return _versus_plain(
+        ws,
+        "llama_tiny_hf",
+        (),
         title="HF. The tiny HF Llama: `dtrain launch recipe=llama_tiny_hf dp=2` vs torchrun + DDP",
         what=(
             "`recipes/llama_tiny_hf.yaml` (a transformers Llama built from its config, 0.85M "
@@ -49,16 +50,14 @@ def hf_overhead(ws: Workspace) -> Section:
             "`model(input_ids=x, labels=y, shift_labels=y).loss`, the same sample stream, "
             "AdamW, schedule, clipping and DDP options). " + HOW
         ),
-        table=markdown_table(HEADERS, [_row(res)]),
-        commands=_commands([res]),
     )
 
 
 def custom_overhead(ws: Workspace) -> Section:
-    steps, rounds = (20, 2) if ws.quick else (60, 3)
-    work = Workload("own_lm", "own_lm", steps, 10, 10, ("--config-dir", str(OWN_MODEL)))
-    res = measure(ws, work, rounds)
-    return Section(
+    return _versus_plain(
+        ws,
+        "own_lm",
+        ("--config-dir", str(OWN_MODEL)),
         title=(
             "Custom. A model of your own: `dtrain launch recipe=own_lm --config-dir "
             "bench/own_model dp=2` vs torchrun + DDP"
@@ -73,9 +72,17 @@ def custom_overhead(ws: Workspace) -> Section:
             "options). dtrain's plan builds the class on the meta device to count it and "
             "measure its activations (a torch import in the launcher). " + HOW
         ),
-        table=markdown_table(HEADERS, [_row(res)]),
-        commands=_commands([res]),
     )
+
+
+def _versus_plain(
+    ws: Workspace, recipe: str, overrides: tuple[str, ...], title: str, what: str
+) -> Section:
+    """The recipe under dtrain against the plain loop on the same model: one table row."""
+    steps, rounds = (20, 2) if ws.quick else (60, 3)
+    res = measure(ws, Workload(recipe, recipe, steps, 10, 10, overrides), rounds)
+    table = markdown_table(HEADERS, [_row(res)])
+    return Section(title=title, what=what, table=table, commands=_commands([res]))
 
 
 def _row(res: Rounds) -> list[str]:
