@@ -43,6 +43,10 @@ def _launch(command: list[str], cwd: Path, out: Path) -> Outcome:
         proc = subprocess.run(
             command, cwd=cwd, capture_output=True, text=True, env=env, timeout=300
         )
+    missing = [r for r in range(2) if not (out / f"rank_{r}.json").exists()]
+    assert not missing, (
+        f"rank(s) {missing} wrote nothing; exit {proc.returncode}:\n{proc.stderr[-3000:]}"
+    )
     ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in range(2)]
     return Outcome(
         returncode=proc.returncode,
