@@ -18,6 +18,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from dtrain_cli.config import compose_cache
 from dtrain_cli.config.kinds import kind_keys
 from dtrain_cli.config.overrides import (
     SHORTHANDS,
@@ -107,23 +108,41 @@ def compose_dictconfig(
             [f"unknown recipe {recipe!r}{hint}; available: {', '.join(recipes) or 'none'}"]
         )
     search = search_path(config_dirs)
-    kind = kind_keys(recipes[recipe], overrides, search)
-    checked, problems = check_overrides(overrides, group_options(config_dirs), **kind)
-    cfg = _compose(recipes[recipe], config_dirs, checked)
-    bad = interpolation_problems(cfg, checked, kind["extra"])
-    if bad:  # compose again without them, for the other checks
-        problems += list(bad.values())
-        checked = [ov for ov in checked if ov.key not in bad]
-        cfg = _compose(recipes[recipe], config_dirs, checked)
+    key = compose_cache.key_for(recipes[recipe], overrides, search)
+    cfg, problems = compose_cache.load(key), []
+    if cfg is None:
+        cfg, problems = _compose_checked(recipes[recipe], overrides, config_dirs, search)
+        if not problems:
+            compose_cache.store(key, cfg)
     OmegaConf.update(cfg, "run.recipe", str(recipe), merge=False)
     OmegaConf.update(cfg, "run.recipe_named", not isinstance(recipe, DefaultRecipe), merge=False)
     # where _target_ modules import from, fixed now so every worker and node imports the same
     OmegaConf.update(cfg, "run.import_roots", import_roots(config_dirs), merge=False)
-    missing = sorted(OmegaConf.missing_keys(cfg))
-    problems += [f"{k} is required (set {k}=...)" for k in missing]
     if problems:
+        missing = OmegaConf.missing_keys(cfg)
         raise ConfigError(problems, config=None if missing else to_dataclass(cfg))
     return cfg
+
+
+def _compose_checked(
+    recipe_path: Path,
+    overrides: Sequence[str],
+    config_dirs: Sequence[str | Path],
+    search: Sequence[Path],
+) -> tuple[DictConfig, list[str]]:
+    """Check the overrides, compose, check what only the composition shows: the config
+    (composed without the overrides found wrong) and every problem found."""
+    kind = kind_keys(recipe_path, overrides, search)
+    checked, problems = check_overrides(overrides, group_options(config_dirs), **kind)
+    cfg = _compose(recipe_path, config_dirs, checked)
+    bad = interpolation_problems(cfg, checked, kind["extra"])
+    if bad:  # compose again without them, for the other checks
+        problems += list(bad.values())
+        checked = [ov for ov in checked if ov.key not in bad]
+        cfg = _compose(recipe_path, config_dirs, checked)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    problems += [f"{k} is required (set {k}=...)" for k in missing]
+    return cfg, problems
 
 
 _COMPOSED: dict[tuple, DictConfig] = {}

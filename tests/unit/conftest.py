@@ -4,11 +4,17 @@ multiprocessing start (a test that needs one belongs in tests/launch)."""
 
 from __future__ import annotations
 
+import os
 import platform
 
 import pytest
 
+from tests.conftest import cache_dir
 from tests.rooms import ProcessGuard
+
+# what the tests compose and count in-process is kept in the session's cache, not the
+# user's (~/.cache/dtrain), as for the launches (tests/conftest.py run_dtrain)
+os.environ.setdefault("DTRAIN_CACHE", str(cache_dir()))
 
 # platform.platform() (dtrain env) asks `uname -p` for the processor once and caches it: ask
 # here, before any test runs under the guard.

@@ -1,0 +1,114 @@
+"""Compositions kept on disk: the same recipe, overrides, config files and dtrain code
+compose the same config, so a repeated ``dtrain plan`` / ``launch`` reads it back instead of
+importing Hydra and composing again (about 0.25 s of a 0.5 s ``dtrain plan`` on 2 cores).
+
+    <cache>/composed/<key>.pkl   # <cache>: $DTRAIN_CACHE or ~/.cache/dtrain
+
+The key names everything a composition reads: the recipe file, the overrides as given, the
+search path, every YAML file under it and under the recipe's folder (path, size, mtime),
+dtrain's own source files (the schema, the shorthands, the model kinds' fields), the
+installed Hydra and OmegaConf, and the Python version. Only a composition without problems
+is kept, and none whose overrides interpolate (``${...}``: they resolve against the
+environment when composed). The file is OmegaConf's own pickle of the ``DictConfig`` (its
+types and flags kept), read only from the user's own cache folder. Reading or writing never
+fails a command: an unreadable entry is a miss, a write that fails is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import pickle
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from dtrain_cli.rundir import env
+
+FOLDER = "composed"
+KEEP = 256  # entries; the oldest go first (one is about 16 KB)
+_CODE_ROOT = Path(__file__).resolve().parent.parent  # dtrain_cli/
+
+
+def cache_dir() -> Path:
+    return (env.cache_root() or Path.home() / ".cache" / "dtrain") / FOLDER
+
+
+def key_for(recipe_path: Path, overrides: Sequence[str], search: Sequence[Path]) -> str | None:
+    """The entry's key, or None when this composition is not to be kept."""
+    if any("${" in ov for ov in overrides):
+        return None
+    parts: list[object] = [sys.version, str(recipe_path), list(overrides), list(map(str, search))]
+    parts += _stats(_yaml_files([recipe_path.parent, *search]))
+    parts += _stats(_code_files())
+    parts += _stats(_package_inits(("hydra", "omegaconf")))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()
+
+
+def load(key: str | None) -> DictConfig | None:
+    if key is None:
+        return None
+    try:
+        cfg = pickle.loads((cache_dir() / f"{key}.pkl").read_bytes())
+    except Exception:  # missing, cut short, or written by other code: compose again
+        return None
+    return cfg if isinstance(cfg, DictConfig) else None
+
+
+def store(key: str | None, cfg: DictConfig) -> None:
+    """Write atomically (concurrent commands of one config write the same bytes)."""
+    if key is None:
+        return
+    where = cache_dir()
+    tmp = where / f".{key}.{os.getpid()}.tmp"
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+        tmp.write_bytes(pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(tmp, where / f"{key}.pkl")
+        _prune(where)
+    except (OSError, pickle.PicklingError):
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def _prune(where: Path) -> None:
+    entries = sorted(where.glob("*.pkl"), key=lambda p: p.stat().st_mtime_ns)
+    for old in entries[: max(0, len(entries) - KEEP)]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+
+
+def _stats(paths: Iterable[Path]) -> list[tuple[str, int, int]]:
+    out = []
+    for p in paths:
+        try:
+            st = p.stat()
+        except OSError:
+            continue
+        out.append((str(p), st.st_size, st.st_mtime_ns))
+    return out
+
+
+def _yaml_files(dirs: Iterable[Path]) -> list[Path]:
+    return sorted({p for d in dirs for p in d.glob("**/*.yaml")})
+
+
+def _code_files() -> list[Path]:
+    found = []
+    for root, dirs, files in os.walk(_CODE_ROOT):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        found += [Path(root, f) for f in sorted(files) if f.endswith(".py")]
+    return found
+
+
+def _package_inits(names: Iterable[str]) -> list[Path]:
+    out = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            out.append(Path(spec.origin))
+    return out

@@ -1,0 +1,117 @@
+"""Compositions kept on disk (dtrain_cli/config/compose_cache.py): a repeat composes
+nothing and gives the same config; any change to what a composition reads is a miss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from dtrain_cli.config import compose, compose_cache
+from dtrain_cli.config.compose import compose_config, compose_dictconfig
+from dtrain_cli.errors import ConfigError
+
+OVERRIDES = ["dp=2", "train.steps=7", "optim.base_lr=3e-4", "model=gpt_small"]
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("DTRAIN_CACHE", str(tmp_path / "cache"))
+    compose._COMPOSED.clear()  # the in-process memo of Hydra's part: none from other tests
+    return tmp_path / "cache" / compose_cache.FOLDER
+
+
+def composes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The recipes composed from now on (every miss checks its overrides and composes)."""
+    calls: list[str] = []
+    real = compose._compose_checked
+
+    def counted(recipe_path, *args):
+        calls.append(recipe_path.stem)
+        return real(recipe_path, *args)
+
+    monkeypatch.setattr(compose, "_compose_checked", counted)
+    return calls
+
+
+def user_dir(root: Path, steps: int) -> Path:
+    (root / "recipes").mkdir(parents=True, exist_ok=True)
+    (root / "recipes" / "mine.yaml").write_text(
+        "# dtrain launch recipe=mine --config-dir DIR\n# my own recipe\n"
+        f"defaults:\n  - base\n  - _self_\ntrain:\n  steps: {steps}\n"
+    )
+    return root
+
+
+def test_a_repeat_composes_nothing_and_gives_the_same_config(cache, monkeypatch):
+    first = compose_dictconfig("gpt_tiny", OVERRIDES)
+    assert len(list(cache.glob("*.pkl"))) == 1
+    compose._COMPOSED.clear()  # as in a new process
+    hydra = []
+    monkeypatch.setattr(compose, "_hydra_compose", lambda *a: hydra.append(a))
+    calls = composes(monkeypatch)
+    again = compose_dictconfig("gpt_tiny", OVERRIDES)
+    assert calls == [] and hydra == []
+    assert OmegaConf.to_container(again) == OmegaConf.to_container(first)
+    assert OmegaConf.is_struct(again)  # unknown keys are still refused, as composed
+    typed = compose_config("gpt_tiny", OVERRIDES)
+    assert typed.parallel.dp == 2 and typed.train.steps == 7 and typed.model.n_layer > 2
+    assert typed.run.recipe == "gpt_tiny" and typed.run.recipe_named
+
+
+def test_other_overrides_and_edited_files_are_misses(cache, monkeypatch, tmp_path):
+    conf = user_dir(tmp_path / "conf", steps=3)
+    assert compose_config("mine", [], [conf]).train.steps == 3
+    calls = composes(monkeypatch)
+    assert compose_config("mine", ["train.steps=4"], [conf]).train.steps == 4
+    assert calls == ["mine"]  # other overrides: composed
+    compose._COMPOSED.clear()
+    user_dir(conf, steps=5)  # the recipe edited (another size)
+    assert compose_config("mine", [], [conf]).train.steps == 5
+    assert calls == ["mine", "mine"]
+
+
+def test_a_change_of_dtrain_code_is_a_miss(cache, monkeypatch, tmp_path):
+    code = compose_cache._code_files()
+    assert Path(compose.__file__).with_name("schema.py") in code  # the schema's fields
+    assert Path(compose.__file__).parent.parent / "models" / "gpt" / "__init__.py" in code
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "schema.py").write_text("x = 1\n")
+    monkeypatch.setattr(compose_cache, "_CODE_ROOT", tmp_path / "pkg")
+    compose_dictconfig("gpt_tiny", ["dp=2"])
+    compose._COMPOSED.clear()
+    calls = composes(monkeypatch)
+    (tmp_path / "pkg" / "schema.py").write_text("x = 22\n")
+    compose_dictconfig("gpt_tiny", ["dp=2"])
+    assert calls == ["gpt_tiny"]
+
+
+def test_problems_and_interpolations_are_not_kept(cache, monkeypatch):
+    with pytest.raises(ConfigError, match=r"optim\.bogus_lr"):
+        compose_dictconfig("gpt_tiny", ["optim.bogus_lr=1"])
+    monkeypatch.setenv("STEPS_FROM_ENV", "9")
+    cfg = compose_config("gpt_tiny", ["train.steps=${oc.env:STEPS_FROM_ENV}"])
+    assert cfg.train.steps == 9
+    assert not cache.exists() or list(cache.glob("*.pkl")) == []
+
+
+def test_an_unreadable_entry_is_composed_again(cache, monkeypatch):
+    compose_dictconfig("gpt_tiny", ["dp=2"])
+    (entry,) = cache.glob("*.pkl")
+    entry.write_bytes(entry.read_bytes()[:100])  # cut short
+    compose._COMPOSED.clear()
+    calls = composes(monkeypatch)
+    assert compose_config("gpt_tiny", ["dp=2"]).parallel.dp == 2
+    assert calls == ["gpt_tiny"]
+    assert len(entry.read_bytes()) > 100  # written again, whole
+
+
+def test_the_folder_keeps_the_newest_entries(cache, monkeypatch):
+    monkeypatch.setattr(compose_cache, "KEEP", 2)
+    for steps in (1, 2, 3):
+        compose_dictconfig("gpt_tiny", [f"train.steps={steps}"])
+    assert len(list(cache.glob("*.pkl"))) == 2
+    calls = composes(monkeypatch)
+    compose_dictconfig("gpt_tiny", ["train.steps=3"])  # the newest is kept
+    assert calls == []
