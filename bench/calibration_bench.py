@@ -125,7 +125,10 @@ NOTES = [
     "Megatron-Core overlaps tensor-parallel communication with its GEMMs "
     "(--tp-comm-overlap); dtrain's tensor parallel does not, and the estimate charges it "
     "(mcore-h100-32b, tp=8 without a pipeline). mcore-h100-119b has 23 layers a stage, which "
-    "no interleaving up to 8 divides: its estimate keeps 1F1B's bubble.",
+    "no interleaving up to 8 divides: its estimate keeps 1F1B's bubble. Of mcore-h100-314b's "
+    "expansions only FSDP at micro-batch 1 with 1F1B fits dtrain's memory model (74 of 78 "
+    "GiB; interleaving needs 84-103 GiB without Megatron's sequence parallelism, which splits "
+    "the activations over tp): its estimate keeps 1F1B's bubble too.",
     "torchtitan's H100s are 500 W, 96 GB HBM2e (2.4 TB/s) parts whose peak the source puts "
     "between H100 SXM and NVL: estimated with h100_80g's SXM peak and the published memory "
     "size and bandwidth. Llama models are GPTs with the same parameters per block "

@@ -38,7 +38,7 @@ PROBES = (
     Probe("dtrain plan recipe=gpt_small dp=4 pp=2", PLAN, "≤ 0.2 x torchrun --help"),
     # the first time: the composition is not in the cache (an unwritable one keeps nothing)
     Probe(
-        "the same plan, its composition not cached",
+        "DTRAIN_CACHE=/dev/null dtrain plan recipe=gpt_small dp=4 pp=2",
         PLAN,
         "(the first time)",
         (("DTRAIN_CACHE", "/dev/null"),),

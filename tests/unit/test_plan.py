@@ -335,3 +335,18 @@ def test_fsdp_under_a_zero_bubble_schedule_keeps_parameters_gathered():
     assert zbv.estimates.comm_bytes_per_step == zero2.estimates.comm_bytes_per_step
     gpipe = plan_for("pp=2", "dp=2", "parallel.strategy=fsdp", "pipeline.schedule=gpipe")
     assert gpipe.estimates.comm_bytes_per_step > zero2.estimates.comm_bytes_per_step
+
+
+def test_gpt_facts_follow_the_config_they_are_asked_for():
+    """The built-in GPT's counts are kept per shape (dtrain advise asks for them once per
+    layout): a config changed in place, or another of the same shape, gets its own."""
+    cfg = compose_config("gpt_small", [])
+    spec = model_spec(cfg)
+    before = spec.facts()
+    cfg.model.n_layer += 2
+    after = spec.facts()
+    assert after.num_params == before.num_params + 2 * before.params_per_layer
+    assert after.num_layers == before.num_layers + 2
+    assert len(after.param_rows) > len(before.param_rows)
+    cfg.model.name = "renamed"  # not a shape: the same counts
+    assert model_spec(cfg).facts() == after

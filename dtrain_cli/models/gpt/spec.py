@@ -7,6 +7,7 @@ Torch-free (the plan imports it); its config is :mod:`.config`, the module :mod:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,21 @@ class GPTSpec(ModelSpec):
         return 12 * d * d + 9 * d * b + 2 * d * (1 + b)
 
     def facts(self) -> ModelFacts:
+        """The counts, computed once per distinct shape: ``dtrain advise`` asks for them
+        for each of thousands of layouts of one model (they are not to be mutated)."""
+        m = self.cfg
+        return _facts(
+            type(self),
+            m.vocab_size,
+            m.block_size,
+            m.n_embd,
+            m.n_layer,
+            m.n_head,
+            m.bias,
+            m.tie_embeddings,
+        )
+
+    def _count(self) -> ModelFacts:
         m = self.cfg
         d = m.n_embd
         first = (m.vocab_size + m.block_size) * d
@@ -193,3 +209,27 @@ def _device(device: Any) -> Any:
     import torch
 
     return torch.device(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _facts(
+    spec: type[GPTSpec],
+    vocab_size: int,
+    block_size: int,
+    n_embd: int,
+    n_layer: int,
+    n_head: int,
+    bias: bool,
+    tie_embeddings: bool,
+) -> ModelFacts:
+    """The facts depend on these fields alone (not on name, dropout or the run)."""
+    cfg = GPTConfig(
+        vocab_size=vocab_size,
+        block_size=block_size,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        bias=bias,
+        tie_embeddings=tie_embeddings,
+    )
+    return spec(cfg)._count()
