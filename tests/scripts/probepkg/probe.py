@@ -27,6 +27,21 @@ def write(name: str, data: object) -> None:
         json.dump(data, f)
 
 
+def running_until_stopped() -> None:
+    """Rank 0 of raise / exit3: in its script (its log open) when rank 1 fails, so that
+    what the launcher's stop leaves in rank 0's log is seen."""
+    write("rank_0.running", {})
+    time.sleep(120)
+
+
+def wait_for_rank_0() -> None:
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.path.join(OUT, "rank_0.running")):
+        if time.monotonic() > deadline:
+            raise SystemExit("rank 0 never started its script")
+        time.sleep(0.05)
+
+
 if MODE == "dump":
     run = script_env.current()
     write(
@@ -51,14 +66,16 @@ if MODE == "dump":
     )
 elif MODE == "raise":
     if RANK == 1:
+        wait_for_rank_0()
         print("rank 1 about to fail", flush=True)
         raise ValueError("boom from rank 1")
-    time.sleep(120)
+    running_until_stopped()
 elif MODE == "exit3":
     if RANK == 1:
+        wait_for_rank_0()
         print("bad data on rank 1", file=sys.stderr, flush=True)
         sys.exit(3)
-    time.sleep(120)
+    running_until_stopped()
 elif MODE == "kill_once":
     import torch
     import torch.distributed as dist
