@@ -81,8 +81,9 @@ class ModelFacts:
     """BatchNorm modules: at dp > 1 each normalizes its rank's slice of the batch unless
     ``parallel.sync_batchnorm`` is on."""
     param_rows: list[tuple[int, int, int | None]] = field(default_factory=list)
-    """Every parameter's (dim 0, numel, the dim tp splits or None): FSDP2 pads each
-    tensor's dim 0 to a multiple of its shard group (:func:`.padding`). Empty: unknown."""
+    """(dim 0, numel, the dim tp splits or None) of every parameter, or of every group of
+    parameters with the same dim 0 and tp dim (numel summed): FSDP2 pads each tensor's dim 0
+    to a multiple of its shard group (``plan.memory.fsdp_padding``). Empty: unknown."""
 
 
 class ModelSpec(ABC):

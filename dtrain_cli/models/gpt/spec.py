@@ -71,8 +71,17 @@ class GPTSpec(ModelSpec):
             params_tp_replicated=m.block_size * d
             + (2 * m.n_layer + 1) * norm
             + 2 * m.n_layer * d * int(m.bias),
-            param_rows=[(t.shape[0], math.prod(t.shape), t.tp_dim) for t in self.tensor_shapes()],
+            param_rows=self._param_rows(),
         )
+
+    def _param_rows(self) -> list[tuple[int, int, int | None]]:
+        """The tensors of one dim 0 and tp dim together (every block repeats the same
+        ones): FSDP2's padding is the same per element within such a group."""
+        rows: dict[tuple[int, int | None], int] = {}
+        for t in self.tensor_shapes():
+            key = (t.shape[0], t.tp_dim)
+            rows[key] = rows.get(key, 0) + math.prod(t.shape)
+        return [(dim0, numel, tp_dim) for (dim0, tp_dim), numel in rows.items()]
 
     def activation_bytes(
         self, micro_batch: int, bytes_per_value: int, tp: int
