@@ -30,17 +30,7 @@ class GPTSpec(ModelSpec):
     def facts(self) -> ModelFacts:
         """The counts, computed once per distinct shape: ``dtrain advise`` asks for them
         for each of thousands of layouts of one model (they are not to be mutated)."""
-        m = self.cfg
-        return _facts(
-            type(self),
-            m.vocab_size,
-            m.block_size,
-            m.n_embd,
-            m.n_layer,
-            m.n_head,
-            m.bias,
-            m.tie_embeddings,
-        )
+        return _facts(type(self), tuple(getattr(self.cfg, f) for f in SHAPE_FIELDS))
 
     def _count(self) -> ModelFacts:
         m = self.cfg
@@ -220,25 +210,10 @@ def _device(device: Any) -> Any:
     return torch.device(device)
 
 
+SHAPE_FIELDS = ("vocab_size", "block_size", "n_embd", "n_layer", "n_head", "bias", "tie_embeddings")
+"""The config fields the counts depend on (not the name, dropout or the run)."""
+
+
 @functools.lru_cache(maxsize=64)
-def _facts(
-    spec: type[GPTSpec],
-    vocab_size: int,
-    block_size: int,
-    n_embd: int,
-    n_layer: int,
-    n_head: int,
-    bias: bool,
-    tie_embeddings: bool,
-) -> ModelFacts:
-    """The facts depend on these fields alone (not on name, dropout or the run)."""
-    cfg = GPTConfig(
-        vocab_size=vocab_size,
-        block_size=block_size,
-        n_embd=n_embd,
-        n_layer=n_layer,
-        n_head=n_head,
-        bias=bias,
-        tie_embeddings=tie_embeddings,
-    )
-    return spec(cfg)._count()
+def _facts(spec: type[GPTSpec], shape: tuple) -> ModelFacts:
+    return spec(GPTConfig(**dict(zip(SHAPE_FIELDS, shape, strict=True))))._count()
