@@ -27,6 +27,12 @@ class Probe:
     argv: tuple[str, ...]
     target: str
     env: tuple[tuple[str, str], ...] = ()
+    new_value: str | None = None
+    """A key given a value no round has used (``train.seed=1001``, ``1002``...)."""
+
+    def argv_for(self, round_: int) -> list[str]:
+        extra = [f"{self.new_value}={1001 + round_}"] if self.new_value else []
+        return [*self.argv, *extra]
 
 
 PLAN = (str(BIN / "dtrain"), "plan", "recipe=gpt_small", "dp=4", "pp=2")
@@ -43,6 +49,13 @@ PROBES = (
         "(the first time)",
         (("DTRAIN_CACHE", "/dev/null"),),
     ),
+    # other values, the same group options: Hydra's merge is read back, the values set on it
+    Probe(
+        "dtrain plan recipe=gpt_small dp=4 pp=2 train.seed=N (N new every round)",
+        PLAN,
+        "(values changed)",
+        new_value="train.seed",
+    ),
     Probe(REFERENCE, (str(BIN / "torchrun"), "--help"), "reference"),
     Probe("python -c pass", (sys.executable, "-c", "pass"), "floor: the interpreter"),
     Probe("python -c 'import torch'", (sys.executable, "-c", "import torch"), "reference"),
@@ -54,9 +67,9 @@ def cli_latency(ws: Workspace) -> Section:
     walls: dict[str, list[float]] = {p.label: [] for p in PROBES}
     clean: dict[str, list[bool]] = {p.label: [] for p in PROBES}
     by_label = {p.label: p for p in PROBES}
-    for _, label in interleaved(reps, list(walls)):
+    for round_, label in interleaved(reps, list(walls)):
         probe = by_label[label]
-        cmd = Cmd(list(probe.argv), shown_env=dict(probe.env))
+        cmd = Cmd(probe.argv_for(round_), shown_env=dict(probe.env))
         walls[label].append(run_guarded(cmd, ws, label).wall_s)
         clean[label].append(not ws.guard.last_disturbed)
     log("cli: " + ", ".join(f"{k} {min(v):.2f}s" for k, v in walls.items()))
@@ -82,7 +95,10 @@ def cli_latency(ws: Workspace) -> Section:
             "importing torch, which `dtrain --help` and `dtrain plan` must avoid. `dtrain "
             "plan` run again finds its composition in the cache (`composed/`, keyed by "
             "recipe, overrides, config files and dtrain's code); the row below it is the "
-            "same command composed every time (`DTRAIN_CACHE=/dev/null` keeps nothing). "
+            "same command composed every time (`DTRAIN_CACHE=/dev/null` keeps nothing), and "
+            "the next the same layout with a value no earlier round used (`train.seed`): "
+            "Hydra's merge of the recipe and its group options is read back and the values "
+            "are checked and set on it. "
             "The ratio "
             "to `torchrun --help` is taken round by round (rounds where either was "
             "disturbed left out)."
@@ -97,5 +113,5 @@ def cli_latency(ws: Workspace) -> Section:
             ],
             rows,
         ),
-        commands=[Cmd(list(p.argv), shown_env=dict(p.env)).shown(ws) for p in PROBES],
+        commands=[Cmd(p.argv_for(0), shown_env=dict(p.env)).shown(ws) for p in PROBES],
     )

@@ -145,26 +145,29 @@ def _compose_checked(
     return cfg, problems
 
 
-_COMPOSED: dict[tuple, DictConfig] = {}
+_COMPOSED: dict[str, DictConfig] = {}
 
 
 def _compose(recipe_path: Path, config_dirs: Sequence[str | Path], checked: list[Override]):
-    """Hydra merges the recipe's defaults list with the group options chosen (cached: the
-    same recipe, options and files compose the same); values are then set on a copy."""
+    """Hydra merges the recipe's defaults list with the group options chosen; values are
+    then set on a copy. Hydra's part is kept in this process and in the cache (the same
+    recipe, options, files and code compose the same), so a command that changes only
+    values does not compose again."""
     import copy
 
     search = search_path(config_dirs)
-    chosen = tuple(f"{ov.key}={ov.value}" for ov in checked if ov.kind == "group")
-    files = tuple(
-        (str(p), p.stat().st_mtime_ns)
-        for d in {recipe_path.parent, *search}
-        for p in sorted(d.glob("**/*.yaml"))
-    )
-    key = (str(recipe_path), tuple(map(str, search)), chosen, files)
-    if key not in _COMPOSED:
+    chosen = [f"{ov.key}={ov.value}" for ov in checked if ov.kind == "group"]
+    key = compose_cache.key_for(recipe_path, chosen, search, part="groups")
+    base = _COMPOSED.get(key) if key is not None else None
+    if base is None:
+        base = compose_cache.load(key)
+        if base is None:
+            base = _hydra_compose(recipe_path, search, chosen)
+            compose_cache.store(key, base)
         _COMPOSED.clear()  # one entry: a long-lived process composes one recipe at a time
-        _COMPOSED[key] = _hydra_compose(recipe_path, search, list(chosen))
-    cfg = copy.deepcopy(_COMPOSED[key])
+        if key is not None:
+            _COMPOSED[key] = base
+    cfg = copy.deepcopy(base)
     problems = apply_values(cfg, checked)
     if problems:
         raise ConfigError(problems)

@@ -46,7 +46,7 @@ def user_dir(root: Path, steps: int) -> Path:
 
 def test_a_repeat_composes_nothing_and_gives_the_same_config(cache, monkeypatch):
     first = compose_dictconfig("gpt_tiny", OVERRIDES)
-    assert len(list(cache.glob("*.pkl"))) == 1
+    assert len(list(cache.glob("composed-*.pkl"))) == 1
     compose._COMPOSED.clear()  # as in a new process
     hydra = []
     monkeypatch.setattr(compose, "_hydra_compose", lambda *a: hydra.append(a))
@@ -93,12 +93,12 @@ def test_problems_and_interpolations_are_not_kept(cache, monkeypatch):
     monkeypatch.setenv("STEPS_FROM_ENV", "9")
     cfg = compose_config("gpt_tiny", ["train.steps=${oc.env:STEPS_FROM_ENV}"])
     assert cfg.train.steps == 9
-    assert not cache.exists() or list(cache.glob("*.pkl")) == []
+    assert list(cache.glob("composed-*.pkl")) == []  # (Hydra's merge alone is kept)
 
 
 def test_an_unreadable_entry_is_composed_again(cache, monkeypatch):
     compose_dictconfig("gpt_tiny", ["dp=2"])
-    (entry,) = cache.glob("*.pkl")
+    (entry,) = cache.glob("composed-*.pkl")
     entry.write_bytes(entry.read_bytes()[:100])  # cut short
     compose._COMPOSED.clear()
     calls = composes(monkeypatch)
@@ -115,3 +115,22 @@ def test_the_folder_keeps_the_newest_entries(cache, monkeypatch):
     calls = composes(monkeypatch)
     compose_dictconfig("gpt_tiny", ["train.steps=3"])  # the newest is kept
     assert calls == []
+
+
+def test_other_values_compose_no_groups_again(cache, monkeypatch):
+    """Hydra's merge of the recipe and its group options is kept too: a command that
+    changes only values sets them on it; another group option is merged anew."""
+    compose_dictconfig("gpt_tiny", ["dp=2", "model=gpt_small"])
+    compose._COMPOSED.clear()  # as in a new process
+    merged: list[list[str]] = []
+    real = compose._hydra_compose
+    monkeypatch.setattr(
+        compose, "_hydra_compose", lambda r, s, chosen: merged.append(chosen) or real(r, s, chosen)
+    )
+    calls = composes(monkeypatch)
+    cfg = compose_config("gpt_tiny", ["dp=4", "model=gpt_small", "train.steps=9"])
+    assert calls == ["gpt_tiny"] and merged == []  # checked and set, not merged again
+    assert (cfg.parallel.dp, cfg.train.steps, cfg.model.n_layer) == (4, 9, 8)
+    compose._COMPOSED.clear()
+    assert compose_config("gpt_tiny", ["dp=4"]).model.n_layer == 4  # the recipe's own model
+    assert merged == [[]]
