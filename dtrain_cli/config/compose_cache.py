@@ -81,15 +81,19 @@ def store(key: str | None, cfg: DictConfig) -> None:
         where.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))
         os.replace(tmp, where / f"{key}.pkl")
-        _prune(where)
+        _prune(where, keep=where / f"{key}.pkl")
     except (OSError, pickle.PicklingError):
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
 
 
-def _prune(where: Path) -> None:
-    entries = sorted(where.glob("*.pkl"), key=lambda p: p.stat().st_mtime_ns)
-    for old in entries[: max(0, len(entries) - KEEP)]:
+def _prune(where: Path, keep: Path) -> None:
+    """The oldest entries beyond KEEP go; never ``keep``, the one just written (file times
+    are coarser than a quick run of writes)."""
+    others = sorted(
+        (p for p in where.glob("*.pkl") if p != keep), key=lambda p: p.stat().st_mtime_ns
+    )
+    for old in others[: max(0, len(others) + 1 - KEEP)]:
         with contextlib.suppress(OSError):
             old.unlink()
 
