@@ -25,7 +25,14 @@ BIN = Path(sys.executable).parent
 PLAIN_SCRIPT = REPO / "bench" / "plain_ddp.py"
 EN_DASH = "\u2013"  # in ranges: median (min<en dash>max)
 # Variables that would change what the measured programs do, dropped from their env.
-SCRUBBED_ENV = ("OMP_NUM_THREADS", "DTRAIN_LAUNCH_T0", "BENCH_T0", "DTRAIN_FAULTS")
+SCRUBBED_ENV = (
+    "OMP_NUM_THREADS",
+    "DTRAIN_LAUNCH_T0",
+    "BENCH_T0",
+    "DTRAIN_FAULTS",
+    "DTRAIN_WARM_POOL",
+    "DTRAIN_WARM_POOL_IDLE_S",
+)
 
 
 def log(msg: str) -> None:
@@ -55,6 +62,12 @@ class Workspace:
     def runs(self) -> Path:
         return self.root / "runs"
 
+    @property
+    def pool(self) -> Path:
+        where = self.root / "pool"
+        where.mkdir(mode=0o700, exist_ok=True)
+        return where
+
     def next_name(self, label: str) -> str:
         self.counter += 1
         return f"{label}-{self.counter:03d}"
@@ -62,6 +75,7 @@ class Workspace:
     def env(self, **extra: str) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
         env["DTRAIN_CACHE"] = str(self.cache)
+        env["DTRAIN_WARM_POOL_DIR"] = str(self.pool)  # the bench's own warm pool
         env.update(extra)
         return env
 

@@ -20,6 +20,7 @@ from typing import IO
 # dtrain prints "step 10/60  loss ..."; plain_ddp.py prints "step 10 loss ...".
 STEP_LINE = re.compile(r"^step (\d+)[/ ]", re.MULTILINE)
 POLL_S = 0.005
+POOL_MODULE = b"dtrain_cli.launch.pool_server"
 
 
 def _children() -> dict[int, list[int]]:
@@ -50,9 +51,26 @@ def _process_cpu_s(pid: int) -> float:
     return total / 1e9
 
 
+def _pool_servers(children: dict[int, list[int]]) -> list[int]:
+    """The fork servers dtrain's warm worker pools forked for the launch that runs (a pool's
+    children; the bench runs one program at a time): the launch's workers are theirs, not
+    the launcher's. The pool itself, idle while a launch trains, is not counted."""
+    out = []
+    for pid in children.get(1, []):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if POOL_MODULE in cmdline:
+            out.extend(children.get(pid, []))
+    return out
+
+
 def tree_cpu_s(root: int) -> float:
-    """CPU seconds so far of ``root`` and its live descendants, all threads."""
-    children, total, stack = _children(), 0.0, [root]
+    """CPU seconds so far of ``root`` and its live descendants, all threads, and of the
+    servers a warm worker pool forked for it."""
+    children, total = _children(), 0.0
+    stack = [root, *_pool_servers(children)]
     while stack:
         pid = stack.pop()
         total += _process_cpu_s(pid)

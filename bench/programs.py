@@ -69,7 +69,7 @@ class DtrainRun:
         return sum(windows) / len(windows)
 
 
-def dtrain_cmd(ws: Workspace, work: Workload, name: str) -> Cmd:
+def dtrain_cmd(ws: Workspace, work: Workload, name: str, env: dict[str, str] | None = None) -> Cmd:
     argv = [
         str(BIN / "dtrain"),
         "launch",
@@ -82,17 +82,21 @@ def dtrain_cmd(ws: Workspace, work: Workload, name: str) -> Cmd:
         f"run.root={ws.runs}",
         f"run.name={name}",
     ]
-    return Cmd(argv, t0_var="DTRAIN_LAUNCH_T0")
+    return Cmd(argv, shown_env=dict(env or {}), t0_var="DTRAIN_LAUNCH_T0")
 
 
-def run_dtrain(ws: Workspace, work: Workload) -> tuple[Cmd, DtrainRun]:
+def run_dtrain(
+    ws: Workspace, work: Workload, env: dict[str, str] | None = None
+) -> tuple[Cmd, DtrainRun]:
     """One launch in a new run dir; redone (in another) if other processes got in the way."""
-    return guarded(ws, lambda: _dtrain_once(ws, work), f"{work.label} (dtrain)")
+    return guarded(ws, lambda: _dtrain_once(ws, work, env), f"{work.label} (dtrain)")
 
 
-def _dtrain_once(ws: Workspace, work: Workload) -> tuple[Cmd, DtrainRun]:
+def _dtrain_once(
+    ws: Workspace, work: Workload, env: dict[str, str] | None = None
+) -> tuple[Cmd, DtrainRun]:
     name = ws.next_name(work.label)
-    cmd = dtrain_cmd(ws, work, name)
+    cmd = dtrain_cmd(ws, work, name, env)
     done = run_timed(cmd, ws, (work.timed_from, work.steps))
     run_dir = ws.runs / name
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -234,11 +238,11 @@ class Pair:
         self.plain_args: list[str] | None = None
         self.commands: dict[str, str] = {}
 
-    def dtrain(self) -> DtrainRun:
-        cmd, run = run_dtrain(self.ws, self.work)
+    def dtrain(self, env: dict[str, str] | None = None, label: str = "dtrain") -> DtrainRun:
+        cmd, run = run_dtrain(self.ws, self.work, env)
         if self.plain_args is None:
             self.plain_args = plain_args_from_run(run.run_dir)
-        self.commands.setdefault("dtrain", cmd.shown(self.ws))
+        self.commands.setdefault(label, cmd.shown(self.ws))
         return run
 
     def plain(self) -> dict[str, Any]:

@@ -41,7 +41,31 @@ def sample() -> CpuSample:
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    return CpuSample(time.perf_counter(), busy, own)
+    return CpuSample(time.perf_counter(), busy, own + pool_cpu_s())
+
+
+POOL_MODULE = b"dtrain_cli.launch.pool_server"
+
+
+def pool_cpu_s() -> float:
+    """CPU seconds of dtrain's warm worker pools, with their reaped children: the fork
+    servers they forked for our launches and those launches' workers (not our children,
+    but our commands' work). Their live servers and workers are counted when reaped."""
+    stats: dict[str, list[str]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if POOL_MODULE in Path(f"{entry.path}/cmdline").read_bytes():
+                stats[entry.name] = Path(f"{entry.path}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+    pools = {pid for pid, f in stats.items() if f[3] == pid}  # a pool leads its session
+    total = 0
+    for pid, fields in stats.items():
+        if pid in pools or fields[1] in pools:  # a pool, or a server it forked (live)
+            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / CLK_TCK
 
 
 def foreign_cpu_s(a: CpuSample, b: CpuSample) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -121,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
         text = results_markdown(sections, args, ws, (load_start, load_average()))
         args.out.write_text(text)
     finally:
+        # the bench's warm worker pool (started by its first launch) ends with it
+        stop = [sys.executable, "-m", "dtrain_cli", "pool", "stop"]
+        subprocess.run(stop, env=ws.env(), capture_output=True, timeout=60, check=False)
         if not args.keep:
             shutil.rmtree(ws.root, ignore_errors=True)
     failed = [s.title for s in sections if s.title.startswith(FAILED)]

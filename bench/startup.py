@@ -42,31 +42,41 @@ def time_to_first_step(ws: Workspace) -> Section:
     work = Workload("startup", "gpt_tiny", 2, 1, 1, ("optim.warmup_steps=0",))
     pair = Pair(ws, work)
     dtrain: list[dict[str, float]] = []
+    own: list[dict[str, float]] = []
     plain: list[dict[str, float]] = []
-    clean: dict[str, list[bool]] = {"dtrain": [], "plain": []}
-    for r, program in interleaved(rounds, ("dtrain", "plain")):
-        if program == "dtrain":
-            run = pair.dtrain()
-            dtrain.append({**run.summary, "wall_s": run.wall_s})
-            first = dtrain[-1]["startup_first_step_done_s"]
-        else:
+    clean: dict[str, list[bool]] = {"dtrain": [], "own": [], "plain": []}
+    for r, program in interleaved(rounds, ("dtrain", "plain", "own")):
+        if program == "plain":
             plain.append(pair.plain())
             first = plain[-1]["first_step_done_s"]
+        else:
+            env = {"DTRAIN_WARM_POOL": "0"} if program == "own" else None
+            run = pair.dtrain(env, label="dtrain, no warm pool" if env else "dtrain")
+            (own if env else dtrain).append({**run.summary, "wall_s": run.wall_s})
+            first = run.summary["startup_first_step_done_s"]
         clean[program].append(not ws.guard.last_disturbed)
         log(f"startup round {r + 1}/{rounds} {program}: first step done after {first:.2f} s")
-    used = used_rounds(clean["dtrain"], clean["plain"])
-    dtrain, plain = [dtrain[i] for i in used], [plain[i] for i in used]
-    label = rounds_label(clean["dtrain"], clean["plain"])
+    used = used_rounds(clean["dtrain"], clean["plain"], clean["own"])
+    dtrain, plain, own = ([runs[i] for i in used] for runs in (dtrain, plain, own))
+    label = rounds_label(clean["dtrain"], clean["plain"], clean["own"])
     d_first = [d["startup_first_step_done_s"] for d in dtrain]
+    o_first = [d["startup_first_step_done_s"] for d in own]
     p_first = [p["first_step_done_s"] for p in plain]
     hydra = median([p["dtrain_imports_s"] for p in plain])
     rows = [
         [
-            "`dtrain launch` (elastic agent, forkserver)",
+            "`dtrain launch` (elastic agent, workers from the warm pool)",
             label,
             spread(d_first, lambda x: f"{x:.2f}"),
             spread([d["wall_s"] for d in dtrain], lambda x: f"{x:.2f}"),
             _milestones(dtrain, DTRAIN_MILESTONES),
+        ],
+        [
+            "`DTRAIN_WARM_POOL=0 dtrain launch` (its own fork server)",
+            label,
+            spread(o_first, lambda x: f"{x:.2f}"),
+            spread([d["wall_s"] for d in own], lambda x: f"{x:.2f}"),
+            _milestones(own, DTRAIN_MILESTONES),
         ],
         [
             "`torchrun` + plain_ddp.py",
@@ -77,9 +87,11 @@ def time_to_first_step(ws: Workspace) -> Section:
             + f" (of which {hydra:.2f} importing dtrain_cli's modules)",
         ],
         [
-            "dtrain - plain, per round",
+            "dtrain / plain, per round (warm pool; no pool)",
             label,
-            spread([d - p for d, p in zip(d_first, p_first, strict=True)], lambda x: f"{x:+.2f}"),
+            spread([d / p for d, p in zip(d_first, p_first, strict=True)], lambda x: f"{x:.3f}")
+            + "; "
+            + spread([d / p for d, p in zip(o_first, p_first, strict=True)], lambda x: f"{x:.3f}"),
             "",
             "",
         ],
@@ -104,8 +116,11 @@ def time_to_first_step(ws: Workspace) -> Section:
         notes=[
             "The plain script imports GPT, the data stream and the config dataclasses from "
             "dtrain_cli after its process group is up; that import is part of its time and "
-            "is shown separately. dtrain's workers are forked from its fork server, started "
-            "first thing, which imported torch, the runtime and torch._dynamo (DDP needs it) "
-            "while the launcher composed the config; torchrun's workers each import torch."
+            "is shown separately. dtrain's workers are forked from a fork server that has "
+            "torch, the runtime and torch._dynamo (DDP needs it) imported: the warm pool's, "
+            "forked for the launch by a pool an earlier launch started (the bench's warm-up "
+            "started it; dtrain_cli/launch/warm_pool.py), or, with DTRAIN_WARM_POOL=0, one the "
+            "launch starts first thing, which imports them while the launcher composes the "
+            "config. torchrun's workers each import torch."
         ],
     )

@@ -18,6 +18,11 @@ from tests.rooms import room
 REPO = Path(__file__).resolve().parent.parent
 DTRAIN = [sys.executable, "-m", "dtrain_cli"]
 
+# No warm worker pool (dtrain_cli/launch/warm_pool.py) for the launches of the tests: the
+# launch room forks its launches from its own warm launcher (tests/warm_launcher.py), and a
+# pool outlives the launch that started it. tests/launch/test_warm_pool.py turns it on.
+os.environ.setdefault("DTRAIN_WARM_POOL", "0")
+
 
 SERIAL_FILES = frozenset({"test_slurm.py", "test_slurm_elastic.py", "test_slurm_script_run.py"})
 """Launch tests that share one machine-wide service (the local SLURM cluster: its two

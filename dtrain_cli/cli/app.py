@@ -28,6 +28,7 @@ from dtrain_cli.cli.export_cmd import export
 from dtrain_cli.cli.k8s_cmd import k8s_app
 from dtrain_cli.cli.launch_cmd import launch
 from dtrain_cli.cli.plan_cmd import plan
+from dtrain_cli.cli.pool_cmd import pool
 from dtrain_cli.cli.recipes_cmd import recipes
 from dtrain_cli.cli.report_cmd import report
 from dtrain_cli.cli.resume_cmd import resume
@@ -67,6 +68,7 @@ app.command()(agent)
 app.command()(report)
 app.command()(compare)
 app.command()(env)
+app.command()(pool)
 
 
 def _version(value: bool) -> None:

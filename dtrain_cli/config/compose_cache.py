@@ -32,10 +32,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from dtrain_cli.rundir import env
+from dtrain_cli.source_stats import code_files, stats
 
 FOLDER = "composed"
 KEEP = 256  # entries; the oldest go first (one is about 16 KB)
-_CODE_ROOT = Path(__file__).resolve().parent.parent  # dtrain_cli/
 
 
 def cache_dir() -> Path:
@@ -55,9 +55,9 @@ def key_for(
         return None
     parts: list[object] = [part, sys.version, str(recipe_path), list(overrides)]
     parts.append(list(map(str, search)))
-    parts += _stats(_yaml_files([recipe_path.parent, *search]))
-    parts += _stats(_code_files())
-    parts += _stats(_package_inits(("hydra", "omegaconf")))
+    parts += stats(_yaml_files([recipe_path.parent, *search]))
+    parts += stats(code_files())
+    parts += stats(_package_inits(("hydra", "omegaconf")))
     return f"{part}-{hashlib.sha256(repr(parts).encode()).hexdigest()}"
 
 
@@ -98,27 +98,8 @@ def _prune(where: Path, keep: Path) -> None:
             old.unlink()
 
 
-def _stats(paths: Iterable[Path]) -> list[tuple[str, int, int]]:
-    out = []
-    for p in paths:
-        try:
-            st = p.stat()
-        except OSError:
-            continue
-        out.append((str(p), st.st_size, st.st_mtime_ns))
-    return out
-
-
 def _yaml_files(dirs: Iterable[Path]) -> list[Path]:
     return sorted({p for d in dirs for p in d.glob("**/*.yaml")})
-
-
-def _code_files() -> list[Path]:
-    found = []
-    for root, dirs, files in os.walk(_CODE_ROOT):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        found += [Path(root, f) for f in sorted(files) if f.endswith(".py")]
-    return found
 
 
 def _package_inits(names: Iterable[str]) -> list[Path]:

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dtrain_cli.launch.hang_report import read_records
-from dtrain_cli.launch.signals import descendants
+from dtrain_cli.launch.signals import launch_descendants
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.protocol import rank_process
 
@@ -36,7 +36,7 @@ FROZEN_AFTER_S = 10.0
 def frozen_ranks(run_dir: Path, world_size: int) -> list[tuple[int, int]]:
     """(rank, pid) of this launcher's workers on this host that wrote no hang record."""
     records = read_records(run_dir)
-    ours = {pid for pid, _ in descendants(os.getpid())}
+    ours = {pid for pid, _ in launch_descendants()}
     host = socket.gethostname()
     out = []
     for rank in range(world_size):

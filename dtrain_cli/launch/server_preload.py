@@ -51,9 +51,19 @@ def shield_server_from_step_signals() -> None:
         signal.signal(sig, _ignored_by_the_server)
 
 
-shield_server_from_step_signals()
-_file, _launcher, _first = env.take_preload(WORKER_FIRST)
-# while the launcher composes: the worker entry point (dtrain's, or your script's)
-for _name in _first:
-    importlib.import_module(_name)
-import_announced_modules(_file, _launcher)
+def prepare_server() -> list[str]:
+    """Shield the server, import what the launcher named (the worker entry point at once,
+    then each list as it comes); returns the names imported. A warm pool's server
+    (:mod:`.pool_server`) runs this too, on modules it mostly has already."""
+    global _SERVER_PID
+    _SERVER_PID = os.getpid()
+    shield_server_from_step_signals()
+    file, launcher, first = env.take_preload(WORKER_FIRST)
+    # while the launcher composes: the worker entry point (dtrain's, or your script's)
+    for name in first:
+        importlib.import_module(name)
+    return [*first, *import_announced_modules(file, launcher)]
+
+
+if env.preload_pending():  # imported as the fork server's preload module
+    prepare_server()

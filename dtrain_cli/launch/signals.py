@@ -57,6 +57,33 @@ def child_pids(parent: int | None = None) -> list[int]:
             out.append(pid)
         elif b"multiprocessing.forkserver" in cmdline:
             out.extend(p for p, c in _children(pid) if c == cmdline)
+    if parent == os.getpid():
+        out.extend(_pool_server_children())
+    return out
+
+
+def _pool_server_children() -> list[int]:
+    """The workers forked from the warm pool's server this launch was given (not a child
+    of this process: of the pool's)."""
+    from dtrain_cli.launch.worker_server import pool_server_pid
+
+    server = pool_server_pid()
+    if server is None:
+        return []
+    try:
+        own = Path(f"/proc/{server}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [p for p, c in _children(server) if c == own]
+
+
+def launch_descendants() -> list[tuple[int, bytes]]:
+    """This launcher's descendants, and those of the warm pool's server it was given."""
+    from dtrain_cli.launch.worker_server import pool_server_pid
+
+    out = descendants(os.getpid())
+    if (server := pool_server_pid()) is not None:
+        out += descendants(server)
     return out
 
 

@@ -25,9 +25,12 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import tempfile
+from collections.abc import Iterator
 from multiprocessing import forkserver
 
+from dtrain_cli.launch import warm_pool
 from dtrain_cli.launch.preload import WORKER_FIRST
 from dtrain_cli.launch.preload_lists import write_list
 from dtrain_cli.rundir import env
@@ -39,14 +42,18 @@ _lists: str | None = None  # where the server waits for the lists: <_lists>.0, <
 _announced = 0  # lists written so far
 _last_sent = False  # the list marked last is written: the server waits for no more
 _running = False
+_pool: warm_pool.PoolRequest | None = None  # asked for, not yet taken
+_pool_server: warm_pool.PoolServer | None = None  # the pool's server our workers come from
 _env_at_start: dict[str, str] = {}  # the server's (and so its workers') environment
 
 
 def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FIRST) -> None:
     """Start the server now unless the overrides ask for another start method (a recipe that
     does can still say so: :func:`stop` then ends the server, unused). ``first``: what it
-    imports at once (dtrain's worker; ``dtrain run``: torch for your script)."""
-    global _lists, _running, _announced, _last_sent
+    imports at once (dtrain's worker; ``dtrain run``: torch for your script). dtrain's own
+    workers come from the warm pool's server when there is a pool (:mod:`.warm_pool`):
+    asked for here, in a thread, and taken with the last list."""
+    global _lists, _running, _announced, _last_sent, _pool
     if _running:
         return
     for item in overrides or []:
@@ -58,21 +65,74 @@ def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FI
     fd, path = tempfile.mkstemp(prefix="dtrain-preload-", suffix=".json")
     os.close(fd)
     os.unlink(path)  # the server waits for this path to appear
-    env.set_preload(path, os.getpid(), first)
-    # The server and multiprocessing's resource tracker (started with it) must survive the
-    # signals a scheduler sends to every process of a job step (SLURM's USR1...): both are
-    # started with them ignored (an ignored signal stays ignored across exec).
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STEP_SIGNALS}
-    try:
-        multiprocessing.get_context("forkserver").set_forkserver_preload(BASE_PRELOAD)
-        forkserver.ensure_running()
-    finally:  # the server has them; the agent and workers need not
-        env.clear_preload()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     _lists, _announced, _last_sent = path, 0, False
     _running = True
     atexit.register(stop)  # an error exit before the workers start leaves no server behind
+    if first == WORKER_FIRST and warm_pool.wanted():
+        with _preload_env(first), contextlib.suppress(OSError):
+            _pool = warm_pool.PoolRequest(environ=dict(os.environ), first=first)
+            return
+    _start_own_server(first)
+
+
+@contextlib.contextmanager
+def _preload_env(first: tuple[str, ...]) -> Iterator[None]:
+    """The hand-off in the environment the server starts with; the signals a scheduler
+    sends to every process of a job step ignored (SLURM's USR1...), for the server and
+    multiprocessing's resource tracker (started with it; an ignored signal stays ignored
+    across exec). The agent and the workers need neither."""
+    assert _lists is not None
+    env.set_preload(_lists, os.getpid(), first)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STEP_SIGNALS}
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
+        yield
+    finally:
+        env.clear_preload()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start_own_server(first: tuple[str, ...]) -> None:
+    with _preload_env(first):
+        multiprocessing.get_context("forkserver").set_forkserver_preload(BASE_PRELOAD)
+        forkserver.ensure_running()
+
+
+def _take_pool_server() -> None:
+    """Before the agent starts workers: the pool's server, if the pool gave one, becomes
+    multiprocessing's fork server; if not, this launch starts its own (as without a pool)."""
+    global _pool, _pool_server
+    if _pool is None:
+        return
+    request, _pool = _pool, None
+    served = request.result()
+    if served is None:
+        _start_own_server(WORKER_FIRST)
+        return
+    if request.started is not None:
+        idle = env.warm_pool_idle_s() / 60
+        print(
+            f"started a warm worker pool (pid {request.started}): later launches here start "
+            f"their workers sooner; it ends after {idle:g} idle minutes or with `dtrain pool "
+            "stop` (DTRAIN_WARM_POOL=0: no pool)",
+            file=sys.stderr,
+        )
+    _pool_server = served
+    server = forkserver._forkserver  # multiprocessing's own, told of a server it did not start
+    server._forkserver_address = served.address
+    server._forkserver_alive_fd = served.alive_w
+    server._forkserver_pid = None  # not our child: multiprocessing must not wait for it
+    from multiprocessing import resource_tracker
+
+    server.ensure_running = resource_tracker.ensure_running  # the server runs; the tracker
+
+
+def pool_server_pid() -> int | None:
+    """The warm pool's server this launch's workers are forked from (not our child)."""
+    return _pool_server.pid if _pool_server is not None else None
 
 
 def env_changes() -> dict[str, str]:
@@ -93,6 +153,8 @@ def announce(modules: list[str], last: bool = True) -> None:
     write_list(f"{_lists}.{_announced}", modules, last)
     _announced += 1
     _last_sent = last
+    if last:
+        _take_pool_server()
 
 
 def stop() -> None:
@@ -102,8 +164,29 @@ def stop() -> None:
     if not _running:
         return
     _running = False
+    _stop_pool_server()
     _stop_server()
     _remove_unread_lists()
+
+
+def _stop_pool_server() -> None:
+    """A request not taken is cancelled; a server the pool forked for us is ended (it ends
+    by itself once the "alive" pipe closes, unless it is still importing), and
+    multiprocessing forgets it. The pool itself stays, for the next launch."""
+    global _pool, _pool_server
+    if _pool is not None:
+        _pool.cancel()
+        _pool = None
+    if _pool_server is None:
+        return
+    served, _pool_server = _pool_server, None
+    with contextlib.suppress(OSError):
+        os.close(served.alive_w)
+    with contextlib.suppress(OSError):
+        os.kill(served.pid, signal.SIGKILL)
+    server = forkserver._forkserver
+    server.__dict__.pop("ensure_running", None)
+    server._forkserver_address = server._forkserver_alive_fd = None
 
 
 def _remove_unread_lists() -> None:

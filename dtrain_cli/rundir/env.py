@@ -33,6 +33,12 @@ VALIDATE_HANG_RANK = "DTRAIN_VALIDATE_HANG_RANK"
 PRELOAD_FILE = "DTRAIN_PRELOAD_FILE"
 PRELOAD_LAUNCHER_PID = "DTRAIN_PRELOAD_LAUNCHER_PID"
 PRELOAD_FIRST = "DTRAIN_PRELOAD_FIRST"
+WARM_POOL = "DTRAIN_WARM_POOL"
+"""``0`` (or ``off``): no warm worker pool; each launch starts its own fork server."""
+WARM_POOL_IDLE_S = "DTRAIN_WARM_POOL_IDLE_S"
+"""Seconds a warm pool waits for the next launch before it ends (default 600)."""
+WARM_POOL_DIR = "DTRAIN_WARM_POOL_DIR"
+"""Where the pools' sockets live (default ``<tmp>/dtrain-pool-<uid>``; tests use their own)."""
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 """torch's agent: this worker group's restart attempt (0 the first time)."""
 SCHEDULER_JOB = ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST")
@@ -117,6 +123,10 @@ def set_preload(file: str, launcher_pid: int, first: list[str] | tuple[str, ...]
     )
 
 
+def preload_pending() -> bool:
+    return PRELOAD_FILE in os.environ or PRELOAD_FIRST in os.environ
+
+
 def clear_preload() -> None:
     for key in (PRELOAD_FILE, PRELOAD_LAUNCHER_PID, PRELOAD_FIRST):
         os.environ.pop(key, None)
@@ -129,6 +139,21 @@ def take_preload(default_first: tuple[str, ...]) -> tuple[str | None, int, list[
     pid = int(os.environ.pop(PRELOAD_LAUNCHER_PID, "0") or 0)
     first = os.environ.pop(PRELOAD_FIRST, ",".join(default_first)).split(",")
     return file, pid, [name for name in first if name]
+
+
+def warm_pool_wanted() -> bool:
+    return os.environ.get(WARM_POOL, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def warm_pool_dir() -> str | None:
+    return os.environ.get(WARM_POOL_DIR) or None
+
+
+def warm_pool_idle_s() -> float:
+    try:
+        return float(os.environ.get(WARM_POOL_IDLE_S, "600"))
+    except ValueError:
+        return 600.0
 
 
 # -- the scheduler ----------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from dtrain_cli import source_stats
 from dtrain_cli.config import compose, compose_cache
 from dtrain_cli.config.compose import compose_config, compose_dictconfig
 from dtrain_cli.errors import ConfigError
@@ -73,12 +74,12 @@ def test_other_overrides_and_edited_files_are_misses(cache, monkeypatch, tmp_pat
 
 
 def test_a_change_of_dtrain_code_is_a_miss(cache, monkeypatch, tmp_path):
-    code = compose_cache._code_files()
+    code = source_stats.code_files()
     assert Path(compose.__file__).with_name("schema.py") in code  # the schema's fields
     assert Path(compose.__file__).parent.parent / "models" / "gpt" / "__init__.py" in code
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "schema.py").write_text("x = 1\n")
-    monkeypatch.setattr(compose_cache, "_CODE_ROOT", tmp_path / "pkg")
+    monkeypatch.setattr(source_stats, "CODE_ROOT", tmp_path / "pkg")
     compose_dictconfig("gpt_tiny", ["dp=2"])
     compose._COMPOSED.clear()
     calls = composes(monkeypatch)

@@ -1,0 +1,243 @@
+"""The warm worker pool, the launcher's side: ask it for this launch's fork server.
+
+    dtrain launch recipe=gpt_tiny dp=2      # the first launch starts the pool (and uses it)
+    dtrain launch recipe=gpt_tiny dp=2      # the next one gets a server with everything imported
+    DTRAIN_WARM_POOL=0 dtrain launch ...    # no pool: each launch starts its own server
+    dtrain pool stop                        # end it now (it ends by itself after 10 idle min)
+
+A launch's workers are forked from a fork server that has imported torch, dtrain's worker
+and what the layout needs before step 1 (``torch._dynamo`` for DDP, transformers for a
+Hugging Face model): about 2 s of imports on one core, the critical path of the start-up
+(:mod:`.worker_server`). The pool (:mod:`.pool_server`) is a process that keeps those
+imports and outlives the launch that started it. A launch connects to it and hands over
+what :mod:`multiprocessing.forkserver` would give a server it started itself (the
+listening socket and the "alive" pipe), with its environment, working directory,
+``sys.path`` and standard streams; the pool forks a server that takes them and serves the
+agent with multiprocessing's own protocol. The workers are then exactly as before, only
+forked from a process that was ready before the launch began.
+
+The pool is keyed by what its imports depend on (:func:`pool_key`): dtrain's source, the
+installed packages, the Python, the environment variables torch and transformers read at
+import. A launch whose key differs finds the pool stale: the pool ends and the launch
+starts another. Its files are in ``<tmp>/dtrain-pool-<uid>/`` (a socket, a lock, a log),
+one slot per dtrain checkout and Python. Not used inside a SLURM job or a Kubernetes pod (one
+launch per allocation), for ``dtrain run`` (your script's leftover processes must stay the
+launcher's, :func:`.signals.no_orphans`), or when the pool does not answer in time: then
+the launch starts its own server, as without a pool. Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dtrain_cli.rundir import env
+from dtrain_cli.source_stats import CODE_ROOT, code_files, stats
+
+CONNECT_WAIT_S = 60.0
+"""How long a launch waits for a pool it started (importing torch and the worker)."""
+IMPORT_ENV_PREFIXES = (
+    "PYTHON",
+    "LD_",
+    "TORCH",
+    "PYTORCH",
+    "OMP_",
+    "MKL_",
+    "KMP_",
+    "CUDA",
+    "NCCL_",
+    "HF_",
+    "TRANSFORMERS_",
+)
+"""Variables read at import (paths, torch's and transformers' settings): part of the key."""
+POOL_MODULE = "dtrain_cli.launch.pool_server"
+EXIT_SLOT_TAKEN = 3
+"""The pool's exit code when another pool holds the slot (:mod:`.pool_server`)."""
+
+
+@dataclass(kw_only=True)
+class PoolServer:
+    """A fork server the pool forked for this launch."""
+
+    pid: int
+    address: str
+    alive_w: int  # this launch's end of the "alive" pipe: closing it ends the server
+
+
+def wanted() -> bool:
+    return env.warm_pool_wanted() and not env.in_scheduler_job() and hasattr(socket, "send_fds")
+
+
+def slot() -> Path:
+    """``<tmp>/dtrain-pool-<uid>/<slot>``: one pool per dtrain checkout and Python."""
+    folder = Path(env.warm_pool_dir() or Path(tempfile.gettempdir()) / f"dtrain-pool-{os.getuid()}")
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.stat().st_uid != os.getuid():
+        raise OSError(f"{folder} belongs to another user")
+    owner = f"{sys.executable}\0{CODE_ROOT}"
+    return folder / hashlib.sha256(owner.encode()).hexdigest()[:16]
+
+
+def pool_key() -> str:
+    """What the pool's imports depend on; a launch with another key gets a new pool."""
+    site = {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    parts = [
+        sys.version,
+        sys.executable,
+        stats(code_files()),
+        stats(Path(p) for p in sorted(site)),  # a package installed or removed: a miss
+        sorted((k, v) for k, v in os.environ.items() if k.startswith(IMPORT_ENV_PREFIXES)),
+    ]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+class PoolRequest:
+    """Ask the pool for a fork server, in a thread, while the launcher composes and plans:
+    connect at once, or start the pool and connect when it listens. :meth:`result` waits."""
+
+    def __init__(self, *, environ: dict[str, str], first: tuple[str, ...]) -> None:
+        from multiprocessing.connection import arbitrary_address
+
+        self._listener = socket.socket(socket.AF_UNIX)
+        self._address = arbitrary_address("AF_UNIX")
+        self._listener.bind(self._address)
+        os.chmod(self._address, 0o600)
+        self._listener.listen()
+        self._alive_r, self._alive_w = os.pipe()
+        self._message = {
+            "key": pool_key(),
+            "env": environ,
+            "cwd": os.getcwd(),
+            "sys_path": sys.path,
+            "umask": _umask(),
+            "launcher": os.getpid(),
+        }
+        self._first = first
+        self._server: PoolServer | None = None
+        self.started: int | None = None  # the pid of a pool this request started
+        self._thread = threading.Thread(target=self._connect, daemon=True, name="dtrain-pool")
+        self._thread.start()
+
+    def result(self, timeout: float = CONNECT_WAIT_S) -> PoolServer | None:
+        """The server, or None (no pool answered): the launch starts its own."""
+        self._thread.join(timeout)
+        if self._thread.is_alive() or self._server is None:
+            self.cancel()
+            return None
+        return self._server
+
+    def cancel(self) -> None:
+        """Not used: nothing of the request is left (a server already forked ends, since
+        its "alive" pipe closes)."""
+        for fd in (self._alive_r, self._alive_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._close_listener()
+
+    def _close_listener(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.close()
+
+    def _connect(self) -> None:
+        where = slot()
+        deadline = time.monotonic() + CONNECT_WAIT_S
+        pool: subprocess.Popen | None = None
+        streams = _standard_streams()
+        while time.monotonic() < deadline:
+            answer = _ask(where, self._message, [self._listener.fileno(), self._alive_r, *streams])
+            if answer is not None and "pid" in answer:
+                self._server = PoolServer(
+                    pid=int(answer["pid"]), address=self._address, alive_w=self._alive_w
+                )
+                os.close(self._alive_r)  # the server has its copies
+                self._close_listener()
+                return
+            stale = answer is not None and answer.get("stale")
+            if answer is not None and not stale:
+                return  # a pool that refuses: this launch starts its own server
+            if pool is None or stale:
+                pool = start_pool(where, self._first)
+                self.started = pool.pid
+            elif pool.poll() == EXIT_SLOT_TAKEN:
+                self.started = None  # another launch's pool: this one asks that
+            elif pool.poll() is not None:
+                return  # it failed (its log says why)
+            time.sleep(0.01)
+
+
+def start_pool(where: Path, first: tuple[str, ...]) -> subprocess.Popen:
+    """A new pool, in its own session (no terminal's Ctrl-C or hang-up reaches it), its
+    output in ``<slot>.log``. It runs from the folder dtrain_cli is in, so it imports this
+    dtrain; a second pool of the same slot ends at once (the lock)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DTRAIN_PRELOAD")}
+    with open(f"{where}.log", "wb") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", POOL_MODULE, str(where), pool_key(), ",".join(first)],
+            cwd=CODE_ROOT.parent,
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def stop_pool() -> bool:
+    """Ask this slot's pool to end; False when none answers."""
+    return _ask(slot(), {"stop": True}, []) is not None
+
+
+def pool_status() -> dict | None:
+    """This slot's pool: its pid, the servers it runs now, whether it is current (its key is
+    this command's); None when none answers."""
+    return _ask(slot(), {"status": True, "key": pool_key()}, [])
+
+
+def _ask(where: Path, message: dict, fds: list[int]) -> dict | None:
+    """One request to the pool at ``where``; None when no pool listens there."""
+    data = json.dumps(message).encode()
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(CONNECT_WAIT_S)
+            sock.connect(f"{where}.sock")
+            socket.send_fds(sock, [struct.pack("!Q", len(data)) + data], fds)
+            reply = sock.makefile("rb").readline()
+    except OSError:
+        return None
+    try:
+        answer = json.loads(reply)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _standard_streams() -> list[int]:
+    """This process's stdin, stdout and stderr for the server (and so the workers) to
+    write to; /dev/null for one that is closed."""
+    out = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            out.append(fd)
+        except OSError:
+            out.append(os.open(os.devnull, os.O_RDWR))
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

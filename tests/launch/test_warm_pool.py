@@ -1,0 +1,147 @@
+"""The warm worker pool (dtrain_cli/launch/warm_pool.py, pool_server.py): launches in fresh
+interpreters, with the pool on, in a pool folder of the test's own.
+
+The rest of the tests run with ``DTRAIN_WARM_POOL=0`` (tests/conftest.py); here a launch
+served by the pool must train exactly as one that started its own fork server, take the
+launch's own environment, and the pool must end when asked, when idle, and when stale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DTRAIN, cache_dir
+
+TINY = [
+    "recipe=gpt_tiny",
+    "dp=2",
+    "train.steps=3",
+    "logging.every=1",
+    "train.eval_every=0",
+    "train.eval_batches=1",
+    "logging.tensorboard=false",
+    "logging.progress=lines",
+    "checkpoint.every_steps=0",
+]
+STARTED = "started a warm worker pool"
+
+
+@pytest.fixture
+def pool_dir():
+    where = Path(tempfile.mkdtemp(prefix="dtp-"))  # short: a socket path has 108 bytes
+    yield where
+    env = {**os.environ, "DTRAIN_WARM_POOL_DIR": str(where)}
+    subprocess.run([*DTRAIN, "pool", "stop"], env=env, capture_output=True, timeout=60)
+    shutil.rmtree(where, ignore_errors=True)
+
+
+def launch(tmp_path: Path, name: str, pool_dir: Path, *, pool: bool = True, **env: str):
+    """One launch; (its process, stdout+stderr, summary)."""
+    full = {
+        **os.environ,
+        "DTRAIN_CACHE": str(cache_dir()),
+        "DTRAIN_WARM_POOL": "1" if pool else "0",
+        "DTRAIN_WARM_POOL_DIR": str(pool_dir),
+        "DTRAIN_WARM_POOL_IDLE_S": "120",
+        **env,
+    }
+    cmd = [*DTRAIN, "launch", *TINY, f"run.root={tmp_path}/runs", f"run.name={name}"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    out, _ = proc.communicate(timeout=300)
+    summary_file = tmp_path / "runs" / name / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
+    return proc, out, summary
+
+
+def pool_log(pool_dir: Path) -> str:
+    return "".join(p.read_text() for p in pool_dir.glob("*.log"))
+
+
+def pool_pid(pool_dir: Path) -> int | None:
+    env = {**os.environ, "DTRAIN_WARM_POOL_DIR": str(pool_dir)}
+    out = subprocess.run([*DTRAIN, "pool"], env=env, capture_output=True, text=True, timeout=60)
+    words = out.stdout.split()
+    return int(words[3].rstrip(":")) if out.stdout.startswith("warm pool pid") else None
+
+
+def gone(pid: int, within_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_launches_served_by_the_pool_train_as_without_it(tmp_path, pool_dir):
+    _, out, own = launch(tmp_path, "own", pool_dir, pool=False)
+    assert own is not None, out[-2000:]
+    assert STARTED not in out and not list(pool_dir.glob("*.sock"))  # DTRAIN_WARM_POOL=0
+
+    first, out1, started = launch(tmp_path, "first", pool_dir)
+    assert first.returncode == 0, out1[-2000:]
+    assert STARTED in out1
+    second, out2, served = launch(tmp_path, "second", pool_dir)
+    assert second.returncode == 0, out2[-2000:]
+    assert STARTED not in out2  # the same pool, still warm
+
+    for summary in (started, served):
+        assert summary["final_loss"] == own["final_loss"]
+        assert summary["param_sum"] == own["param_sum"]
+    log = pool_log(pool_dir)
+    assert f"served launcher {first.pid}:" in log and f"served launcher {second.pid}:" in log
+
+    pid = pool_pid(pool_dir)
+    assert pid is not None
+    env = {**os.environ, "DTRAIN_WARM_POOL_DIR": str(pool_dir)}
+    stop = subprocess.run(
+        [*DTRAIN, "pool", "stop"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert stop.stdout.strip() == "warm pool stopped"
+    assert gone(pid)
+    assert not list(pool_dir.glob("*.sock"))
+    assert pool_pid(pool_dir) is None
+
+
+def test_a_served_launch_has_its_own_environment(tmp_path, pool_dir):
+    """The pool was started by a launch without a fault drill; the next launch's drill
+    (DTRAIN_FAULTS, read by the workers) acts: the server and its workers take the
+    launch's environment, not the pool's."""
+    _, out, _ = launch(tmp_path, "plain", pool_dir)
+    assert STARTED in out
+    proc, out, _ = launch(tmp_path, "drill", pool_dir, DTRAIN_FAULTS="kill:step=2:rank=1")
+    assert STARTED not in out
+    assert proc.returncode != 0
+    assert "rank 1" in out and "SIGKILL" in out, out[-2000:]
+
+
+def test_a_stale_pool_is_replaced_and_an_idle_one_ends(tmp_path, pool_dir):
+    """A variable torch reads at import differs: the pool is stale, ends, and the launch
+    starts another; with nothing to serve, that one ends after its idle time."""
+    _, out, _ = launch(tmp_path, "a", pool_dir)
+    assert STARTED in out
+    old = pool_pid(pool_dir)
+    proc, out, summary = launch(
+        tmp_path, "b", pool_dir, TORCH_DTRAIN_TEST="1", DTRAIN_WARM_POOL_IDLE_S="3"
+    )
+    assert proc.returncode == 0 and summary is not None, out[-2000:]
+    assert STARTED in out
+    assert old is not None and gone(old)
+    new = int(out.split(STARTED + " (pid ")[1].split(")")[0])
+    assert new != old
+    assert gone(new, within_s=30)  # idle for 3 s after the launch's server ended
+    assert not list(pool_dir.glob("*.sock"))
