@@ -48,22 +48,28 @@ POOL_MODULE = b"dtrain_cli.launch.pool_server"
 
 
 def pool_cpu_s() -> float:
-    """CPU seconds of dtrain's warm worker pools, with their reaped children: the fork
-    servers they forked for our launches and those launches' workers (not our children,
-    but our commands' work). Their live servers and workers are counted when reaped."""
+    """CPU seconds of dtrain's warm worker pools, with their reaped children, and of the
+    fork servers they forked (live, or ended and not yet reaped: a zombie keeps its
+    times), with theirs: the servers of our launches and those launches' workers, not our
+    children but our commands' work."""
     stats: dict[str, list[str]] = {}
+    pools = set()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
-            if POOL_MODULE in Path(f"{entry.path}/cmdline").read_bytes():
-                stats[entry.name] = Path(f"{entry.path}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = Path(f"{entry.path}/stat").read_text().rsplit(")", 1)[1].split()
+            stats[entry.name] = fields
+            if (
+                fields[3] == entry.name
+                and POOL_MODULE in Path(f"{entry.path}/cmdline").read_bytes()
+            ):
+                pools.add(entry.name)  # a pool leads its own session
         except OSError:
             continue
-    pools = {pid for pid, f in stats.items() if f[3] == pid}  # a pool leads its session
     total = 0
     for pid, fields in stats.items():
-        if pid in pools or fields[1] in pools:  # a pool, or a server it forked (live)
+        if pid in pools or fields[1] in pools:
             total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
     return total / CLK_TCK
 

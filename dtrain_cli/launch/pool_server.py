@@ -50,12 +50,15 @@ def main(argv: list[str]) -> int:
     where, key, first = Path(argv[0]), argv[1], [m for m in argv[2].split(",") if m]
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    ready = _detach()
     lock = open(f"{where}.lock", "a")  # noqa: SIM115 (held for the pool's life)
     if not _take(lock):
         return EXIT_SLOT_TAKEN
     for name in first:
         importlib.import_module(name)
     listener, inode = _listen(where)
+    os.write(ready, b"ok")
+    os.close(ready)
     try:
         _serve(listener, where, inode, key, first)
     finally:
@@ -64,6 +67,24 @@ def main(argv: list[str]) -> int:
             if os.stat(f"{where}.sock").st_ino == inode:
                 os.unlink(f"{where}.sock")
     return 0
+
+
+def _detach() -> int:
+    """The pool is no launcher's child (a ``dtrain run`` launcher is a child subreaper that
+    ends its descendants): the process the launcher started forks the pool, in a session
+    of its own, and leaves once it listens (exit 0) or has failed (its exit code). Returns
+    the pool's end of that pipe."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ready_r)
+        os.setsid()
+        return ready_w
+    os.close(ready_w)
+    if os.read(ready_r, 2) == b"ok":
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status) or 1)
 
 
 def _take(lock) -> bool:
@@ -156,7 +177,7 @@ def _answer(conn: socket.socket, listener: socket.socket, key: str, children: di
             _become_server(message, fds, learned_w)  # never returns
         os.close(learned_w)
         children[pid] = learned_r
-        conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        conn.sendall(json.dumps({"pid": pid, "pool": os.getpid()}).encode() + b"\n")
         print(f"served launcher {message.get('launcher')}: server {pid}", flush=True)
         return "served"
     finally:
@@ -197,6 +218,7 @@ def _become_server(message: dict, fds: list[int], learned_w: int) -> None:
         sys.path[:] = message["sys_path"]
         signal.signal(signal.SIGHUP, signal.SIG_DFL)  # the pool's own: not its workers'
         os.setpgid(0, 0)  # its own process group: a signal to this launch's, not the pool's
+        _keep_orphans()
         preload_lists.served_by_pool(os.getppid())
         imported = server_preload.prepare_server()
         with contextlib.suppress(OSError):
@@ -215,6 +237,19 @@ def _become_server(message: dict, fds: list[int], learned_w: int) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _keep_orphans() -> None:
+    """What the workers leave running when they end (a helper your script never stopped)
+    is reparented to this server, not to init: the launcher finds it among the server's
+    descendants and ends it (:func:`dtrain_cli.launch.signals.no_orphans`). The server
+    reaps such a process when it ends, without multiprocessing's warning about it."""
+    import ctypes
+    import warnings
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
 
 
 def _reap(children: dict[int, int], learned: list[str]) -> None:

@@ -142,7 +142,8 @@ def no_orphans(enabled: bool = True) -> Iterator[None]:
     processes the script started and left behind (a helper it never stopped, or every
     child when its rank was stopped by Ctrl-C or a failing rank) become the launcher's;
     when the run ends, however it ends, they are killed, so none outlives ``dtrain run``.
-    The fork server and the resource tracker end as they always do."""
+    Under a warm pool's server (a subreaper too) they are in that server's tree, and end
+    the same way. The fork server and the resource tracker end as they always do."""
     if not enabled or not _set_child_subreaper():
         yield
         return
@@ -150,6 +151,10 @@ def no_orphans(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         kill_descendants()
+        from dtrain_cli.launch.worker_server import pool_server_pid
+
+        if (server := pool_server_pid()) is not None:  # a warm pool's server: its tree
+            kill_descendants(server)
 
 
 def _set_child_subreaper() -> bool:

@@ -21,9 +21,10 @@ installed packages, the Python, the environment variables torch and transformers
 import. A launch whose key differs finds the pool stale: the pool ends and the launch
 starts another. Its files are in ``<tmp>/dtrain-pool-<uid>/`` (a socket, a lock, a log),
 one slot per dtrain checkout and Python. Not used inside a SLURM job or a Kubernetes pod (one
-launch per allocation), for ``dtrain run`` (your script's leftover processes must stay the
-launcher's, :func:`.signals.no_orphans`), or when the pool does not answer in time: then
-the launch starts its own server, as without a pool. Torch-free.
+launch per allocation), or when the pool does not answer in time: then the launch starts
+its own server, as without a pool. A server is a child subreaper: what your script's ranks
+leave running stays in its tree, where ``dtrain run`` ends it (:func:`.signals.no_orphans`).
+Torch-free.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class PoolRequest:
             "umask": _umask(),
             "launcher": os.getpid(),
         }
-        self._first = first
+        self.first = first
         self._server: PoolServer | None = None
         self.started: int | None = None  # the pid of a pool this request started
         self._thread = threading.Thread(target=self._connect, daemon=True, name="dtrain-pool")
@@ -161,6 +162,8 @@ class PoolRequest:
                 self._server = PoolServer(
                     pid=int(answer["pid"]), address=self._address, alive_w=self._alive_w
                 )
+                if self.started is not None:
+                    self.started = int(answer.get("pool", self.started))
                 os.close(self._alive_r)  # the server has its copies
                 self._close_listener()
                 return
@@ -168,11 +171,11 @@ class PoolRequest:
             if answer is not None and not stale:
                 return  # a pool that refuses: this launch starts its own server
             if pool is None or stale:
-                pool = start_pool(where, self._first)
-                self.started = pool.pid
+                pool = start_pool(where, self.first)
+                self.started = pool.pid  # until the pool says its own (it detaches)
             elif pool.poll() == EXIT_SLOT_TAKEN:
                 self.started = None  # another launch's pool: this one asks that
-            elif pool.poll() is not None:
+            elif pool.poll() not in (None, 0):  # 0: it listens (the next ask connects)
                 return  # it failed (its log says why)
             time.sleep(0.01)
 

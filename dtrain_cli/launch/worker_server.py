@@ -50,9 +50,9 @@ _env_at_start: dict[str, str] = {}  # the server's (and so its workers') environ
 def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FIRST) -> None:
     """Start the server now unless the overrides ask for another start method (a recipe that
     does can still say so: :func:`stop` then ends the server, unused). ``first``: what it
-    imports at once (dtrain's worker; ``dtrain run``: torch for your script). dtrain's own
-    workers come from the warm pool's server when there is a pool (:mod:`.warm_pool`):
-    asked for here, in a thread, and taken with the last list."""
+    imports at once (dtrain's worker; ``dtrain run``: torch for your script). The workers
+    come from the warm pool's server when there is a pool (:mod:`.warm_pool`): asked for
+    here, in a thread, and taken with the last list."""
     global _lists, _running, _announced, _last_sent, _pool
     if _running:
         return
@@ -68,7 +68,7 @@ def start(overrides: list[str] | None = None, first: tuple[str, ...] = WORKER_FI
     _lists, _announced, _last_sent = path, 0, False
     _running = True
     atexit.register(stop)  # an error exit before the workers start leaves no server behind
-    if first == WORKER_FIRST and warm_pool.wanted():
+    if warm_pool.wanted():
         with _preload_env(first), contextlib.suppress(OSError):
             _pool = warm_pool.PoolRequest(environ=dict(os.environ), first=first)
             return
@@ -110,7 +110,7 @@ def _take_pool_server() -> None:
     request, _pool = _pool, None
     served = request.result()
     if served is None:
-        _start_own_server(WORKER_FIRST)
+        _start_own_server(request.first)
         return
     if request.started is not None:
         idle = env.warm_pool_idle_s() / 60

@@ -145,3 +145,43 @@ def test_a_stale_pool_is_replaced_and_an_idle_one_ends(tmp_path, pool_dir):
     assert new != old
     assert gone(new, within_s=30)  # idle for 3 s after the launch's server ended
     assert not list(pool_dir.glob("*.sock"))
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def run_script(cwd: Path, pool_dir: Path, args: list[str], *, pool: bool = True):
+    full = {
+        **os.environ,
+        "DTRAIN_CACHE": str(cache_dir()),
+        "DTRAIN_WARM_POOL": "1" if pool else "0",
+        "DTRAIN_WARM_POOL_DIR": str(pool_dir),
+        "DTRAIN_WARM_POOL_IDLE_S": "120",
+    }
+    cmd = [*DTRAIN, "run", "dp=2", f"run.root={cwd}/runs", "--", *args]
+    return subprocess.run(cmd, cwd=cwd, env=full, capture_output=True, text=True, timeout=300)
+
+
+def test_a_script_served_by_the_pool_runs_as_without_it_and_leaves_nothing(tmp_path, pool_dir):
+    """``dtrain run`` of a torchrun-style script: the same final parameters with and without
+    the pool; a child a rank leaves running ends with the run (the pool's server is a
+    subreaper, and the launcher ends what is in its tree), and the pool stays."""
+    ddp = str(SCRIPTS / "ddp_plain.py")
+    own = run_script(tmp_path, pool_dir, [ddp, "--steps", "4", "--out", "own.json"], pool=False)
+    assert own.returncode == 0, own.stderr[-2000:]
+    served = run_script(tmp_path, pool_dir, [ddp, "--steps", "4", "--out", "pool.json"])
+    assert served.returncode == 0, served.stderr[-2000:]
+    assert STARTED in served.stderr
+    mine = json.loads((tmp_path / "own.json").read_text())
+    theirs = json.loads((tmp_path / "pool.json").read_text())
+    assert theirs["params"] == mine["params"] and theirs["world"] == 2
+
+    left = run_script(tmp_path, pool_dir, [str(SCRIPTS / "ends.py"), "leave_a_child"])
+    assert left.returncode == 0, left.stderr[-2000:]
+    assert STARTED not in left.stderr  # served by the warm pool
+    children = [
+        int(line.split()[1]) for line in left.stdout.splitlines() if line.startswith("child ")
+    ]
+    assert len(children) == 2
+    assert all(gone(pid, within_s=5) for pid in children)
+    assert pool_pid(pool_dir) is not None
