@@ -56,13 +56,14 @@ def _pool_servers(children: dict[int, list[int]]) -> list[int]:
     children; the bench runs one program at a time): the launch's workers are theirs, not
     the launcher's. The pool itself, idle while a launch trains, is not counted."""
     out = []
-    for pid in children.get(1, []):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if POOL_MODULE in cmdline:
-            out.extend(children.get(pid, []))
+    for pids in children.values():
+        for pid in pids:
+            try:
+                session = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3]
+                if session == str(pid) and POOL_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    out.extend(children.get(pid, []))  # a pool leads its own session
+            except (OSError, IndexError):
+                continue
     return out
 
 

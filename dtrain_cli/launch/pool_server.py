@@ -3,18 +3,20 @@
     python -m dtrain_cli.launch.pool_server <slot> <key> <first,modules>   # warm_pool starts it
 
 It imports the worker's entry point (torch and dtrain's runtime), listens on
-``<slot>.sock`` and, for each launch that asks (:mod:`.warm_pool`), forks a fork server
-for it: the child takes the launch's environment, working directory, ``sys.path``,
-umask and standard streams, imports what the launcher announces
-(:func:`.server_preload.prepare_server`, as a server the launcher started would), then
-runs :func:`multiprocessing.forkserver.main` on the listener and "alive" pipe the launcher
-handed over. The agent's requests for workers, their exit codes and the server's end when
-the launcher closes its pipe are multiprocessing's own.
+``<slot>.sock`` (mode 0600, and only its own user is answered) and, for each launch that
+asks (:mod:`.warm_pool`), forks a fork server for it (:mod:`.pooled_server`: the child
+takes the launch's process settings, imports what the launcher announces and runs
+:func:`multiprocessing.forkserver.main` on the listener and "alive" pipe the launcher
+handed over). The agent's requests for workers and their exit codes are multiprocessing's
+own. When a launcher is gone (however it ended: a SIGKILL of its process group too), the
+pool SIGKILLs the process group of its server: the server, its workers and what they left.
 
 Between launches the pool imports what the last ones needed (``torch._dynamo``,
 transformers' model code...: modules of the packages its key covers, never your own),
-so the next server forks with them. It ends when a launch finds it stale (another key:
-dtrain's code, the packages or the environment changed), after ``DTRAIN_WARM_POOL_IDLE_S``
+so the next server forks with them. Before each launch it checks that no file of a module
+it holds changed (an editable install edited); if one did, or the launch's key differs
+(dtrain's code, the packages, the interpreter's flags or the environment changed), it is
+stale and ends. It ends too after ``DTRAIN_WARM_POOL_IDLE_S``
 seconds with no launch and no server of its own running, when its socket is removed, and
 on ``dtrain pool stop`` or SIGTERM. It ignores a terminal's Ctrl-C and hang-up; it runs
 in its own session.
@@ -33,34 +35,61 @@ import socket
 import struct
 import sys
 import time
-import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from dtrain_cli.launch import preload_lists, server_preload  # here, with no hand-off set
+from dtrain_cli.launch import pooled_server  # here, with no hand-off set (it imports the preload)
 from dtrain_cli.launch.warm_pool import EXIT_SLOT_TAKEN
 from dtrain_cli.rundir import env
+from dtrain_cli.rundir.protocol import STEP_SIGNALS
 
 LEARNED_PACKAGES = ("torch", "transformers", "safetensors", "dtrain_cli")
 """Whose modules the pool keeps between launches: the key covers them (dtrain's source,
-the installed packages). A module of your own is imported by each launch's server only."""
+the installed packages) and so do the pool's own checks of their files. A module of your
+own is imported by each launch's server only."""
 LOCK_WAIT_S = 10.0  # a stale pool ending
+REQUEST_TIMEOUT_S = 5.0
+
+
+@dataclass(kw_only=True)
+class Served:
+    """A server the pool forked, until it is reaped."""
+
+    learned_r: int  # it names what it imported here
+    launcher: int | None  # a pidfd of its launcher: readable once the launcher is gone
+
+
+@dataclass(kw_only=True)
+class Pool:
+    listener: socket.socket
+    where: Path
+    inode: int
+    key: str
+    servers: dict[int, Served] = field(default_factory=dict)
+    learned: list[str] = field(default_factory=list)
+    tried: set[str] = field(default_factory=set)  # imported between launches (or failed to)
+    stamps: dict[str, tuple[int, int]] = field(default_factory=dict)  # file -> size, mtime
 
 
 def main(argv: list[str]) -> int:
     where, key, first = Path(argv[0]), argv[1], [m for m in argv[2].split(",") if m]
+    for sig in STEP_SIGNALS:  # a launcher may start it while it ignores them
+        signal.signal(sig, signal.SIG_DFL)
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     ready = _detach()
-    lock = open(f"{where}.lock", "a")  # noqa: SIM115 (held for the pool's life)
+    lock = os.open(f"{where}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     if not _take(lock):
         return EXIT_SLOT_TAKEN
     for name in first:
         importlib.import_module(name)
     listener, inode = _listen(where)
+    pool = Pool(listener=listener, where=where, inode=inode, key=key, learned=list(first))
+    _stamp_new_modules(pool)
     os.write(ready, b"ok")
     os.close(ready)
     try:
-        _serve(listener, where, inode, key, first)
+        _serve(pool, lock)
     finally:
         listener.close()
         with contextlib.suppress(OSError):
@@ -87,7 +116,7 @@ def _detach() -> int:
     os._exit(os.waitstatus_to_exitcode(status) or 1)
 
 
-def _take(lock) -> bool:
+def _take(lock: int) -> bool:
     deadline = time.monotonic() + LOCK_WAIT_S
     while True:
         try:
@@ -106,35 +135,36 @@ def _listen(where: Path) -> tuple[socket.socket, int]:
         os.unlink(tmp)
     listener = socket.socket(socket.AF_UNIX)
     listener.bind(tmp)
+    os.chmod(tmp, 0o600)
     listener.listen(64)
     os.replace(tmp, f"{where}.sock")
     return listener, os.stat(f"{where}.sock").st_ino
 
 
-def _serve(listener: socket.socket, where: Path, inode: int, key: str, first: list[str]) -> None:
-    children: dict[int, int] = {}  # a server's pid -> the pipe it names its imports on
-    learned: list[str] = list(first)
-    tried: set[str] = set()  # imported between launches (or failed to)
+def _serve(pool: Pool, lock: int) -> None:
     idle_s = env.warm_pool_idle_s()
     last_used = time.monotonic()
     while True:
-        pending = [m for m in learned if m not in sys.modules and m not in tried]
-        busy = not children and bool(pending)
-        ready, _, _ = select.select([listener], [], [], 0 if busy else 0.5)
-        _reap(children, learned)
-        if not _socket_is_ours(where, inode):
+        pending = [m for m in pool.learned if m not in sys.modules and m not in pool.tried]
+        busy = not pool.servers and bool(pending)
+        watched = [s.launcher for s in pool.servers.values() if s.launcher is not None]
+        ready, _, _ = select.select([pool.listener, *watched], [], [], 0 if busy else 0.5)
+        _end_orphaned_servers(pool, ready)
+        _reap(pool)
+        if not _socket_is_ours(pool.where, pool.inode):
             return
-        if ready:
-            conn, _ = listener.accept()
+        if pool.listener in ready:
+            conn, _ = pool.listener.accept()
             with conn:
-                if _answer(conn, listener, key, children) != "served":
+                if _answer(pool, conn, lock) != "served":
                     return
             last_used = time.monotonic()
-        elif not children:
+        elif not pool.servers:
             if pending:  # between launches, one at a time: what the next one will need
-                tried.add(pending[0])
+                pool.tried.add(pending[0])
                 with contextlib.suppress(Exception):
                     importlib.import_module(pending[0])
+                _stamp_new_modules(pool)
             elif time.monotonic() - last_used > idle_s:
                 return
 
@@ -146,132 +176,145 @@ def _socket_is_ours(where: Path, inode: int) -> bool:
         return False
 
 
-def _answer(conn: socket.socket, listener: socket.socket, key: str, children: dict) -> str:
+def _answer(pool: Pool, conn: socket.socket, lock: int) -> str:
     """One request: fork a server (``served``), or end the pool (``stop``, ``stale``)."""
-    conn.settimeout(10)
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    fds: list[int] = []
     try:
+        if _peer_uid(conn) != os.getuid():
+            return "served"  # another user: no answer
         message, fds = _receive(conn)
-    except (OSError, ValueError):
-        return "served"  # a broken request: the launch starts its own server
-    try:
         if message.get("stop"):
             conn.sendall(b'{"stopping": true}\n')
             return "stop"
         if message.get("status"):
-            state = {
-                "pid": os.getpid(),
-                "servers": len(children),
-                "current": message.get("key") == key,
-            }
+            state = {"pid": os.getpid(), "servers": len(pool.servers)}
+            state["current"] = message.get("key") == pool.key and _stamps_current(pool)
             conn.sendall(json.dumps(state).encode() + b"\n")
             return "served"
-        if message.get("key") != key or len(fds) != 5:
+        if message.get("key") != pool.key or len(fds) != 5 or not _stamps_current(pool):
             conn.sendall(b'{"stale": true}\n')
             return "stale"
-        learned_r, learned_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            listener.close()
-            conn.close()
-            os.close(learned_r)
-            _become_server(message, fds, learned_w)  # never returns
-        os.close(learned_w)
-        children[pid] = learned_r
+        pid = _fork_server(pool, message, fds, lock)
         conn.sendall(json.dumps({"pid": pid, "pool": os.getpid()}).encode() + b"\n")
         print(f"served launcher {message.get('launcher')}: server {pid}", flush=True)
         return "served"
+    except (OSError, ValueError):
+        return "served"  # a broken request: that launch starts its own server
     finally:
         for fd in fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
+def _fork_server(pool: Pool, message: dict, fds: list[int], lock: int) -> int:
+    learned_r, learned_w = os.pipe()
+    try:
+        launcher = os.pidfd_open(int(message["launcher"]))
+    except (OSError, KeyError, ValueError, AttributeError):
+        launcher = None
+    pid = os.fork()
+    if pid == 0:
+        pool.listener.close()
+        os.close(lock)  # a server (and its workers) must not hold the slot's lock
+        os.close(learned_r)
+        if launcher is not None:
+            os.close(launcher)
+        pooled_server.become_server(message, fds, learned_w)  # never returns
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # as the child does: its group exists before we may end it
+    os.close(learned_w)
+    pool.servers[pid] = Served(learned_r=learned_r, launcher=launcher)
+    return pid
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
     data, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 8)
-    if len(data) < 8:
-        raise ValueError("short request")
-    (size,) = struct.unpack("!Q", data[:8])
-    body = data[8:]
-    while len(body) < size:
-        more = conn.recv(size - len(body))
-        if not more:
-            raise ValueError("short request")
-        body += more
-    message = json.loads(body)
-    if not isinstance(message, dict):
-        raise ValueError("not a request")
-    return message, list(fds)
-
-
-def _become_server(message: dict, fds: list[int], learned_w: int) -> None:
-    """In the forked child: become the launch's fork server; exits, never returns."""
-    code = 0
+    fds = list(fds)
     try:
-        listener_fd, alive_r, *streams = fds
-        for target, fd in enumerate(streams):
-            os.dup2(fd, target)
-        os.environ.clear()
-        os.environ.update(message["env"])
-        with contextlib.suppress(OSError):
-            os.chdir(message["cwd"])
-        os.umask(int(message["umask"]))
-        sys.path[:] = message["sys_path"]
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # the pool's own: not its workers'
-        os.setpgid(0, 0)  # its own process group: a signal to this launch's, not the pool's
-        _keep_orphans()
-        preload_lists.served_by_pool(os.getppid())
-        imported = server_preload.prepare_server()
-        with contextlib.suppress(OSError):
-            os.write(learned_w, json.dumps(imported).encode())
-        os.close(learned_w)
-        from multiprocessing import forkserver
-
-        forkserver.main(listener_fd, alive_r, [])
-    except SystemExit:
-        pass
+        if len(data) < 8:
+            raise ValueError("short request")
+        (size,) = struct.unpack("!Q", data[:8])
+        body = data[8:]
+        while len(body) < size:
+            more = conn.recv(size - len(body))
+            if not more:
+                raise ValueError("short request")
+            body += more
+        message = json.loads(body)
+        if not isinstance(message, dict):
+            raise ValueError("not a request")
     except BaseException:
-        traceback.print_exc()
-        code = 1
-    finally:
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        raise
+    return message, fds
 
 
-def _keep_orphans() -> None:
-    """What the workers leave running when they end (a helper your script never stopped)
-    is reparented to this server, not to init: the launcher finds it among the server's
-    descendants and ends it (:func:`dtrain_cli.launch.signals.no_orphans`). The server
-    reaps such a process when it ends, without multiprocessing's warning about it."""
-    import ctypes
-    import warnings
-
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-    warnings.filterwarnings("ignore", message="forkserver: waitpid returned unexpected pid")
+def _end_orphaned_servers(pool: Pool, ready: list) -> None:
+    """A launcher that is gone (its pidfd readable): SIGKILL its server's process group,
+    its workers and what they left included, as its own process group would have been."""
+    for pid, served in pool.servers.items():
+        if served.launcher is not None and served.launcher in ready:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            os.close(served.launcher)
+            served.launcher = None
 
 
-def _reap(children: dict[int, int], learned: list[str]) -> None:
+def _reap(pool: Pool) -> None:
     """Servers that ended: what they imported, of the packages the pool keeps, is learned."""
-    while children:
+    while pool.servers:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
-        pipe = children.pop(pid, None)
-        if pipe is None:
+        served = pool.servers.pop(pid, None)
+        if served is None:
             continue
         with contextlib.suppress(OSError, ValueError):
-            os.set_blocking(pipe, False)
-            names = json.loads(os.read(pipe, 1 << 16) or b"[]")
-            learned += [
-                n for n in names if n.split(".")[0] in LEARNED_PACKAGES and n not in learned
+            os.set_blocking(served.learned_r, False)
+            names = json.loads(os.read(served.learned_r, 1 << 16) or b"[]")
+            pool.learned += [
+                n for n in names if n.split(".")[0] in LEARNED_PACKAGES and n not in pool.learned
             ]
-        with contextlib.suppress(OSError):
-            os.close(pipe)
+        for fd in (served.learned_r, served.launcher):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if served.launcher is not None:  # gone by now: what its workers left goes too
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _stamp_new_modules(pool: Pool) -> None:
+    """Size and mtime of each file of a module the pool holds (of the packages it keeps)."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and name.split(".")[0] in LEARNED_PACKAGES and path not in pool.stamps:
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                pool.stamps[path] = (st.st_size, st.st_mtime_ns)
+
+
+def _stamps_current(pool: Pool) -> bool:
+    """No file the pool imported has changed since (an editable install edited...)."""
+    for path, stamp in pool.stamps.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        if (st.st_size, st.st_mtime_ns) != stamp:
+            return False
+    return True
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.protocol import rank_process
 from tests.conftest import DTRAIN, cache_dir
 
 TINY = [
@@ -124,7 +126,7 @@ def test_a_served_launch_has_its_own_environment(tmp_path, pool_dir):
     _, out, _ = launch(tmp_path, "plain", pool_dir)
     assert STARTED in out
     proc, out, _ = launch(tmp_path, "drill", pool_dir, DTRAIN_FAULTS="kill:step=2:rank=1")
-    assert STARTED not in out
+    assert f"served launcher {proc.pid}:" in pool_log(pool_dir)  # not a server of its own
     assert proc.returncode != 0
     assert "rank 1" in out and "SIGKILL" in out, out[-2000:]
 
@@ -151,6 +153,7 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def run_script(cwd: Path, pool_dir: Path, args: list[str], *, pool: bool = True):
+    """One ``dtrain run dp=2``; (its process, stdout, stderr)."""
     full = {
         **os.environ,
         "DTRAIN_CACHE": str(cache_dir()),
@@ -159,7 +162,11 @@ def run_script(cwd: Path, pool_dir: Path, args: list[str], *, pool: bool = True)
         "DTRAIN_WARM_POOL_IDLE_S": "120",
     }
     cmd = [*DTRAIN, "run", "dp=2", f"run.root={cwd}/runs", "--", *args]
-    return subprocess.run(cmd, cwd=cwd, env=full, capture_output=True, text=True, timeout=300)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = proc.communicate(timeout=300)
+    return proc, out, err
 
 
 def test_a_script_served_by_the_pool_runs_as_without_it_and_leaves_nothing(tmp_path, pool_dir):
@@ -167,21 +174,57 @@ def test_a_script_served_by_the_pool_runs_as_without_it_and_leaves_nothing(tmp_p
     the pool; a child a rank leaves running ends with the run (the pool's server is a
     subreaper, and the launcher ends what is in its tree), and the pool stays."""
     ddp = str(SCRIPTS / "ddp_plain.py")
-    own = run_script(tmp_path, pool_dir, [ddp, "--steps", "4", "--out", "own.json"], pool=False)
-    assert own.returncode == 0, own.stderr[-2000:]
-    served = run_script(tmp_path, pool_dir, [ddp, "--steps", "4", "--out", "pool.json"])
-    assert served.returncode == 0, served.stderr[-2000:]
-    assert STARTED in served.stderr
+    own, _, err = run_script(
+        tmp_path, pool_dir, [ddp, "--steps", "4", "--out", "own.json"], pool=False
+    )
+    assert own.returncode == 0, err[-2000:]
+    served, _, err = run_script(tmp_path, pool_dir, [ddp, "--steps", "4", "--out", "pool.json"])
+    assert served.returncode == 0, err[-2000:]
+    assert STARTED in err
     mine = json.loads((tmp_path / "own.json").read_text())
     theirs = json.loads((tmp_path / "pool.json").read_text())
     assert theirs["params"] == mine["params"] and theirs["world"] == 2
 
-    left = run_script(tmp_path, pool_dir, [str(SCRIPTS / "ends.py"), "leave_a_child"])
-    assert left.returncode == 0, left.stderr[-2000:]
-    assert STARTED not in left.stderr  # served by the warm pool
-    children = [
-        int(line.split()[1]) for line in left.stdout.splitlines() if line.startswith("child ")
-    ]
+    left, out, err = run_script(tmp_path, pool_dir, [str(SCRIPTS / "ends.py"), "leave_a_child"])
+    assert left.returncode == 0, err[-2000:]
+    log = pool_log(pool_dir)
+    assert f"served launcher {served.pid}:" in log and f"served launcher {left.pid}:" in log
+    children = [int(line.split()[1]) for line in out.splitlines() if line.startswith("child ")]
     assert len(children) == 2
     assert all(gone(pid, within_s=5) for pid in children)
     assert pool_pid(pool_dir) is not None
+
+
+def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, pool_dir):
+    """The launcher is SIGKILLed mid-run (a `timeout -s KILL`, an IDE's stop): its workers
+    are the pool's server's, not its children, yet they end too (the pool ends the server's
+    process group once the launcher is gone), and the pool serves the next launch."""
+    launch(tmp_path, "warm", pool_dir)
+    full = {
+        **os.environ,
+        "DTRAIN_CACHE": str(cache_dir()),
+        "DTRAIN_WARM_POOL": "1",
+        "DTRAIN_WARM_POOL_DIR": str(pool_dir),
+    }
+    long = [arg for arg in TINY if not arg.startswith("train.steps=")] + ["train.steps=100000"]
+    run_dir = tmp_path / "runs" / "killed"
+    cmd = [*DTRAIN, "launch", *long, f"run.root={tmp_path}/runs", "run.name=killed"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        for line in proc.stdout:
+            if line.startswith("step 3/"):
+                break
+        workers = [rank_process(RunDir(run_dir), rank) for rank in (0, 1)]
+        assert all(workers), workers
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert f"served launcher {proc.pid}:" in pool_log(pool_dir)
+    assert all(gone(pid, within_s=10) for pid, _host in workers)
+    again, out, summary = launch(tmp_path, "after", pool_dir)
+    assert again.returncode == 0 and summary is not None, out[-2000:]
+    assert f"served launcher {again.pid}:" in pool_log(pool_dir)

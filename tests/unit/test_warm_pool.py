@@ -3,6 +3,8 @@ launches served by a pool are in tests/launch/test_warm_pool.py."""
 
 from __future__ import annotations
 
+import pytest
+
 from dtrain_cli import source_stats
 from dtrain_cli.launch import warm_pool
 
@@ -44,3 +46,18 @@ def test_one_slot_per_checkout_and_python_in_a_private_folder(monkeypatch, tmp_p
     monkeypatch.setenv("DTRAIN_CACHE", str(tmp_path / "other-cache"))  # the same pool
     assert warm_pool.slot() == where
     assert len(f"{where}.sock") < 108  # a socket's path limit
+
+
+def test_the_pool_folder_is_this_users_alone(monkeypatch, tmp_path):
+    """A folder others may enter is closed to them; a link is refused (the launch then
+    starts its own server)."""
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o775)
+    shared.chmod(0o775)
+    monkeypatch.setenv("DTRAIN_WARM_POOL_DIR", str(shared))
+    warm_pool.slot()
+    assert (shared.stat().st_mode & 0o777) == 0o700
+    (tmp_path / "link").symlink_to(shared)
+    monkeypatch.setenv("DTRAIN_WARM_POOL_DIR", str(tmp_path / "link"))
+    with pytest.raises(OSError, match="not a folder of this user's"):
+        warm_pool.slot()
