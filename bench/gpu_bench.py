@@ -140,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     steps, warmup = (6, 2) if a.smoke else (a.steps, a.warmup)
     peak, device = peak_tflops(a.peak_tflops)
     work = Path(tempfile.mkdtemp(prefix="dtrain-gpu-bench-"))
-    env = {**os.environ, "DTRAIN_CACHE": str(work / "cache")}
+    # steady tokens/s and MFU only: no warm worker pool left running on the lent machine
+    env = {**os.environ, "DTRAIN_CACHE": str(work / "cache"), "DTRAIN_WARM_POOL": "0"}
     rows, raw = [], []
     for model, model_overrides in models.items():
         for compiled in (False,) if a.no_compile or a.smoke else (False, True):
