@@ -290,7 +290,7 @@ def _reap(pool: Pool) -> None:
             if fd is not None:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        if served.launcher is not None:  # gone by now: what its workers left goes too
+        if served.launcher is not None:  # its run is over: what its group still holds goes too
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
 
