@@ -1,18 +1,18 @@
 """Keep `dtrain --help` from importing what it never prints.
 
 Typer renders help and usage errors with ``typer.rich_utils``, which imports, at module
-level, ``rich.markdown`` (markdown-it: help written in Markdown) and ``rich.traceback``
-(pygments through ``rich.syntax``, and ``rich.pretty``: pretty tracebacks). dtrain uses
-neither: its help is rich markup (``rich_markup_mode="rich"``) and Typer's pretty
-exceptions are off. Those two imports are about a third of ``dtrain --help``'s time on
-2 cores (bench/RESULTS.md, CLI latency).
+level, ``rich.markdown`` (markdown-it) and ``rich.emoji`` (its table of emoji codes) for
+help written in Markdown, and ``rich.traceback`` (pygments through ``rich.syntax``, and
+``rich.pretty``) for pretty tracebacks. dtrain uses none of them: its help is rich markup
+(``rich_markup_mode="rich"``) and Typer's pretty exceptions are off. Those imports are
+about a third of ``dtrain --help``'s time on 2 cores (bench/RESULTS.md, CLI latency).
 
 :func:`install` puts a finder on ``sys.meta_path`` that acts once, when something first
-imports ``typer.rich_utils``: while that module runs, ``rich.markdown`` and
-``rich.traceback`` are stand-ins whose ``Markdown`` and ``Traceback`` import the real
-module on first use (a call or an attribute), so nothing changes if they are used after
-all. The stand-ins leave ``sys.modules`` as soon as ``typer.rich_utils`` is loaded: any
-other ``import rich.markdown`` gets the real module.
+imports ``typer.rich_utils``: while that module runs, the three are stand-ins whose
+``Markdown``, ``Emoji`` and ``Traceback`` import the real module on first use (a call or
+an attribute), so nothing changes if they are used after all. The stand-ins leave
+``sys.modules`` as soon as ``typer.rich_utils`` is loaded: any other import of them gets
+the real module.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from typing import Any
 
 TARGET = "typer.rich_utils"
-DEFERRED = {"rich.markdown": "Markdown", "rich.traceback": "Traceback"}
+DEFERRED = {"rich.markdown": "Markdown", "rich.traceback": "Traceback", "rich.emoji": "Emoji"}
 
 
 class _Deferred(type):

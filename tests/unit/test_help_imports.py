@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from dtrain_cli.cli import help_imports
 from dtrain_cli.cli.app import app
 
-HEAVY = ("rich.markdown", "rich.traceback", "rich.syntax", "pygments", "markdown_it")
+HEAVY = ("rich.markdown", "rich.emoji", "rich.traceback", "rich.syntax", "pygments", "markdown_it")
 
 
 @pytest.fixture
@@ -56,6 +56,7 @@ def test_the_stand_ins_become_the_real_classes_when_used(fresh_renderer):
     from rich.markdown import Markdown  # now the real module
 
     assert type(md) is Markdown
+    assert ru.Emoji.replace(":thumbs_up:") == "\N{THUMBS UP SIGN}"
     try:
         raise ValueError("x")
     except ValueError as exc:
