@@ -122,12 +122,10 @@ def check_layout(
             [f"world size {plan.world_size:,}: simulate runs worlds up to {MAX_WORLD:,}"]
         )
     if plan.sync is not None and plan.sync.servers:
-        raise SimulateFailed(
+        raise NotSimulated(
             ["sync.mode=param_server: its servers are not simulated; simulate sync.mode=sync"]
         )
     mode = choose_compute(plan, model_spec(cfg).facts().tokens_per_sample, compute)
-    if mode == "fake" and (problem := _fake_problem(plan)):
-        raise NotSimulated([problem])
     ranks = _parse_ranks(ranks_arg, plan.world_size) or default_ranks(plan)
     return Layout(cfg=cfg, plan=plan, ranks=ranks, compute=mode)
 
@@ -165,17 +163,6 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
     doc = {"plan": plan, "ranks": rows, "title": title, "run_dir": str(run_dir), "notes": notes}
     (run_dir / "simulate" / "report.json").write_text(json.dumps(_public(doc), indent=1))
     return doc
-
-
-def _fake_problem(plan: Any) -> str | None:
-    """Why this layout cannot run on fake tensors (its strategy says), or None."""
-    from dtrain_cli.mesh.schedules import SPLIT_BACKWARD
-    from dtrain_cli.strategies import strategy_for
-
-    split = plan.pipeline is not None and plan.pipeline.schedule in SPLIT_BACKWARD
-    return strategy_for(plan.strategy).fake_tensor_problem(
-        dp=plan.dims.dp, tp=plan.dims.tp, split_backward=split
-    )
 
 
 def cuda_notes(cfg: Any, plan: Any) -> list[str]:

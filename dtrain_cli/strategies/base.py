@@ -109,11 +109,6 @@ class Strategy:
 
     takes_dp_shard: ClassVar[bool] = False
 
-    def fake_tensor_problem(self, *, dp: int, tp: int, split_backward: bool) -> str | None:
-        """Why ``dtrain simulate`` cannot build this strategy's wrapper on fake tensors
-        (``--compute fake``: shapes only), or None when it can."""
-        return None
-
     def warnings(self, cfg: DtrainConfig, split_backward: str | None) -> list[str]:
         return []
 

@@ -69,6 +69,38 @@ def test_fsdp_collective_counts(tmp_path):
     assert counts == {("allgather_base", "dp"): 2 * (k + 1), ("reduce_scatter_base", "dp"): k + 1}
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
+def test_plain_ddp_on_fake_tensors_measures_what_real_tensors_do(tmp_path, strategy):
+    """torch's DistributedDataParallel (and ZeroRedundancyOptimizer over it) built on fake
+    tensors: its reducer's index tensors stay real (runtime/parallel/fake_ddp.py). Every
+    measured byte and collective equals the same rank's run on real tensors."""
+    docs = {}
+    for compute in ("real", "fake"):
+        args = ["recipe=gpt_tiny", "dp=8", f"parallel.strategy={strategy}", "--ranks", "3"]
+        (tmp_path / compute).mkdir()
+        (doc,) = _simulate(tmp_path / compute, *args, "--steps", "3", "--compute", compute)
+        docs[compute] = doc["ranks"][0]
+    real, fake = docs["real"], docs["fake"]
+    assert (real["compute"], fake["compute"]) == ("real", "fake")
+    measured = {k: v["measured"] for k, v in real["bytes"].items()}
+    assert {k: v["measured"] for k, v in fake["bytes"].items()} == measured
+    assert fake["collectives"] == real["collectives"]
+    assert {(c["op"], c["axis"]) for c in fake["collectives"]} >= {("allreduce", "dp")}
+    assert fake["bytes"]["grads"]["ratio"] == pytest.approx(1.0)
+
+
+def test_gpt_1b_plain_ddp_world_1024_on_fake_tensors(tmp_path):
+    """The 1.3B model replicated on every rank (5.4 GB of fp32 parameters, as much again of
+    gradients, twice that of AdamW state): --compute auto picks fake tensors, nothing of
+    that size is allocated here."""
+    (doc,) = _simulate(tmp_path, "recipe=gpt_1b", "dp=1024", "parallel.nnodes=128", "--ranks", "0")
+    (rank,) = doc["ranks"]
+    assert rank["compute"] == "fake"
+    assert rank["params_count"] == rank["params_count_exact"] == doc["estimates"]["num_params"]
+    for what in ("params", "grads", "optimizer", "dp_bytes_per_step"):
+        assert rank["bytes"][what]["ratio"] == pytest.approx(1.0, abs=0.01), what
+
+
 def test_layout_failing_at_scale_names_the_rank(tmp_path):
     model = ["model=custom", "model._target_=own_targets.WideOnly", "model.block_size=32"]
     args = [*model, "dp=128", "parallel.nnodes=16", "train.global_batch_size=128"]

@@ -158,10 +158,15 @@ class DDPRuntime(DataParallelRuntime):
 
             return replicate(model, mesh=ctx.mesh["dp"])
         if ctx.simulated:  # DDP reads its parameters at construction: allocate them first
+            from dtrain_cli.runtime.parallel.fake_ddp import RealBookkeeping, keep_bookkeeping_real
             from dtrain_cli.runtime.parallel.materialize import allocate_local
 
             allocate_local([model], ctx.device)
-        ddp = apply_ddp(model, cfg, ctx)
+            with RealBookkeeping():  # --compute fake: the reducer's index tensors stay real
+                ddp = apply_ddp(model, cfg, ctx)
+            keep_bookkeeping_real(ddp)
+        else:
+            ddp = apply_ddp(model, cfg, ctx)
         if schedule is not None:
             # torch's PipelineStage starts DDP's reduction itself at a step's last backward
             # and runs its forwards under no_sync, except the shape-inference forward of the

@@ -183,8 +183,38 @@ def allocate_local(parts: list[nn.Module], device: torch.device) -> None:
 def _to_empty(part: nn.Module, device: torch.device) -> None:
     """``to_empty`` for the parameters; real buffers (rotary tables...) keep their values."""
     buffers = {n: b for n, b in part.named_buffers() if not b.is_meta}
-    part.to_empty(device=device)
+    if _fake_plain_parameters(part):
+        _new_empty_parameters(part, device)
+    else:
+        part.to_empty(device=device)
     with torch.no_grad():
         for name, b in part.named_buffers():
             if name in buffers:
                 b.copy_(buffers[name].to(device))
+
+
+def _fake_plain_parameters(part: nn.Module) -> bool:
+    """Plain parameters built under ``FakeTensorMode`` (``simulate --compute fake`` before
+    DDP, which wraps them unsharded): ``to_empty`` would swap them in place, which the fake
+    mode's own weak references to them forbid."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(p, FakeTensor) for p in part.parameters())
+
+
+def _new_empty_parameters(part: nn.Module, device: torch.device) -> None:
+    """New (fake) parameter objects of the same shapes on ``device`` for those still on the
+    meta device (one already allocated is kept: DDP's reducer holds it); a parameter shared
+    by two modules (tied weights) stays one parameter."""
+    made: dict[int, nn.Parameter] = {}
+    for module in part.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or not p.is_meta:
+                continue
+            if id(p) not in made:
+                empty = torch.empty_like(p, device=device)
+                made[id(p)] = nn.Parameter(empty, requires_grad=p.requires_grad)
+            module._parameters[name] = made[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None and b.is_meta:
+                module._buffers[name] = torch.empty_like(b, device=device)
