@@ -99,6 +99,9 @@ class TrainMetrics:
         self.busy_s = self.step_wall_s = 0.0
         self.last_loss = float("nan")
         self._wall0 = self._cpu0 = 0.0
+        self.measures_bubble = plan.pipeline is not None and ctx.device.type == "cpu"
+        """A pipeline's idle share from CPU busy vs wall time per step (:meth:`bubble_report`);
+        ``process_time`` is a system call, so other runs do not pay it every step."""
 
     def is_logging_step(self, step: int) -> bool:
         """``step``: the number of steps done once the step about to run completes."""
@@ -106,11 +109,12 @@ class TrainMetrics:
 
     # -- per step: host timers only ---------------------------------------------------------
     def step_begins(self) -> None:
-        self._wall0, self._cpu0 = time.perf_counter(), time.process_time()
+        if self.measures_bubble:
+            self._wall0, self._cpu0 = time.perf_counter(), time.process_time()
 
     def step_ends(self, step: int, loss: torch.Tensor | None) -> None:
         """``loss`` None: a skipped step (numerics policy), not in the logged loss."""
-        if step > self.first_step:  # busy vs wall per step, after the warm-up step
+        if self.measures_bubble and step > self.first_step:  # after the warm-up step
             self.busy_s += time.process_time() - self._cpu0
             self.step_wall_s += time.perf_counter() - self._wall0
         if loss is not None:
