@@ -26,7 +26,12 @@ from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.launch import failures, hang_report
 from dtrain_cli.launch.hang_guard import reap_frozen_ranks
 from dtrain_cli.launch.preload import WORKER_ENTRY, entry_point, worker_modules
-from dtrain_cli.launch.signals import forward_signal, interrupted, no_orphans
+from dtrain_cli.launch.signals import (
+    forward_signal,
+    interrupted,
+    no_orphans,
+    pool_follows_job_control,
+)
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import protocol
 from dtrain_cli.rundir.layout import RunDir
@@ -113,6 +118,7 @@ def launch_local(
     try:
         with (
             forward_signal(cfg.cluster.signal),
+            pool_follows_job_control(),
             no_orphans(plan.script is not None),
             reap_frozen_ranks(run_dir, plan.world_size),  # a stopped rank ends the run too
         ):

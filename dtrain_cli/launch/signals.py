@@ -113,6 +113,41 @@ def forward_signal(name: str | None) -> Iterator[list[int]]:
         signal.signal(num, previous)
 
 
+@contextlib.contextmanager
+def pool_follows_job_control() -> Iterator[None]:
+    """While the agent runs: Ctrl-Z (SIGTSTP) and ``fg``/``bg`` (SIGCONT) reach the workers
+    of a warm pool too. The terminal stops and continues its foreground process group: the
+    launcher and, without a pool, its fork server and workers. A pool's server and workers
+    run in a process group of the pool's session, so the launcher passes it on: on SIGTSTP
+    it stops that group (SIGSTOP) and then itself, as SIGTSTP would; on SIGCONT it
+    continues the group. A pause longer than the process group's timeout (the watchdog's
+    + 15 s) ends a collective in flight, with or without a pool."""
+    from dtrain_cli.launch.worker_server import pool_server_pid
+
+    owner = os.getpid()
+
+    def signal_pool(signum: int) -> None:
+        if os.getpid() == owner and (server := pool_server_pid()) is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(server, signum)
+
+    def on_stop(signum: int, frame: FrameType | None) -> None:
+        signal_pool(signal.SIGSTOP)
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until SIGCONT
+        signal.signal(signal.SIGTSTP, on_stop)
+
+    def on_continue(signum: int, frame: FrameType | None) -> None:
+        signal_pool(signal.SIGCONT)
+
+    previous = signal.signal(signal.SIGTSTP, on_stop), signal.signal(signal.SIGCONT, on_continue)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTSTP, previous[0])
+        signal.signal(signal.SIGCONT, previous[1])
+
+
 _interrupted = False
 
 
