@@ -196,10 +196,30 @@ def test_a_script_served_by_the_pool_runs_as_without_it_and_leaves_nothing(tmp_p
     assert pool_pid(pool_dir) is not None
 
 
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def _wait_states(pids: list[int], stopped: bool, within_s: float = 20.0) -> list[str]:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        states = [_state(pid) for pid in pids]
+        if all((s == "T") == stopped for s in states):
+            break
+        time.sleep(0.1)
+    return states
+
+
 def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, pool_dir):
     """The launcher is SIGKILLed mid-run (a `timeout -s KILL`, an IDE's stop): its workers
     are the pool's server's, not its children, yet they end too (the pool ends the server's
-    process group once the launcher is gone), and the pool serves the next launch."""
+    process group once the launcher is gone), and the pool serves the next launch.
+    Before that, a terminal's Ctrl-Z (SIGTSTP to the launcher, whose process group the
+    terminal stops; the workers are in the pool's) stops the workers too, and SIGCONT
+    (``fg``) continues them: nothing trains while stopped, steps follow after."""
     launch(tmp_path, "warm", pool_dir)
     full = {
         **os.environ,
@@ -219,6 +239,18 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, pool_dir):
                 break
         workers = [rank_process(RunDir(run_dir), rank) for rank in (0, 1)]
         assert all(workers), workers
+        pids = [proc.pid, *(pid for pid, _host in workers)]
+        os.kill(proc.pid, signal.SIGTSTP)
+        assert _wait_states(pids, stopped=True) == ["T", "T", "T"]
+        logged = RunDir(run_dir).metrics.read_text()
+        time.sleep(2)
+        assert RunDir(run_dir).metrics.read_text() == logged  # no step while stopped
+        os.kill(proc.pid, signal.SIGCONT)
+        assert "T" not in _wait_states(pids, stopped=False)
+        for line in proc.stdout:  # training goes on
+            if line.startswith("step ") and int(line.split()[1].split("/")[0]) > 5:
+                break
+        assert RunDir(run_dir).metrics.read_text() != logged
         proc.kill()
         proc.wait(timeout=30)
     finally:
@@ -229,58 +261,3 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, pool_dir):
     again, out, summary = launch(tmp_path, "after", pool_dir)
     assert again.returncode == 0 and summary is not None, out[-2000:]
     assert f"served launcher {again.pid}:" in pool_log(pool_dir)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
-
-
-def _wait_states(pids: list[int], stopped: bool, within_s: float = 20.0) -> list[str]:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        states = [_state(pid) for pid in pids]
-        if all((s == "T") == stopped for s in states):
-            break
-        time.sleep(0.1)
-    return states
-
-
-def test_ctrl_z_stops_the_pools_workers_too_and_fg_continues_them(tmp_path, pool_dir):
-    """A terminal's Ctrl-Z (SIGTSTP) stops its foreground process group: the launcher. The
-    workers the pool forked are in the pool's group, so the launcher stops them too, and
-    continues them on SIGCONT (``fg``): nothing trains while stopped, then the run ends
-    as usual."""
-    launch(tmp_path, "warm", pool_dir)
-    full = {
-        **os.environ,
-        "DTRAIN_CACHE": str(cache_dir()),
-        "DTRAIN_WARM_POOL": "1",
-        "DTRAIN_WARM_POOL_DIR": str(pool_dir),
-    }
-    steps = [arg for arg in TINY if not arg.startswith("train.steps=")] + ["train.steps=150"]
-    run = RunDir(tmp_path / "runs" / "paused")
-    cmd = [*DTRAIN, "launch", *steps, f"run.root={tmp_path}/runs", "run.name=paused"]
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    try:
-        for line in proc.stdout:
-            if line.startswith("step 3/"):
-                break
-        workers = [rank_process(run, rank)[0] for rank in (0, 1)]
-        os.kill(proc.pid, signal.SIGTSTP)
-        assert _wait_states([proc.pid, *workers], stopped=True) == ["T", "T", "T"]
-        logged = run.metrics.read_text()
-        time.sleep(2)
-        assert run.metrics.read_text() == logged  # no step while stopped
-        os.kill(proc.pid, signal.SIGCONT)
-        assert "T" not in _wait_states([proc.pid, *workers], stopped=False)
-        out, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, out[-2000:]
-    assert json.loads((run.path / "summary.json").read_text())["steps"] == 150
