@@ -29,14 +29,39 @@ SERIAL_FILES = frozenset({"test_slurm.py", "test_slurm_elastic.py", "test_slurm_
 nodes, its queue): ``serial``, run one at a time after the rest of the launch room."""
 
 
+LONGEST_FIRST = (
+    "test_strategies.py",
+    "test_parallel.py",
+    "test_k8s_replay.py",
+    "test_warm_pool.py",
+    "test_script_run.py",
+    "test_elastic_live.py",
+    "test_async_sync.py",
+    "test_script_corpus.py",
+    "test_simulate.py",
+)
+"""Launch-room files that take longest (module fixtures of several launches; CI prints the
+slowest tests): collected first, so ``--dist loadfile`` hands them out first and the room
+does not end with one worker running a long file while the other core idles. The order
+of the tests inside a file is kept."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test of tests/launch is ``multiproc``: ``-m "not multiproc"`` is the unit room;
-    those of :data:`SERIAL_FILES` are ``serial`` too."""
+    those of :data:`SERIAL_FILES` are ``serial`` too. :data:`LONGEST_FIRST` go first."""
     for item in items:
         if room(item.path) == "launch":
             item.add_marker(pytest.mark.multiproc)
             if item.path.name in SERIAL_FILES:
                 item.add_marker(pytest.mark.serial)
+
+    def weight(item: pytest.Item) -> int:
+        name = item.path.name
+        if room(item.path) == "launch" and name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(name)
+        return len(LONGEST_FIRST)
+
+    items.sort(key=weight)  # stable: each file's own order stays
 
 
 @dataclass
