@@ -119,7 +119,7 @@ def pool_follows_job_control() -> Iterator[None]:
     of a warm pool too. The terminal stops and continues its foreground process group: the
     launcher and, without a pool, its fork server and workers. A pool's server and workers
     run in a process group of the pool's session, so the launcher passes it on: on SIGTSTP
-    it stops that group (SIGSTOP) and then itself, as SIGTSTP would; on SIGCONT it
+    it stops that group and then itself (SIGSTOP both); on SIGCONT it
     continues the group. A pause longer than the process group's timeout (the watchdog's
     + 15 s) ends a collective in flight, with or without a pool."""
     from dtrain_cli.launch.worker_server import pool_server_pid
@@ -133,9 +133,10 @@ def pool_follows_job_control() -> Iterator[None]:
 
     def on_stop(signum: int, frame: FrameType | None) -> None:
         signal_pool(signal.SIGSTOP)
-        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTSTP)  # stopped here until SIGCONT
-        signal.signal(signal.SIGTSTP, on_stop)
+        # SIGSTOP, not SIGTSTP's default: the kernel discards a SIGTSTP to an orphaned
+        # process group (a launcher started by a daemon), which would leave the workers
+        # stopped under a running launcher
+        os.kill(os.getpid(), signal.SIGSTOP)  # stopped here until SIGCONT
 
     def on_continue(signum: int, frame: FrameType | None) -> None:
         signal_pool(signal.SIGCONT)
