@@ -232,7 +232,7 @@ def framework_overhead(ws: Workspace) -> Section:
 
 
 def fixed_cost(ws: Workspace) -> Section:
-    steps, every, rounds = (100, 50, 2) if ws.quick else (300, 50, 7)
+    steps, every, rounds = (100, 50, 2) if ws.quick else (2000, 50, 9)
     work = Workload("fixed", "gpt_tiny", steps, every, every, TINY_MODEL)
     res = measure(ws, work, rounds)
     row = [
