@@ -121,13 +121,35 @@ def check_layout(
         raise SimulateFailed(
             [f"world size {plan.world_size:,}: simulate runs worlds up to {MAX_WORLD:,}"]
         )
-    if plan.sync is not None and plan.sync.servers:
-        raise NotSimulated(
-            ["sync.mode=param_server: its servers are not simulated; simulate sync.mode=sync"]
-        )
     mode = choose_compute(plan, model_spec(cfg).facts().tokens_per_sample, compute)
     ranks = _parse_ranks(ranks_arg, plan.world_size) or default_ranks(plan)
+    _check_server_ranks(plan, ranks, mode)
     return Layout(cfg=cfg, plan=plan, ranks=ranks, compute=mode)
+
+
+def _check_server_ranks(plan: Any, ranks: list[int], compute: str) -> None:
+    """A parameter server's workers simulate (their pushes and pulls go to fake servers);
+    a server does not: its loop answers its workers' messages, which a fake group does not
+    carry. A worker reads the servers' replies, so its tensors must hold data."""
+    if plan.sync is None or not plan.sync.servers:
+        return
+    workers = len(plan.sync.workers)
+    served = [r for r in ranks if r >= workers]
+    if served:
+        raise NotSimulated(
+            [
+                f"rank {served[0]} is a parameter server: a server answers its workers' "
+                f"messages, which the fake process group does not carry; simulate the "
+                f"workers (ranks 0..{workers - 1})"
+            ]
+        )
+    if compute == "fake":
+        raise NotSimulated(
+            [
+                "--compute fake: a parameter server's worker reads its servers' replies, "
+                "which fake tensors do not hold; use --compute real"
+            ]
+        )
 
 
 def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:

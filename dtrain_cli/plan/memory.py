@@ -2,7 +2,9 @@
 
 Memory (fp32 master weights; the runtime measures the real bytes and the run summary
 shows both): what the strategy keeps per rank of the unsharded sizes
-(:meth:`dtrain_cli.strategies.base.Strategy.memory_bytes`). Communication: the gradient
+(:meth:`dtrain_cli.strategies.base.Strategy.memory_bytes`), with the optimizer state the
+sync mode adds or moves (:meth:`dtrain_cli.sync_modes.base.SyncMode.optimizer_bytes`:
+DiLoCo's outer state, none on a parameter server's workers). Communication: the gradient
 payload each rank contributes per step and the bytes a ring moves per rank for it (2
 (n-1)/n x payload for an all-reduce), as the strategy and the sync mode send it. The
 model's own numbers (parameters, blocks, activations, FLOPs) come from its spec
@@ -125,6 +127,7 @@ def estimate(
         padding=fsdp_padding(facts, dims.dp_shard, par.tp) if sharded else 1.0,
         dims=dims,
     )
+    optim_b = mode_for(cfg.sync.mode).optimizer_bytes(cfg, per_rank, optim_b)
     gathered = 4 * facts.params_per_layer // max(par.tp, 1) if sharded else 0
     activations, recompute = rank_activations(cfg, spec, facts, batch, pipeline)
     return Estimates(

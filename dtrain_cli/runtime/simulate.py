@@ -36,25 +36,40 @@ from dtrain_cli.models import model_spec
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.runtime.parallel.mesh import DistContext, build_mesh, mesh_coordinates
-from dtrain_cli.runtime.simulate_measure import CommCounter, SavedBytesMeter, tensor_bytes
+from dtrain_cli.runtime.simulate_measure import (
+    CommCounter,
+    CountedGroup,
+    SavedBytesMeter,
+    tensor_bytes,
+)
 
 
 def init_fake(plan: Plan, rank: int) -> DistContext:
-    """The fake process group and the plan's mesh, as :func:`.init_distributed` builds it."""
+    """The fake process group and the plan's mesh, as :func:`.init_distributed` builds it
+    (a parameter server's worker: the workers' own group, and a fake group of workers and
+    servers for its point-to-point messages, as :func:`.mesh._init_param_server`)."""
+    from torch._C._distributed_c10d import FakeProcessGroup
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    for key, value in (("RANK", rank), ("WORLD_SIZE", plan.world_size), ("LOCAL_RANK", 0)):
+    servers = len(plan.sync.servers) if plan.sync is not None else 0
+    world = plan.world_size - servers  # the default group: the workers
+    for key, value in (("RANK", rank), ("WORLD_SIZE", world), ("LOCAL_RANK", 0)):
         os.environ[key] = str(value)
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=plan.world_size)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     device = torch.device("cpu")
+    ps = None
+    if servers:
+        fake = FakeProcessGroup._create_internal(rank, plan.world_size, FakeProcessGroup.Options())
+        ps = CountedGroup(fake)
     return DistContext(
         rank=rank,
-        world_size=plan.world_size,
+        world_size=world,
         local_rank=rank % max(plan.nproc_per_node, 1),
         restart_count=0,
         device=device,
         mesh=build_mesh(plan, device),
         dims=plan.dims,
+        ps=ps,
         simulated=True,
     )
 
@@ -138,7 +153,7 @@ def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[st
         out.update(_run_steps(trainer, ctx, steps))
     out["params_bytes"] = sum(tensor_bytes(p) for p in trainer.pm.parameters())
     out["params_count"] = sum(tensor_bytes(p, count=True) for p in trainer.pm.parameters())
-    out["optimizer_bytes"] = trainer.optimizers.state_bytes()
+    out["optimizer_bytes"] = trainer.optimizer_state_bytes()
     out["wall_s"] = round(time.perf_counter() - t0, 3)
     return out
 

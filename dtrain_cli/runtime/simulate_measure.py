@@ -9,7 +9,8 @@
 - :class:`CommCounter`: every collective of the process-group API and of DTensor's
   functional collectives (a dispatch mode on the ``c10d`` ops), by op and mesh axis, with
   the bytes a ring moves per rank for it: 2 (n-1)/n x buffer for an all-reduce, (n-1)/n x
-  the whole buffer for an all-gather or reduce-scatter, the buffer for a broadcast or send.
+  the whole buffer for an all-gather or reduce-scatter, the buffer for a broadcast or send;
+  and a parameter server's worker's sends to its servers (:class:`CountedGroup`).
 """
 
 from __future__ import annotations
@@ -117,6 +118,23 @@ class CommCounter(TorchDispatchMode):
         world = dist.group.WORLD
         if world is not None:
             self.axes.setdefault(world.group_name, "world")
+        self.ps = ctx.ps if isinstance(ctx.ps, CountedGroup) else None
+        """A parameter server's worker: its group with the servers (calls it counts)."""
+
+    def __enter__(self) -> CommCounter:
+        if self.ps is not None:
+            self.ps.counter = self
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.ps is not None:
+            self.ps.counter = None
+        super().__exit__(*exc)
+
+    def record(self, op: str, axis: str, n: int, sent: int) -> None:
+        row = self.calls.setdefault((op, axis), [0, 0, n])
+        row[0] += 1
+        row[1] += sent
 
     def _group(self, args: tuple, kwargs: dict) -> tuple[str, int]:
         from torch.distributed.distributed_c10d import _resolve_process_group
@@ -149,9 +167,7 @@ class CommCounter(TorchDispatchMode):
             sent = 0
         else:
             sent = buffer
-        row = self.calls.setdefault((op, axis), [0, 0, n])
-        row[0] += 1
-        row[1] += sent
+        self.record(op, axis, n, sent)
         return out
 
     def rows(self) -> list[dict[str, Any]]:
@@ -160,3 +176,26 @@ class CommCounter(TorchDispatchMode):
             {"op": op, "axis": axis, "group_size": n, "count": c, "bytes_sent": b}
             for (op, axis), (c, b, n) in sorted(self.calls.items())
         ]
+
+
+class CountedGroup:
+    """A parameter server's point-to-point group, counted: the runtime calls that group's
+    backend directly (``ctx.ps.send``), which no dispatch mode sees, so this wrapper tells
+    the active :class:`CommCounter` each send (its buffer) and recv (nothing sent)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.counter: CommCounter | None = None
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        if self.counter is not None:
+            self.counter.record("send", "ps", self.backend.size(), _nbytes(tensors))
+        return self.backend.send(tensors, dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        if self.counter is not None:
+            self.counter.record("recv", "ps", self.backend.size(), 0)
+        return self.backend.recv(tensors, src, tag)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.backend, name)

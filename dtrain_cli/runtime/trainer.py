@@ -271,7 +271,11 @@ class Trainer:
         for p in self.pm.parameters():
             t = local_tensor(p)
             params += t.numel() * t.element_size()
-        return {"params": params, "optimizer": self.optimizers.state_bytes()}
+        return {"params": params, "optimizer": self.optimizer_state_bytes()}
+
+    def optimizer_state_bytes(self) -> int:
+        """The optimizer's state this rank holds and the sync mode's own (DiLoCo's)."""
+        return self.optimizers.state_bytes() + self.sync.state_bytes()
 
     def _say_restarted(self) -> None:
         """An automatic restart (``launcher.max_restarts``), on the console: which rank

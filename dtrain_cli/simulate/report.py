@@ -17,8 +17,9 @@ from typing import Any
 from dtrain_cli.plan.plan import Plan
 
 MIB = 1024**2
-DP_AXES = ("dp", "dp_replicate", "dp_shard")
-"""Mesh axes whose traffic is dp traffic (hsdp splits dp into replicas of shard groups)."""
+DP_AXES = ("dp", "dp_replicate", "dp_shard", "ps")
+"""Axes whose traffic is dp traffic (hsdp splits dp into replicas of shard groups; a
+parameter server's workers push their gradients on ``ps``)."""
 
 
 def compare(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, Any]:
@@ -61,6 +62,7 @@ def stage_activations(plan: Plan, coords: dict[str, int]) -> int:
 
 def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:
     """The rich table: one block of rows per rank."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
@@ -78,7 +80,8 @@ def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:
             table.add_row(who, what, _mib(row["measured"]), _mib(row["estimate"]), ratio, note)
             who = ""
         ops = ", ".join(f"{x['op']}[{x['axis']}] x{x['count']}" for x in r["collectives"])
-        table.add_row("", "collectives", "", "", "", ops or "none", end_section=True)
+        # escaped: "all_gather[dp]" is not rich markup
+        table.add_row("", "collectives", "", "", "", escape(ops) or "none", end_section=True)
     return table
 
 

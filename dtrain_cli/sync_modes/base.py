@@ -110,6 +110,12 @@ class SyncMode:
         every-step synchronization."""
         return strategy_bytes
 
+    def optimizer_bytes(self, cfg: DtrainConfig, params_per_rank: int, strategy_bytes: int) -> int:
+        """Optimizer-state bytes a worker holds: ``strategy_bytes``, what the strategy keeps
+        of the optimizer's state, and any state of the mode's own (checked against
+        ``dtrain simulate``, which measures both)."""
+        return strategy_bytes
+
     def sync_plan(self, cfg: DtrainConfig, facts: ModelFacts, ddp_bytes: int) -> SyncPlan | None:
         """The plan's part for a mode that is not one all-reduce per step."""
         return None

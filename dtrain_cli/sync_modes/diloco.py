@@ -58,6 +58,13 @@ class DiLoCo(SyncMode):
     def comm_bytes_per_step(self, cfg: DtrainConfig, facts: ModelFacts, strategy_bytes: int) -> int:
         return amortized_allreduce(cfg, facts)
 
+    def optimizer_bytes(self, cfg: DtrainConfig, params_per_rank: int, strategy_bytes: int) -> int:
+        """The inner optimizer's state and the outer step's: an fp32 anchor copy of the
+        parameters (what the averaged delta is taken from) and, with outer momentum, its
+        Nesterov buffer."""
+        outer_words = 1 + int(cfg.sync.outer_momentum > 0)
+        return strategy_bytes + 4 * outer_words * params_per_rank
+
     def plan_rows(self, s: SyncPlan) -> list[tuple[str, object]]:
         return [
             ("inner steps / outer lr / momentum", f"{s.every} / {s.outer_lr} / {s.outer_momentum}")

@@ -110,6 +110,10 @@ class ParamServer(SyncMode):
     def comm_bytes_per_step(self, cfg: DtrainConfig, facts: ModelFacts, strategy_bytes: int) -> int:
         return 4 * facts.num_params  # a worker's gradient push (sync_plan has both roles)
 
+    def optimizer_bytes(self, cfg: DtrainConfig, params_per_rank: int, strategy_bytes: int) -> int:
+        """None on a worker: the servers hold the optimizer state, each of its shard."""
+        return 0
+
     def plan_rows(self, s: SyncPlan) -> list[tuple[str, object]]:
         rows: list[tuple[str, object]] = [("workers (ranks)", ", ".join(map(str, s.workers)))]
         for srv in s.servers:

@@ -92,6 +92,32 @@ def test_ddp_on_fake_tensors_measures_what_real_tensors_do(tmp_path):
     assert fake["bytes"]["grads"]["ratio"] == pytest.approx(1.0)
 
 
+@pytest.mark.parametrize(
+    ("mode", "optimizer_words"),
+    [(["sync.mode=diloco"], 4), (["sync.mode=param_server", "sync.servers=2"], 0)],
+    ids=["diloco", "param_server"],
+)
+def test_sync_modes_hold_and_send_what_the_plan_says(tmp_path, mode, optimizer_words):
+    """DiLoCo's outer state (anchor and momentum) is optimizer state on every worker; a
+    parameter server's worker holds none and pushes its whole gradient to its two servers
+    each step (a send and a reply per server, on the group it shares with them)."""
+    (doc,) = _simulate(tmp_path, "recipe=gpt_tiny", "dp=2", *mode, "--ranks", "1")
+    (rank,) = doc["ranks"]
+    params = rank["params_count"]
+    # AdamW's step counters (a scalar per tensor) are the bytes past the words per parameter
+    measured = rank["bytes"]["optimizer"]["measured"]
+    assert measured == pytest.approx(optimizer_words * 4 * params, rel=1e-4, abs=0)
+    for what in ("params", "grads", "optimizer", "activations"):
+        row = rank["bytes"][what]
+        assert row["measured"] == pytest.approx(row["estimate"], rel=1e-4, abs=0), (what, row)
+    ops = {(c["op"], c["axis"]): c["count"] for c in rank["collectives"]}
+    if optimizer_words == 0:
+        assert ops == {("send", "ps"): 2, ("recv", "ps"): 2}
+        # the push: the gradient and a 5-word header per server; the plan: 4 B a parameter
+        assert rank["bytes"]["dp_bytes_per_step"]["measured"] == 4 * params + 2 * 4 * 5
+        assert rank["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=1e-4)
+
+
 def test_gpt_1b_plain_ddp_world_1024_on_fake_tensors(tmp_path):
     """The 1.3B model replicated on every rank (5.4 GB of fp32 parameters, as much again of
     gradients, twice that of AdamW state): --compute auto picks fake tensors, nothing of

@@ -59,3 +59,23 @@ def test_shards_are_whole_tensors_balanced_by_size() -> None:
     assert sorted(i for s in shards for i in s) == list(range(6))  # each tensor once
     loads = [sum(sizes[i] for i in s) for s in shards]
     assert max(loads) - min(loads) <= 10 and all(s == sorted(s) for s in shards)
+
+
+def test_the_plan_counts_the_optimizer_state_where_the_mode_keeps_it() -> None:
+    """DiLoCo's workers hold the inner AdamW state (2 words a parameter) and the outer
+    step's anchor copy and Nesterov buffer (1 + 1); without outer momentum, the anchor
+    only. A parameter server's workers hold none: the servers do."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.build import build_plan
+
+    def optimizer_words(*over: str) -> float:
+        cfg = compose_config("gpt_tiny", ["dp=2", *over])
+        plan = build_plan(cfg)
+        return plan.estimates.bytes_optimizer / (4 * model_spec(cfg).facts().num_params)
+
+    assert optimizer_words() == 2
+    assert optimizer_words("sync.mode=diloco") == 4
+    assert optimizer_words("sync.mode=diloco", "sync.outer_momentum=0") == 3
+    assert optimizer_words("sync.mode=local_sgd") == 2
+    assert optimizer_words("sync.mode=param_server") == 0

@@ -55,6 +55,11 @@ class SyncRuntime:
         """What a checkpoint holds for the mode (DCP state dict, under ``sync``)."""
         return {}
 
+    def state_bytes(self) -> int:
+        """Bytes of optimizer state the mode keeps besides the optimizer's (the plan's
+        :meth:`dtrain_cli.sync_modes.base.SyncMode.optimizer_bytes` counts them too)."""
+        return 0
+
     def on_resume(self, state: dict[str, Any], step: int) -> None:
         """After the checkpoint's model and optimizer were loaded."""
 

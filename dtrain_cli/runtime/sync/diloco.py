@@ -133,6 +133,12 @@ class DiLoCoSync(SyncRuntime):
     def state(self) -> dict[str, Any]:
         return self.diloco.state()
 
+    def state_bytes(self) -> int:
+        """The anchor parameters and the outer step's momentum buffers."""
+        outer = [v for st in self.diloco.outer.state.values() for v in st.values()]
+        held = [*self.diloco.anchors, *(v for v in outer if isinstance(v, torch.Tensor))]
+        return sum(t.numel() * t.element_size() for t in held)
+
     def on_resume(self, state: dict[str, Any], step: int) -> None:
         self.diloco.load_state(state)
         self.diloco.set_step(step)
