@@ -18,8 +18,9 @@ it holds changed (an editable install edited); if one did, or the launch's key d
 (dtrain's code, the packages, the interpreter's flags or the environment changed), it is
 stale and ends. It ends too after ``DTRAIN_WARM_POOL_IDLE_S``
 seconds with no launch and no server of its own running, when its socket is removed, and
-on ``dtrain pool stop`` or SIGTERM. It ignores a terminal's Ctrl-C and hang-up; it runs
-in its own session.
+on ``dtrain pool stop`` or SIGTERM. Ending (SIGTERM aside) it stops serving and frees its
+slot at once, and waits for the servers it runs: their launchers' ends still end them.
+It ignores a terminal's Ctrl-C and hang-up; it runs in its own session.
 """
 
 from __future__ import annotations
@@ -95,7 +96,21 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(OSError):
             if os.stat(f"{where}.sock").st_ino == inode:
                 os.unlink(f"{where}.sock")
+    os.close(lock)  # the slot is free: a launch may start the next pool now
+    _guard(pool)
     return 0
+
+
+def _guard(pool: Pool) -> None:
+    """No longer serving, the pool still watches the servers it runs: a launcher gone ends
+    its server's process group, as while serving, and the pool ends with the last of them
+    (a stale pool that another launch replaced keeps a running launch's workers tied to
+    their launcher)."""
+    while pool.servers:
+        watched = [s.launcher for s in pool.servers.values() if s.launcher is not None]
+        ready, _, _ = select.select(watched, [], [], 0.5)
+        _end_orphaned_servers(pool, ready)
+        _reap(pool)
 
 
 def _detach() -> int:

@@ -21,7 +21,8 @@ it (:func:`pool_key`): dtrain's source, the installed packages (site-packages an
 site), the Python and its flags, the variables torch and transformers read at import, the
 launcher's cgroup and nice value. A launch whose key differs finds the pool stale: the pool
 ends and the launch starts another (the pool also checks the files of every module it
-holds before each launch). CPU affinity and resource limits go with each request.
+holds before each launch); a stale pool still serving a run lives on, not listening, until
+that run ends. CPU affinity and resource limits go with each request.
 
 Its files are in ``<tmp>/dtrain-pool-<uid>/`` (a socket, a lock, a log; the folder and the
 socket are this user's alone), one slot per dtrain checkout and Python. Not used inside a

@@ -219,7 +219,9 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, pool_dir):
     process group once the launcher is gone), and the pool serves the next launch.
     Before that, a terminal's Ctrl-Z (SIGTSTP to the launcher, whose process group the
     terminal stops; the workers are in the pool's) stops the workers too, and SIGCONT
-    (``fg``) continues them: nothing trains while stopped, steps follow after."""
+    (``fg``) continues them: nothing trains while stopped, steps follow after. Meanwhile
+    a launch with another key (a variable torch reads at import) replaces the pool: the
+    stale one stops serving but still ends the first launch's workers when it is killed."""
     launch(tmp_path, "warm", pool_dir)
     full = {
         **os.environ,
@@ -251,13 +253,18 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, pool_dir):
             if line.startswith("step ") and int(line.split()[1].split("/")[0]) > 5:
                 break
         assert RunDir(run_dir).metrics.read_text() != logged
+        assert f"served launcher {proc.pid}:" in pool_log(pool_dir)
+        old = pool_pid(pool_dir)
+        other, out, summary = launch(tmp_path, "other", pool_dir, TORCH_DTRAIN_TEST="1")
+        assert other.returncode == 0 and summary is not None, out[-2000:]
+        assert STARTED in out and pool_pid(pool_dir) != old  # the stale pool was replaced
         proc.kill()
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert f"served launcher {proc.pid}:" in pool_log(pool_dir)
     assert all(gone(pid, within_s=10) for pid, _host in workers)
+    assert old is not None and gone(old)  # its last server ended: so did the stale pool
     again, out, summary = launch(tmp_path, "after", pool_dir)
     assert again.returncode == 0 and summary is not None, out[-2000:]
     assert f"served launcher {again.pid}:" in pool_log(pool_dir)
