@@ -33,16 +33,13 @@ run: $(STAMP)  ## Train the built-in default: gpt_small, 2 processes, on Python'
 UNIT_JOBS ?= 2
 LAUNCH_JOBS ?= 2
 SERIAL_LOG ?= $(or $(TMPDIR),/tmp)/dtrain-serial-tests.log
-UNIT_LOG ?= $(or $(TMPDIR),/tmp)/dtrain-unit-tests.log
 
-test: $(STAMP)  ## Run the whole test suite (CPU, gloo): tests/launch, tests/unit beside it
+test: $(STAMP)  ## Run the whole test suite (CPU, gloo): tests/unit, then tests/launch
 	@status=0; \
 	$(PY) -m pytest -q -m serial tests/launch $(PYTEST_ARGS) > $(SERIAL_LOG) 2>&1 & serial=$$!; \
-	$(PY) -m pytest -q -n $(UNIT_JOBS) tests/unit $(PYTEST_ARGS) > $(UNIT_LOG) 2>&1 & unit=$$!; \
+	$(PY) -m pytest -q -n $(UNIT_JOBS) tests/unit $(PYTEST_ARGS) || status=$$?; \
 	$(PY) -m pytest -q -n $(LAUNCH_JOBS) --dist loadfile -m "not serial" tests/launch \
 		$(PYTEST_ARGS) || status=$$?; \
-	wait $$unit || status=$$?; \
-	echo "--- the unit tests (tests/unit), run beside the launch room:"; cat $(UNIT_LOG); \
 	wait $$serial || status=$$?; \
 	echo "--- the SLURM tests (-m serial), run beside the others:"; cat $(SERIAL_LOG); \
 	exit $$status
