@@ -105,6 +105,23 @@ def summary_lines(results: list[Result]) -> list[str]:
     return lines
 
 
+def memory_table(results: list[Result]) -> str:
+    """Peak memory per GPU where the source publishes it, against dtrain's estimate of the
+    published layout (``dtrain plan``'s per-device peak on that hardware)."""
+    rows = []
+    for r in results:
+        published = r.case.published.get("peak_memory_gib")
+        if published is None:
+            continue
+        est = r.verdict.estimate.memory.total / 2**30
+        rows.append(
+            [r.case.id, layout_text(r.case, r), f"{published:.1f}", f"{est:.1f}",
+             f"{est / published - 1:+.1%}"]
+        )  # fmt: skip
+    headers = ["run", "published layout", "published GiB", "dtrain est. GiB", "error"]
+    return markdown_table(headers, rows)
+
+
 def reasons_table(results: list[Result]) -> str:
     rows = [[r.case.id, r.advice.reference_why] for r in results if not r.first_ok]
     return markdown_table(["run where #1 differs by more than 10%", "advisor's reason"], rows)
@@ -131,8 +148,13 @@ NOTES = [
     "the activations over tp): its estimate keeps 1F1B's bubble too.",
     "torchtitan's H100s are 500 W, 96 GB HBM2e (2.4 TB/s) parts whose peak the source puts "
     "between H100 SXM and NVL: estimated with h100_80g's SXM peak and the published memory "
-    "size and bandwidth. Llama models are GPTs with the same parameters per block "
-    "(calibration_cases.llama_as_gpt).",
+    "size and bandwidth. Llama models are the Hugging Face Llama of their dims "
+    "(`model=hf model.model_type=llama`: SwiGLU, grouped-query attention, RMSNorm), whose "
+    "activations the plan measures on a fake-tensor forward; until Dec 3 they were GPTs of "
+    "the same parameters per block, whose activations were 26% smaller than the Llama's "
+    "(2.08 against 2.81 GiB a block for Llama 3 8B at micro-batch 2, sequence 8,192) and "
+    "whose estimate of torchtitan's published peak memory was 14-15% low (70.8 and 56.7 GiB "
+    "against 82.4 and 67.0).",
     "Where #1 is not ok, the advisor's reason names what it saves; mostly recomputation the "
     "publisher kept although dtrain's memory model fits without it. The published record "
     "makes that comparison for some: Korthikanti et al. 2022 (Calculon's rows) ran 1.29-1.32x "
@@ -166,6 +188,10 @@ def calibration_bench(ws: Workspace) -> Section:
     )
     table += "\n\nThe advisor's reason where its #1 is more than 10% faster than the published "
     table += "layout (the `given` line of `dtrain advise`):\n\n" + reasons_table(results)
+    memory = memory_table(results)
+    if memory.count("\n") > 1:
+        table += "\n\nPeak memory per GPU where the source publishes it (torchtitan's "
+        table += "maximum over GPUs and the whole run), against dtrain's estimate:\n\n" + memory
     return Section(
         title="Step time against the published record (dtrain advise's estimate)",
         what=(

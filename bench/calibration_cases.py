@@ -137,33 +137,31 @@ def load_cases(path: Path = CASES_FILE) -> list[Case]:
     return [Case(**c, dims=models[c["model"]]) for c in data["cases"]]
 
 
-def llama_as_gpt(dims: dict[str, Any]) -> dict[str, Any]:
-    """A GPT (12 d^2 per block) with the Llama block's parameters: same layers, heads,
-    vocabulary; width rounded to a multiple of the head count."""
-    d, h, kv, ffn = dims["n_embd"], dims["n_head"], dims["n_kv_head"], dims["ffn"]
-    block = 2 * d * d + 2 * d * (d // h) * kv + 3 * d * ffn
-    width = round(math.sqrt(block / 12) / h) * h
-    return {
-        "n_layer": dims["n_layer"],
-        "n_embd": width,
-        "n_head": h,
-        "vocab_size": dims["vocab_size"],
-    }
-
-
-def gpt_dims(case: Case) -> dict[str, Any]:
+def model_overrides(case: Case) -> list[str]:
+    """The case's model: dtrain's built-in GPT with its dims, or a Llama (SwiGLU MLP,
+    grouped-query attention, RMSNorm, rotary positions) as the Hugging Face Llama of those
+    dims (``model=hf``), whose plan measures what its forward saves under fake tensors."""
     dims = dict(case.dims)
-    if dims.pop("arch", "gpt") == "llama":
-        dims = llama_as_gpt(dims)
-    return {"bias": True, "tie_embeddings": False, **dims, "block_size": case.seq}
+    if dims.pop("arch", "gpt") != "llama":
+        gpt = {"bias": True, "tie_embeddings": False, **dims, "block_size": case.seq}
+        return [f"model.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in gpt.items()]
+    hf = {
+        "num_hidden_layers": dims["n_layer"],
+        "hidden_size": dims["n_embd"],
+        "intermediate_size": dims["ffn"],
+        "num_attention_heads": dims["n_head"],
+        "num_key_value_heads": dims["n_kv_head"],
+        "vocab_size": dims["vocab_size"],
+        "max_position_embeddings": case.seq,
+        "tie_word_embeddings": "false",
+    }
+    over = ["model=hf", "model.model_type=llama", f"model.block_size={case.seq}"]
+    return over + [f"model.config.{k}={v}" for k, v in hf.items()]
 
 
 def base_config(case: Case) -> DtrainConfig:
     """The case's model, hardware and batch on the gpt_1b recipe (bf16, AdamW)."""
-    over = [
-        f"model.{k}={str(v).lower() if isinstance(v, bool) else v}"
-        for k, v in gpt_dims(case).items()
-    ]
+    over = model_overrides(case)
     over += [
         f"hardware={case.hardware}",
         f"train.global_batch_size={case.global_batch}",
