@@ -27,5 +27,8 @@ def sync_rows(plan_sync: SyncPlan) -> list[tuple[str, object]]:
     rows: list[tuple[str, object]] = [("mode", s.mode), *mode_for(s.mode).plan_rows(s)]
     for role, b in s.bytes_per_step.items():
         rows.append((f"{role}: sent / received per step", f"{b['sent']:,} B / {b['received']:,} B"))
+    if s.worker_state_bytes:
+        held = f"{s.worker_state_bytes / 2**20:,.1f} MiB (in the optimizer state per rank)"
+        rows.append(("worker: the mode's own state", held))
     rows.append(("DDP would send per rank per step", f"{s.ddp_bytes_per_step:,} B"))
     return rows

@@ -61,6 +61,9 @@ class SyncPlan:
     """role -> {"sent": B, "received": B} per rank per optimizer step (amortized)."""
     ddp_bytes_per_step: int = 0
     """What synchronous DDP sends per rank per step on the same model, for comparison."""
+    worker_state_bytes: int = 0
+    """Bytes of the mode's own optimizer state on each worker (DiLoCo's anchor and outer
+    momentum), part of the plan's optimizer state (:meth:`SyncMode.optimizer_bytes`)."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SyncPlan:

@@ -62,8 +62,7 @@ class DiLoCo(SyncMode):
         """The inner optimizer's state and the outer step's: an fp32 anchor copy of the
         parameters (what the averaged delta is taken from) and, with outer momentum, its
         Nesterov buffer."""
-        outer_words = 1 + int(cfg.sync.outer_momentum > 0)
-        return strategy_bytes + 4 * outer_words * params_per_rank
+        return strategy_bytes + outer_state_bytes(cfg, params_per_rank)
 
     def plan_rows(self, s: SyncPlan) -> list[tuple[str, object]]:
         return [
@@ -81,4 +80,10 @@ class DiLoCo(SyncMode):
             outer_momentum=sync.outer_momentum,
             bytes_per_step={"worker": {"sent": ring, "received": ring}},
             ddp_bytes_per_step=ddp_bytes,
+            worker_state_bytes=outer_state_bytes(cfg, facts.num_params),
         )
+
+
+def outer_state_bytes(cfg: DtrainConfig, params: int) -> int:
+    """The outer step's fp32 state per worker: the anchor, and the momentum if any."""
+    return 4 * (1 + int(cfg.sync.outer_momentum > 0)) * params

@@ -79,3 +79,11 @@ def test_the_plan_counts_the_optimizer_state_where_the_mode_keeps_it() -> None:
     assert optimizer_words("sync.mode=diloco", "sync.outer_momentum=0") == 3
     assert optimizer_words("sync.mode=local_sgd") == 2
     assert optimizer_words("sync.mode=param_server") == 0
+    # dtrain plan says where DiLoCo's share comes from
+    from dtrain_cli.plan.sync import sync_rows
+
+    cfg = compose_config("gpt_tiny", ["dp=2", "sync.mode=diloco"])
+    plan = build_plan(cfg)
+    assert plan.sync.worker_state_bytes == 8 * model_spec(cfg).facts().num_params
+    rows = dict(sync_rows(plan.sync))
+    assert rows["worker: the mode's own state"].endswith("MiB (in the optimizer state per rank)")
