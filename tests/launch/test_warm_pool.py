@@ -132,20 +132,54 @@ def test_a_served_launch_has_its_own_environment(tmp_path, pool_dir):
     assert "rank 1" in out and "SIGKILL" in out, out[-2000:]
 
 
-def test_a_stale_pool_is_replaced_and_an_idle_one_ends(tmp_path, pool_dir):
-    """A variable torch reads at import differs: the pool is stale, ends, and the launch
-    starts another; with nothing to serve, that one ends after its idle time."""
-    _, out, _ = launch(tmp_path, "a", pool_dir)
-    assert STARTED in out
-    old = pool_pid(pool_dir)
-    proc, out, summary = launch(
-        tmp_path, "b", pool_dir, TORCH_DTRAIN_TEST="1", DTRAIN_WARM_POOL_IDLE_S="3"
+def _long_launch(tmp_path: Path, pool_dir: Path, name: str):
+    """A launch of 100,000 steps, read up to its 3rd step: (process, run dir, its output so
+    far, its workers' (pid, host))."""
+    full = {
+        **os.environ,
+        "DTRAIN_CACHE": str(cache_dir()),
+        "DTRAIN_WARM_POOL": "1",
+        "DTRAIN_WARM_POOL_DIR": str(pool_dir),
+    }
+    long = [arg for arg in TINY if not arg.startswith("train.steps=")] + ["train.steps=100000"]
+    cmd = [*DTRAIN, "launch", *long, f"run.root={tmp_path}/runs", f"run.name={name}"]
+    proc = subprocess.Popen(
+        cmd, cwd=tmp_path, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    assert proc.returncode == 0 and summary is not None, out[-2000:]
-    assert STARTED in out
-    assert old is not None and gone(old)
-    new = int(out.split(STARTED + " (pid ")[1].split(")")[0])
-    assert new != old
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("step 3/"):
+            break
+    run_dir = tmp_path / "runs" / name
+    workers = [rank_process(RunDir(run_dir), rank) for rank in (0, 1)]
+    return proc, run_dir, "".join(seen), workers
+
+
+def test_a_stale_pool_is_replaced_and_an_idle_one_ends(tmp_path, pool_dir):
+    """A variable torch reads at import differs: the pool is stale and the launch starts
+    another. The stale pool still serves a run: it stops listening but stays until that run
+    ends, so a SIGKILL of that run's launcher still ends its workers (and then the stale
+    pool). With nothing to serve, the new pool ends after its idle time."""
+    proc, _run_dir, seen, workers = _long_launch(tmp_path, pool_dir, "a")
+    try:
+        assert STARTED in seen and all(workers), (seen[-2000:], workers)
+        old = pool_pid(pool_dir)
+        other, out, summary = launch(
+            tmp_path, "b", pool_dir, TORCH_DTRAIN_TEST="1", DTRAIN_WARM_POOL_IDLE_S="3"
+        )
+        assert other.returncode == 0 and summary is not None, out[-2000:]
+        assert STARTED in out
+        new = int(out.split(STARTED + " (pid ")[1].split(")")[0])
+        assert old is not None and new != old
+        assert not gone(old, within_s=1)  # still watching run a
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert all(gone(pid, within_s=10) for pid, _host in workers)
+    assert gone(old)  # its last server ended: so did the stale pool
     assert gone(new, within_s=30)  # idle for 3 s after the launch's server ended
     assert not list(pool_dir.glob("*.sock"))
 
@@ -219,27 +253,10 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, pool_dir):
     process group once the launcher is gone), and the pool serves the next launch.
     Before that, a terminal's Ctrl-Z (SIGTSTP to the launcher, whose process group the
     terminal stops; the workers are in the pool's) stops the workers too, and SIGCONT
-    (``fg``) continues them: nothing trains while stopped, steps follow after. Meanwhile
-    a launch with another key (a variable torch reads at import) replaces the pool: the
-    stale one stops serving but still ends the first launch's workers when it is killed."""
+    (``fg``) continues them: nothing trains while stopped, steps follow after."""
     launch(tmp_path, "warm", pool_dir)
-    full = {
-        **os.environ,
-        "DTRAIN_CACHE": str(cache_dir()),
-        "DTRAIN_WARM_POOL": "1",
-        "DTRAIN_WARM_POOL_DIR": str(pool_dir),
-    }
-    long = [arg for arg in TINY if not arg.startswith("train.steps=")] + ["train.steps=100000"]
-    run_dir = tmp_path / "runs" / "killed"
-    cmd = [*DTRAIN, "launch", *long, f"run.root={tmp_path}/runs", "run.name=killed"]
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    proc, run_dir, _seen, workers = _long_launch(tmp_path, pool_dir, "killed")
     try:
-        for line in proc.stdout:
-            if line.startswith("step 3/"):
-                break
-        workers = [rank_process(RunDir(run_dir), rank) for rank in (0, 1)]
         assert all(workers), workers
         pids = [proc.pid, *(pid for pid, _host in workers)]
         os.kill(proc.pid, signal.SIGTSTP)
@@ -253,18 +270,13 @@ def test_a_killed_launcher_takes_its_workers_with_it(tmp_path, pool_dir):
             if line.startswith("step ") and int(line.split()[1].split("/")[0]) > 5:
                 break
         assert RunDir(run_dir).metrics.read_text() != logged
-        assert f"served launcher {proc.pid}:" in pool_log(pool_dir)
-        old = pool_pid(pool_dir)
-        other, out, summary = launch(tmp_path, "other", pool_dir, TORCH_DTRAIN_TEST="1")
-        assert other.returncode == 0 and summary is not None, out[-2000:]
-        assert STARTED in out and pool_pid(pool_dir) != old  # the stale pool was replaced
         proc.kill()
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert f"served launcher {proc.pid}:" in pool_log(pool_dir)
     assert all(gone(pid, within_s=10) for pid, _host in workers)
-    assert old is not None and gone(old)  # its last server ended: so did the stale pool
     again, out, summary = launch(tmp_path, "after", pool_dir)
     assert again.returncode == 0 and summary is not None, out[-2000:]
     assert f"served launcher {again.pid}:" in pool_log(pool_dir)
