@@ -38,6 +38,10 @@ def compare(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, 
         for k, (m, e) in pairs.items()
     }
     rows["params"]["exact"] = 4 * exact_params
+    if plan.sync is not None and plan.sync.every > 1:  # local SGD, DiLoCo
+        rows["dp_bytes_per_step"]["note"] = (
+            f"plan: one sync every {plan.sync.every} steps, per step; measured: the last step"
+        )
     return {
         "rank": result["rank"],
         "coords": result["coords"],
@@ -72,7 +76,7 @@ def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:
         c = r["coords"]
         who = f"{r['rank']} ({c.get('pp', 0)},{c.get('dp', 0)},{c.get('tp', 0)})"
         for what, row in r["bytes"].items():
-            note = ""
+            note = row.get("note", "")
             if what == "params":
                 same = r["params_count"] == r["params_count_exact"]
                 note = f"{r['params_count']:,} params; shard {'=' if same else '!='} exact count"

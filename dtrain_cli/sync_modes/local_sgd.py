@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from dtrain_cli.sync_modes.base import (
     SyncMode,
+    SyncPlan,
     amortized_allreduce,
     elastic_problems,
     needs_plain_replicas,
@@ -62,3 +63,17 @@ class LocalSGD(SyncMode):
 
     def comm_bytes_per_step(self, cfg: DtrainConfig, facts: ModelFacts, strategy_bytes: int) -> int:
         return amortized_allreduce(cfg, facts)
+
+    def plan_rows(self, s: SyncPlan) -> list[tuple[str, object]]:
+        return [("parameters averaged every", f"{s.every} steps (after the warm-up's)")]
+
+    def sync_plan(self, cfg: DtrainConfig, facts: ModelFacts, ddp_bytes: int) -> SyncPlan:
+        """Bytes per step after the synchronous warm-up (one average every ``every``)."""
+        ring = amortized_allreduce(cfg, facts)
+        return SyncPlan(
+            mode=self.name,
+            workers=list(range(cfg.parallel.dp)),
+            every=cfg.sync.every,
+            bytes_per_step={"worker": {"sent": ring, "received": ring}},
+            ddp_bytes_per_step=ddp_bytes,
+        )
