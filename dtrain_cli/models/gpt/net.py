@@ -136,19 +136,27 @@ def split_stage(model: GPT, stage: StagePlan) -> GPT:
 def apply_tensor_parallel(model: GPT, tp_mesh: DeviceMesh) -> None:
     """Megatron-style, with DTensor's ``parallelize_module`` over the mesh's tp axis: q/k/v
     and the MLP's first linear split column-wise (each tp rank holds n_head/tp heads and
-    4*n_embd/tp hidden units), the two output projections row-wise (one all-reduce each, in
-    forward and backward). The token embedding is split over the vocabulary (row-wise,
-    output all-reduced) and the LM head column-wise with the logits gathered, so the loss
-    sees full logits. Norms and the position embedding stay replicated; their gradients are
-    identical on every tp rank because their inputs are. Works on a whole GPT or one stage."""
+    4*n_embd/tp hidden units), the two output projections row-wise: two all-reduces of the
+    (b, s, d) activations per block in forward and two in backward. The attention's input
+    becomes one replicated DTensor before q, k and v (``PrepareModuleInput``, as torchtitan
+    does), so their three input gradients are summed and all-reduced once (three separate
+    column-wise inputs all-reduced one each: 6 per block, not 4). The token embedding is
+    split over the vocabulary (row-wise, output all-reduced) and the LM head column-wise
+    with the logits gathered, so the loss sees full logits. Norms and the position embedding
+    stay replicated; their gradients are identical on every tp rank because their inputs
+    are. Works on a whole GPT or one stage."""
     from torch.distributed.tensor import Replicate
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
         RowwiseParallel,
         parallelize_module,
     )
 
     block_plan = {
+        "attn": PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),)
+        ),
         "attn.q": ColwiseParallel(),
         "attn.k": ColwiseParallel(),
         "attn.v": ColwiseParallel(),
