@@ -118,15 +118,16 @@ def test_sync_modes_hold_and_send_what_the_plan_says(tmp_path, mode, optimizer_w
         assert rank["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=1e-4)
 
 
-def test_tensor_parallel_all_reduces_per_block(tmp_path):
+@pytest.mark.parametrize("recipe", ["gpt_tiny", "llama_tiny_hf"])
+def test_tensor_parallel_all_reduces_per_block(tmp_path, recipe):
     """Megatron's count: per block two all-reduces of the (b, s, d) activations in forward
     (the row-wise outputs) and two in backward (the column-wise inputs: q, k and v share
-    one), as the step-time estimate charges; plus the vocabulary-split embedding's output
-    and the LM head's input gradient. (q, k and v each all-reducing its own input gradient
-    made it 6 a block.)"""
-    (doc,) = _simulate(tmp_path, "recipe=gpt_tiny", "dp=2", "tp=2", "--ranks", "0")
+    one, the Llama's gate and up another), as the step-time estimate charges; plus the
+    vocabulary-split embedding's output and the LM head's input gradient. (Each column-wise
+    linear all-reducing its own input gradient made it 6 a GPT block, 7 a Llama layer.)"""
+    (doc,) = _simulate(tmp_path, f"recipe={recipe}", "dp=2", "tp=2", "--ranks", "0")
     counts = {(c["op"], c["axis"]): c["count"] for c in doc["ranks"][0]["collectives"]}
-    assert counts[("all_reduce", "tp")] == 4 * 4 + 2  # gpt_tiny: 4 blocks
+    assert counts[("all_reduce", "tp")] == 4 * 4 + 2  # both recipes: 4 blocks
 
 
 def test_gpt_1b_plain_ddp_world_1024_on_fake_tensors(tmp_path):

@@ -4,10 +4,9 @@ parallel from the model's own plan, ``save_pretrained`` export. Config and check
     dtrain launch recipe=llama_tiny_hf tp=2 pp=2
 
 A pipeline stage (:class:`HFStage`) keeps the full model's parameter names
-(``model.layers.5.self_attn.q_proj.weight``, ``lm_head.weight``), so DCP checkpoints
-reshard between layouts. It owns the embeddings on the first stage and the final norm and
-LM head on the last; every stage makes its own position ids, rotary embeddings and causal
-mask with transformers' own functions, as the model's forward does.
+(``model.layers.5.self_attn.q_proj.weight``), so DCP checkpoints reshard between layouts;
+it owns the embeddings (first stage) or the final norm and LM head (last), and makes its
+position ids, rotary embeddings and causal mask with transformers' own functions.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import importlib
 import os
 import re
 import shutil
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -243,21 +243,39 @@ def torch_style(name: str) -> Any:
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Megatron-style TP from the model's own plan: q/k/v and the MLP's gate/up split by
-    columns (each tp rank holds heads/tp query heads and kv_heads/tp kv heads), o_proj and
-    down_proj by rows (one all-reduce each way), the token embedding over the vocabulary
-    (``embedding_rowwise``) and the LM head by columns with the logits gathered. What the
-    plan does not name (norms) stays replicated. Works on a whole model or one
-    :class:`HFStage` (same names, so the same plan)."""
+    """Megatron-style TP from the model's own plan (q/k/v, gate/up by columns, their shared
+    input replicated once: :func:`_replicate_input_once`; o_proj, down_proj by rows; the
+    embedding over the vocabulary; the LM head gathered). A whole model or an HFStage."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     plan = [(re.compile(re.escape(k).replace(r"\*", r"\d+")), v) for k, v in tp_plan(model).items()]
     if not plan:
         raise ValueError(f"model_type={model.config.model_type}: no base_model_tp_plan")
-    for name, module in list(model.named_modules()):
+    modules, shared = dict(model.named_modules()), Counter()  # column-wise children
+    for name, module in modules.items():
         style = next((s for pattern, s in plan if pattern.fullmatch(name)), None)
         if style is not None:
             parallelize_module(module, tp_mesh, torch_style(style))
+            shared[name.rpartition(".")[0]] += style == "colwise"
+    for parent in (p for p, n in shared.items() if n > 1):
+        _replicate_input_once(modules[parent], tp_mesh)
+
+
+def _replicate_input_once(module: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Its input (first argument or ``hidden_states``) as one replicated DTensor, as
+    ``PrepareModuleInput``: 4 all-reduces a Llama layer, not 7 (one per column-wise input)."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    def rep(x: Any) -> Any:
+        plain = isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+        return DTensor.from_local(x, tp_mesh, (Replicate(),), run_check=False) if plain else x
+
+    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if args:
+            return (rep(args[0]), *args[1:]), kwargs
+        return args, {k: rep(v) if k == "hidden_states" else v for k, v in kwargs.items()}
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 # -- pipeline stages -------------------------------------------------------------------------
