@@ -136,6 +136,23 @@ def amortized_allreduce(cfg: DtrainConfig, facts: ModelFacts) -> int:
     return int(2 * (dp - 1) / dp * 4 * facts.num_params / cfg.sync.every)
 
 
+def periodic_sync_plan(
+    mode: str, cfg: DtrainConfig, facts: ModelFacts, ddp_bytes: int, **extra: Any
+) -> SyncPlan:
+    """The plan of a mode whose replicas step alone and all-reduce every ``sync.every``
+    steps (local SGD, DiLoCo): every dp rank a worker, the amortized ring bytes per step
+    against DDP's; ``extra`` are the mode's own fields (DiLoCo's outer step)."""
+    ring = amortized_allreduce(cfg, facts)
+    return SyncPlan(
+        mode=mode,
+        workers=list(range(cfg.parallel.dp)),
+        every=cfg.sync.every,
+        bytes_per_step={"worker": {"sent": ring, "received": ring}},
+        ddp_bytes_per_step=ddp_bytes,
+        **extra,
+    )
+
+
 def per_replica_state_problems(mode: str, old: DtrainConfig, new: DtrainConfig) -> list[str]:
     """Replicas that step alone checkpoint an inner optimizer state each (DiLoCo also its
     parameters): a resume needs the same mode and the same replicas."""

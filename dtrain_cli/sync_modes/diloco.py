@@ -19,6 +19,7 @@ from dtrain_cli.sync_modes.base import (
     elastic_problems,
     needs_plain_replicas,
     per_replica_state_problems,
+    periodic_sync_plan,
     register,
 )
 
@@ -70,16 +71,13 @@ class DiLoCo(SyncMode):
         ]
 
     def sync_plan(self, cfg: DtrainConfig, facts: ModelFacts, ddp_bytes: int) -> SyncPlan:
-        sync = cfg.sync
-        ring = amortized_allreduce(cfg, facts)
-        return SyncPlan(
-            mode=self.name,
-            workers=list(range(cfg.parallel.dp)),
-            every=sync.every,
-            outer_lr=sync.outer_lr,
-            outer_momentum=sync.outer_momentum,
-            bytes_per_step={"worker": {"sent": ring, "received": ring}},
-            ddp_bytes_per_step=ddp_bytes,
+        return periodic_sync_plan(
+            self.name,
+            cfg,
+            facts,
+            ddp_bytes,
+            outer_lr=cfg.sync.outer_lr,
+            outer_momentum=cfg.sync.outer_momentum,
             worker_state_bytes=outer_state_bytes(cfg, facts.num_params),
         )
 

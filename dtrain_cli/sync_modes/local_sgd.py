@@ -18,6 +18,7 @@ from dtrain_cli.sync_modes.base import (
     elastic_problems,
     needs_plain_replicas,
     per_replica_state_problems,
+    periodic_sync_plan,
     register,
 )
 
@@ -69,11 +70,4 @@ class LocalSGD(SyncMode):
 
     def sync_plan(self, cfg: DtrainConfig, facts: ModelFacts, ddp_bytes: int) -> SyncPlan:
         """Bytes per step after the synchronous warm-up (one average every ``every``)."""
-        ring = amortized_allreduce(cfg, facts)
-        return SyncPlan(
-            mode=self.name,
-            workers=list(range(cfg.parallel.dp)),
-            every=cfg.sync.every,
-            bytes_per_step={"worker": {"sent": ring, "received": ring}},
-            ddp_bytes_per_step=ddp_bytes,
-        )
+        return periodic_sync_plan(self.name, cfg, facts, ddp_bytes)
