@@ -33,6 +33,7 @@ FORMAT = 2
 """The record's layout; raise it when the record's fields change (2: saved bytes)."""
 _COUNTING_CODE = (
     Path(__file__).with_name("net.py"),
+    Path(__file__).with_name("tensor_parallel.py"),  # tp_plan, tp_replicated
     Path(__file__).parent.parent / "units.py",
     Path(__file__).parent.parent / "saved_bytes.py",
 )

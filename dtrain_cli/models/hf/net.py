@@ -1,5 +1,6 @@
-"""The torch side of ``model=hf``: build, counts from a meta build, pipeline stages, tensor
-parallel from the model's own plan, ``save_pretrained`` export. Config and checks: :mod:`.spec`.
+"""The torch side of ``model=hf``: build, counts from a meta build, pipeline stages,
+``save_pretrained`` export. Tensor parallel: :mod:`.tensor_parallel`; config and checks:
+:mod:`.spec`.
 
     dtrain launch recipe=llama_tiny_hf tp=2 pp=2
 
@@ -15,9 +16,7 @@ import contextlib
 import copy
 import importlib
 import os
-import re
 import shutil
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,10 +27,9 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from dtrain_cli.models.hf.library import transformers_module
+from dtrain_cli.models.hf.tensor_parallel import tp_plan, tp_replicated
 
 if TYPE_CHECKING:
-    from torch.distributed.device_mesh import DeviceMesh
-
     from dtrain_cli.models.spec import StageSpan as StagePlan
 
 
@@ -177,22 +175,6 @@ def saved_per_sample(spec: HFSpec, model: nn.Module) -> dict[str, float] | None:
     return dict(vars(saved))
 
 
-def tp_replicated(model: nn.Module) -> int:
-    """Parameters every tp rank holds whole under the model's tp plan: modules the plan
-    does not name (norms, position embeddings) and the biases of row-wise layers (added
-    after the all-reduce); 0 without a plan."""
-    plan = [(re.compile(re.escape(k).replace(r"\*", r"\d+")), v) for k, v in tp_plan(model).items()]
-    if not plan:
-        return 0
-    whole = 0
-    for name, module in model.named_modules():
-        style = next((s for pattern, s in plan if pattern.fullmatch(name)), None)
-        for pname, p in module.named_parameters(recurse=False):
-            if style is None or (style.startswith("rowwise") and pname == "bias"):
-                whole += p.numel()
-    return whole
-
-
 def _layer_list(model: nn.Module) -> list[nn.Module]:
     layout = LAYOUTS.get(model.config.model_type)
     if layout:
@@ -200,82 +182,6 @@ def _layer_list(model: nn.Module) -> list[nn.Module]:
     from dtrain_cli.models.units import largest_module_list
 
     return largest_module_list(model)
-
-
-# -- tensor parallel -------------------------------------------------------------------------
-def tp_plan(model: nn.Module) -> dict[str, str]:
-    """Full-name patterns -> transformers style names: the model's own merged plan
-    (``model.tp_plan``: the config's ``base_model_tp_plan`` under the base model's prefix,
-    the embedding, the head's ``_tp_plan``). Empty when the config has no base plan (then
-    the model has no tensor parallel). A stage carries its model's plan."""
-    if isinstance(model, HFStage):
-        return dict(model.hf_tp_plan)
-    if not getattr(model.config, "base_model_tp_plan", None):
-        return {}
-    plan = getattr(model, "tp_plan", None) or getattr(model, "_tp_plan", None) or {}
-    return dict(plan)
-
-
-def torch_style(name: str) -> Any:
-    """transformers' style name -> the torch ``ParallelStyle`` with the same layouts
-    (transformers/distributed/tensor_parallel.py registers them the same way)."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    styles = {
-        "colwise": lambda: ColwiseParallel(input_layouts=Replicate(), output_layouts=Shard(-1)),
-        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
-        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
-        "rowwise": lambda: RowwiseParallel(input_layouts=Shard(-1), output_layouts=Replicate()),
-        "rowwise_split_input": lambda: RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Replicate()
-        ),
-        "rowwise_rep": lambda: RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Replicate()
-        ),
-        "embedding_rowwise": lambda: RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=Replicate()
-        ),
-    }
-    if name not in styles:
-        raise ValueError(f"tensor-parallel style {name!r}: dtrain maps {', '.join(styles)}")
-    return styles[name]()
-
-
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Megatron-style TP from the model's own plan (q/k/v, gate/up by columns, their shared
-    input replicated once: :func:`_replicate_input_once`; o_proj, down_proj by rows; the
-    embedding over the vocabulary; the LM head gathered). A whole model or an HFStage."""
-    from torch.distributed.tensor.parallel import parallelize_module
-
-    plan = [(re.compile(re.escape(k).replace(r"\*", r"\d+")), v) for k, v in tp_plan(model).items()]
-    if not plan:
-        raise ValueError(f"model_type={model.config.model_type}: no base_model_tp_plan")
-    modules, shared = dict(model.named_modules()), Counter()  # column-wise children
-    for name, module in modules.items():
-        style = next((s for pattern, s in plan if pattern.fullmatch(name)), None)
-        if style is not None:
-            parallelize_module(module, tp_mesh, torch_style(style))
-            shared[name.rpartition(".")[0]] += style == "colwise"
-    for parent in (p for p, n in shared.items() if n > 1):
-        _replicate_input_once(modules[parent], tp_mesh)
-
-
-def _replicate_input_once(module: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Its input (first argument or ``hidden_states``) as one replicated DTensor, as
-    ``PrepareModuleInput``: 4 all-reduces a Llama layer, not 7 (one per column-wise input)."""
-    from torch.distributed.tensor import DTensor, Replicate
-
-    def rep(x: Any) -> Any:
-        plain = isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
-        return DTensor.from_local(x, tp_mesh, (Replicate(),), run_check=False) if plain else x
-
-    def hook(_module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if args:
-            return (rep(args[0]), *args[1:]), kwargs
-        return args, {k: rep(v) if k == "hidden_states" else v for k, v in kwargs.items()}
-
-    module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 # -- pipeline stages -------------------------------------------------------------------------

@@ -348,7 +348,7 @@ class HFSpec(ModelSpec):
         return []
 
     def apply_tensor_parallel(self, model: Any, tp_mesh: Any) -> None:
-        from dtrain_cli.models.hf.net import apply_tensor_parallel
+        from dtrain_cli.models.hf.tensor_parallel import apply_tensor_parallel
 
         apply_tensor_parallel(model, tp_mesh)
 

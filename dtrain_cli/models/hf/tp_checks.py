@@ -15,7 +15,7 @@ TP_STYLES = (
     "rowwise_rep",
     "embedding_rowwise",
 )
-"""transformers' tp style names that :func:`.net.torch_style` maps to torch styles."""
+"""transformers' tp style names that :func:`.tensor_parallel.torch_style` maps to torch styles."""
 
 
 def tp_problems(tp: int, model_type: str, c: dict[str, Any]) -> list[str]:
