@@ -21,9 +21,13 @@ import importlib
 import os
 import signal
 
-from dtrain_cli.launch.preload import WORKER_FIRST
-from dtrain_cli.launch.preload_lists import import_announced_modules
 from dtrain_cli.rundir import env
+
+if env.preload_pending():  # the fork server: a Ctrl-C during the imports below is the
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # launcher's; prepare_server's handler next
+
+from dtrain_cli.launch.preload import WORKER_FIRST  # after the shield
+from dtrain_cli.launch.preload_lists import import_announced_modules
 from dtrain_cli.rundir.protocol import STEP_SIGNALS
 
 _SERVER_PID = os.getpid()

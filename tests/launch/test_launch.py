@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import select
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -352,6 +356,46 @@ def test_ctrl_c_during_start_up_stops_the_launch_and_leaves_nothing(tmp_path):
     assert "error: stopped by SIGINT" in err and "Traceback" not in err, err
     assert "step 1/" not in out
     assert list(tmp_path.iterdir()) == []  # the run dir it created is gone
+
+
+def test_ctrl_c_while_the_fork_server_imports_prints_no_traceback():
+    """A terminal's Ctrl-C reaches the workers' fork server too, while it imports dtrain
+    and torch (its preload module, before it could install its own handlers): found by the
+    test above under load, a KeyboardInterrupt traceback from the server's imports."""
+    code = (
+        "import sys, dtrain_cli.rundir.env; print('ready', flush=True); "
+        "import dtrain_cli.launch.server_preload; print('imported', flush=True); "
+        "sys.stdin.read()"  # then it serves, until the launcher ends it
+    )
+    env = {**os.environ, "DTRAIN_PRELOAD_FIRST": "dtrain_cli.runtime.worker"}  # the preload
+    env.pop("DTRAIN_PRELOAD_FILE", None)  # no launcher lists to wait for
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout.readline() == b"ready\n"
+    deadline = time.time() + 0.05  # until the server ignores SIGINT (or 50 ms, before the fix)
+    while time.time() < deadline and not _ignores_sigint(proc.pid):
+        time.sleep(0.001)
+    sent = 0
+    while proc.poll() is None and not select.select([proc.stdout], [], [], 0.01)[0]:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C after Ctrl-C through the whole import
+        sent += 1
+    out, err = proc.communicate(timeout=60)  # closes its stdin: it ends
+    assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()[-2000:]
+    assert proc.returncode == 0 and out == b"imported\n"
+    assert sent > 10
+
+
+def _ignores_sigint(pid: int) -> bool:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigIgn:"):
+                return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    return False
 
 
 def test_ctrl_c_on_a_terminal_does_not_glue_the_error_to_the_progress_bar(tmp_path):
