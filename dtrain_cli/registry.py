@@ -30,6 +30,7 @@ class Registry(Generic[T]):
     ) -> None:
         self.package, self.key, self.order, self.unknown = package, key, order, unknown
         self._entries: dict[str, type[T]] = {}
+        self._discovered = False  # an entry imported directly registers before discovery
 
     def register(self, cls: type[T]) -> type[T]:
         """Class decorator: the class becomes ``<key>=<cls.name>``."""
@@ -38,11 +39,12 @@ class Registry(Generic[T]):
 
     def discover(self) -> dict[str, type[T]]:
         """Every entry module of the package (all but ``base``), imported once."""
-        if not self._entries:
+        if not self._discovered:
             package = importlib.import_module(self.package)
             for info in pkgutil.iter_modules(package.__path__):
                 if info.name != "base":
                     importlib.import_module(f"{self.package}.{info.name}")
+            self._discovered = True
         return self._entries
 
     def names(self) -> tuple[str, ...]:
