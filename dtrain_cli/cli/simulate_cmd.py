@@ -128,28 +128,16 @@ def check_layout(
 
 
 def _check_server_ranks(plan: Any, ranks: list[int], compute: str) -> None:
-    """A parameter server's workers simulate (their pushes and pulls go to fake servers);
-    a server does not: its loop answers its workers' messages, which a fake group does not
-    carry. A worker reads the servers' replies, so its tensors must hold data."""
-    if plan.sync is None or not plan.sync.servers:
+    """A parameter server's worker reads its servers' replies, so its tensors must hold
+    data (its servers' ranks run their own loop, on real tensors of their shard)."""
+    if plan.sync is None or not plan.sync.servers or compute != "fake":
         return
-    workers = len(plan.sync.workers)
-    served = [r for r in ranks if r >= workers]
-    if served:
-        raise NotSimulated(
-            [
-                f"rank {served[0]} is a parameter server: a server answers its workers' "
-                f"messages, which the fake process group does not carry; simulate the "
-                f"workers (ranks 0..{workers - 1})"
-            ]
-        )
-    if compute == "fake":
-        raise NotSimulated(
-            [
-                "--compute fake: a parameter server's worker reads its servers' replies, "
-                "which fake tensors do not hold; use --compute real"
-            ]
-        )
+    raise NotSimulated(
+        [
+            "--compute fake: a parameter server's worker reads its servers' replies, "
+            "which fake tensors do not hold; use --compute real"
+        ]
+    )
 
 
 def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
@@ -158,8 +146,8 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
     from dtrain_cli.cli.launch_cmd import prepare_data
     from dtrain_cli.launch.rundir import materialize, new_run_dir
     from dtrain_cli.models import model_spec
-    from dtrain_cli.simulate.expect import coords_of, rank_params
-    from dtrain_cli.simulate.report import compare
+    from dtrain_cli.simulate.expect import coords_of, rank_params, server_params
+    from dtrain_cli.simulate.report import compare, compare_server
     from dtrain_cli.simulate.run import run_ranks
 
     steps, jobs = steps_jobs
@@ -176,7 +164,12 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
         raise SimulateFailed(
             [_rank_error(r, coords_of(plan, r["rank"]), layout, plan) for r in bad]
         )
-    rows = [compare(plan, r, rank_params(spec, plan, r["rank"]).params) for r in results]
+    rows = [
+        compare_server(plan, r, server_params(spec, plan, r["rank"]))
+        if "server" in r["coords"]
+        else compare(plan, r, rank_params(spec, plan, r["rank"]).params)
+        for r in results
+    ]
     title = (
         f"simulate: world {plan.world_size:,} ({layout}, {plan.strategy}), {mode} "
         f"compute, {steps} step(s); run dir {run_dir}"

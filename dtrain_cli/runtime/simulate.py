@@ -12,7 +12,8 @@ model is built on the meta device and only this rank's shards are allocated
 (:mod:`.parallel.materialize`). ``--compute fake`` runs the steps under ``FakeTensorMode``
 (shapes only: nothing allocated, no FLOPs) for models too large to compute here.
 Measured (:mod:`.simulate_measure`): parameter, gradient and optimizer-state bytes, the
-activations autograd keeps per micro-batch, every collective of the last step.
+activations autograd keeps per micro-batch, every collective of the last step. A parameter
+server's server rank runs its own start-up and loop instead (:func:`simulate_server`).
 """
 
 from __future__ import annotations
@@ -190,6 +191,66 @@ def _run_steps(trainer: Any, ctx: DistContext, steps: int) -> dict[str, Any]:
     }
 
 
+def simulate_server(run_dir: Path, rank: int, steps: int) -> dict[str, Any]:
+    """A parameter server's start-up (its shard and optimizer state) and ``steps`` steps of
+    its own loop (:class:`.ServerLoop`: every worker's push, the update, the replies), on
+    the fake groups :func:`.mesh._init_param_server` would give it. A fake recv carries no
+    message, so the messages its workers send come in as the loop's input, in their order:
+    worker 0's parameters, then each worker's gradient each step (shapes of the real ones,
+    values meaningless)."""
+    from torch._C._distributed_c10d import FakeProcessGroup
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from dtrain_cli.runtime.sync.param_server import INIT, PUSH, ServerLoop, _message, model_shapes
+
+    run = RunDir(run_dir)
+    plan = replace(Plan.load(run.plan), device="cpu", backend="fake")
+    cfg = config_from_yaml(run.config)
+    assert plan.sync is not None
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    dp, servers = len(plan.sync.workers), len(plan.sync.servers)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank - dp, world_size=servers)
+    fake = FakeProcessGroup._create_internal(rank, plan.world_size, FakeProcessGroup.Options())
+    ctx = DistContext(
+        rank=rank,
+        world_size=servers,
+        local_rank=0,
+        restart_count=0,
+        device=torch.device("cpu"),
+        mesh=None,  # type: ignore[arg-type]
+        dims=plan.dims,
+        role="server",
+        ps=CountedGroup(fake),
+        simulated=True,
+    )
+    loop = ServerLoop(cfg, plan, ctx.ps, rank, model_shapes(cfg))
+    body = torch.zeros(loop.shard.numel)
+    loop.handle(0, _message(INIT, 0, 0, 0, body))
+    out: dict[str, Any] = {"rank": rank, "coords": {"server": loop.index}, "compute": "real"}
+    out["startup_s"] = round(time.perf_counter() - t0, 3)
+    counter = CommCounter(ctx)
+    for step in range(steps):
+        with counter if step == steps - 1 else contextlib.nullcontext():
+            for worker in range(dp):
+                loop.handle(worker, _message(PUSH, step, step, 0.0, body))
+    shard = loop.shard
+    out["params_count"] = shard.numel
+    out["params_bytes"] = sum(tensor_bytes(p) for p in shard.params)
+    out["grads_bytes"] = sum(tensor_bytes(p.grad) for p in shard.params if p.grad is not None)
+    out["optimizer_bytes"] = sum(
+        tensor_bytes(v) for st in shard.optimizer.state.values() for v in st.values()
+    )
+    out.update(steps=steps, activation_bytes=0, collectives=counter.rows())
+    out["wall_s"] = round(time.perf_counter() - t0, 3)
+    return out
+
+
+def is_server(run_dir: Path, rank: int) -> bool:
+    sync = Plan.load(RunDir(run_dir).plan).sync
+    return sync is not None and rank >= len(sync.workers) and bool(sync.servers)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dtrain_cli.runtime.simulate")
     ap.add_argument("run_dir")
@@ -199,7 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     try:
-        result = simulate_rank(Path(args.run_dir), args.rank, args.steps, args.compute)
+        run_dir = Path(args.run_dir)
+        if is_server(run_dir, args.rank):
+            result = simulate_server(run_dir, args.rank, args.steps)
+        else:
+            result = simulate_rank(run_dir, args.rank, args.steps, args.compute)
         result["ok"] = True
     except Exception as exc:  # the one line the CLI shows, the traceback kept beside it
         line = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]

@@ -112,14 +112,15 @@ class CommCounter(TorchDispatchMode):
         super().__init__()
         self.calls: dict[tuple[str, str], list[int]] = {}
         self.axes: dict[str, str] = {}
-        for name in ctx.mesh.mesh_dim_names or ():
-            group = ctx.mesh[name].get_group()
+        mesh = ctx.mesh  # None on a parameter server's server
+        for name in (mesh.mesh_dim_names or ()) if mesh is not None else ():
+            group = mesh[name].get_group()
             self.axes.setdefault(group.group_name, name)
         world = dist.group.WORLD
         if world is not None:
             self.axes.setdefault(world.group_name, "world")
         self.ps = ctx.ps if isinstance(ctx.ps, CountedGroup) else None
-        """A parameter server's worker: its group with the servers (calls it counts)."""
+        """A parameter server's rank: its group with the servers or workers (calls it counts)."""
 
     def __enter__(self) -> CommCounter:
         if self.ps is not None:

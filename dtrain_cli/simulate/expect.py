@@ -19,8 +19,16 @@ from typing import Any
 from dtrain_cli.models.spec import TensorShape
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.strategies import strategy_for
+from dtrain_cli.sync_modes.param_server import assign_shards
 
-__all__ = ["TensorShape", "coords_of", "default_ranks", "rank_params", "tensor_shapes"]
+__all__ = [
+    "TensorShape",
+    "coords_of",
+    "default_ranks",
+    "rank_params",
+    "server_params",
+    "tensor_shapes",
+]
 
 MAX_WORLD = 8192
 """The largest world a simulation builds (its mesh tables grow with it)."""
@@ -34,7 +42,10 @@ class RankCount:
 
 
 def coords_of(plan: Plan, rank: int) -> dict[str, int]:
-    """The rank's coordinate on each mesh axis (row-major over ``plan.mesh``)."""
+    """The rank's coordinate on each mesh axis (row-major over ``plan.mesh``); a parameter
+    server's rank (past the mesh): its server index."""
+    if plan.sync is not None and plan.sync.servers and rank >= len(plan.sync.workers):
+        return {"server": rank - len(plan.sync.workers)}
     out, rest = {}, rank
     for name, size in reversed(list(zip(plan.mesh.dim_names, plan.mesh.shape, strict=True))):
         out[name] = rest % size
@@ -43,9 +54,13 @@ def coords_of(plan: Plan, rank: int) -> dict[str, int]:
 
 
 def default_ranks(plan: Plan) -> list[int]:
-    """Rank 0 and the first rank of every other pipeline stage."""
-    per_stage = plan.world_size // max(plan.dims.pp, 1)
-    return [pp * per_stage for pp in range(max(plan.dims.pp, 1))]
+    """Rank 0 and the first rank of every other pipeline stage; and the first parameter
+    server, if any."""
+    servers = plan.sync.servers if plan.sync is not None else []
+    workers = plan.world_size - len(servers)
+    per_stage = workers // max(plan.dims.pp, 1)
+    firsts = [pp * per_stage for pp in range(max(plan.dims.pp, 1))]
+    return firsts + [s.rank for s in servers[:1]]
 
 
 def tensor_shapes(spec: Any) -> tuple[list[TensorShape], bool]:
@@ -104,3 +119,12 @@ def rank_params(spec: Any, plan: Plan, rank: int) -> RankCount:
             shape[0] = _chunk_rows(shape[0], shard_n, shard_i)
         total += math.prod(shape)
     return RankCount(params=total, exact=tp_known or tp == 1)
+
+
+def server_params(spec: Any, plan: Plan, rank: int) -> int:
+    """Parameters parameter server ``rank`` holds: whole tensors, balanced as the runtime
+    balances them (:func:`.assign_shards`; its loads depend only on the tensors' sizes)."""
+    assert plan.sync is not None
+    sizes = [math.prod(t.shape) for t in tensor_shapes(spec)[0]]
+    mine = assign_shards(sizes, len(plan.sync.servers))[rank - len(plan.sync.workers)]
+    return sum(sizes[i] for i in mine)

@@ -6,7 +6,8 @@ Each rank's measured bytes (parameters, gradients, optimizer state, activations 
 micro-batch, bytes it sent over dp in one step) beside the plan's estimate (made for the
 rank holding the most; activations for this rank's own pipeline stages) and, for
 parameters, the exact count of this rank's shard (:mod:`.expect`); ratio = measured /
-estimate.
+estimate. A parameter server's rank: its shard, gradient, optimizer state and replies
+against the plan's figures for that server (:func:`compare_server`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,37 @@ def compare(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, 
     }
 
 
+def compare_server(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, Any]:
+    """A parameter server's rank: its shard, the gradient it steps with, its optimizer
+    state and the replies it sends each step, next to the plan's figures for that server
+    (an even share of the parameters; whole tensors at run time, the exact count)."""
+    assert plan.sync is not None
+    srv = next(s for s in plan.sync.servers if s.rank == result["rank"])
+    sent = sum(c["bytes_sent"] for c in result["collectives"] if c["axis"] in DP_AXES)
+    pairs = {
+        "params": (result["params_bytes"], 4 * srv.params),
+        "grads": (result["grads_bytes"], 4 * srv.params),
+        "optimizer": (result["optimizer_bytes"], srv.optimizer_bytes),
+        "dp_bytes_per_step": (sent, plan.sync.bytes_per_step["server"]["sent"]),
+    }
+    rows = {
+        k: {"measured": m, "estimate": e, "ratio": round(m / e, 3) if e else None}
+        for k, (m, e) in pairs.items()
+    }
+    rows["params"]["exact"] = 4 * exact_params
+    rows["dp_bytes_per_step"]["note"] = "replies to the workers (ps)"
+    return {
+        "rank": result["rank"],
+        "coords": result["coords"],
+        "compute": result["compute"],
+        "params_count": result["params_count"],
+        "params_count_exact": exact_params,
+        "wall_s": result["wall_s"],
+        "bytes": rows,
+        "collectives": result["collectives"],
+    }
+
+
 def stage_activations(plan: Plan, coords: dict[str, int]) -> int:
     """The plan's activations kept per micro-batch on a rank at ``coords``: its pp rank's
     stages (the first stage keeps no logits, the last does), else the whole model's."""
@@ -75,6 +107,8 @@ def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:
     for r in ranks:
         c = r["coords"]
         who = f"{r['rank']} ({c.get('pp', 0)},{c.get('dp', 0)},{c.get('tp', 0)})"
+        if "server" in c:
+            who = f"{r['rank']} (server {c['server']})"
         for what, row in r["bytes"].items():
             note = row.get("note", "")
             if what == "params":

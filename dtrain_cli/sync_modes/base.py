@@ -43,7 +43,11 @@ class ServerPlan:
     rank: int
     shard: int
     params: int
-    """Parameters of this server's shard (whole tensors, balanced greedily by size)."""
+    """Parameters of this server's shard: the plan's even share (the runtime balances whole
+    tensors greedily by size)."""
+    optimizer_bytes: int = 0
+    """The optimizer state the server keeps for its shard (fp32, the optimizer's words per
+    parameter: AdamW's two moments, SGD's momentum)."""
 
 
 @dataclass(kw_only=True)

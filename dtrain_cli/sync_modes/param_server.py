@@ -33,6 +33,25 @@ gradient the server stepped with for that worker (its shard's part)."""
 SUPPORTED = "parallel.strategy=ddp, tp=1, pp=1, one node, run.device=cpu"
 
 
+def assign_shards(sizes: list[int], servers: int) -> list[list[int]]:
+    """Parameter indices per server: whole tensors, largest first onto the least loaded
+    server; each list in model order."""
+    load = [0] * servers
+    out: list[list[int]] = [[] for _ in range(servers)]
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        s = min(range(servers), key=lambda j: (load[j], j))
+        out[s].append(i)
+        load[s] += sizes[i]
+    return [sorted(idx) for idx in out]
+
+
+def optim_slots(cfg: DtrainConfig) -> tuple[str, ...]:
+    """Per-parameter optimizer state the servers keep (and checkpoints hold, flattened)."""
+    if cfg.optim.name == "adamw":
+        return ("exp_avg", "exp_avg_sq")
+    return ("momentum_buffer",) if cfg.optim.momentum > 0 else ()
+
+
 def shard_sizes(num_params: int, servers: int) -> list[int]:
     """The plan's estimate of each server's share (the runtime balances whole tensors)."""
     base, extra = divmod(num_params, servers)
@@ -117,14 +136,19 @@ class ParamServer(SyncMode):
     def plan_rows(self, s: SyncPlan) -> list[tuple[str, object]]:
         rows: list[tuple[str, object]] = [("workers (ranks)", ", ".join(map(str, s.workers)))]
         for srv in s.servers:
-            rows.append((f"server {srv.shard} (rank {srv.rank})", f"~{srv.params:,} parameters"))
+            held = f"~{srv.params:,} params, optimizer {srv.optimizer_bytes / 2**20:,.1f} MiB"
+            rows.append((f"server {srv.shard} (rank {srv.rank})", held))
         rows.append(("max staleness (steps)", s.max_staleness))
         return rows
 
     def sync_plan(self, cfg: DtrainConfig, facts: ModelFacts, ddp_bytes: int) -> SyncPlan:
         sync, dp, n = cfg.sync, cfg.parallel.dp, facts.num_params
         sizes = shard_sizes(n, sync.servers)
-        servers = [ServerPlan(rank=dp + i, shard=i, params=s) for i, s in enumerate(sizes)]
+        words = len(optim_slots(cfg))
+        servers = [
+            ServerPlan(rank=dp + i, shard=i, params=s, optimizer_bytes=4 * words * s)
+            for i, s in enumerate(sizes)
+        ]
         header = 4 * HEADER_WORDS
         per_worker = 4 * n + header * sync.servers
         per_server = dp * (4 * max(sizes) + header)

@@ -118,6 +118,35 @@ def test_sync_modes_hold_and_send_what_the_plan_says(tmp_path, mode, optimizer_w
         assert rank["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=1e-4)
 
 
+def test_a_parameter_server_holds_and_sends_what_the_plan_says(tmp_path):
+    """A server's own start-up and loop (the default ranks: worker 0 and the first server):
+    it allocates only its shard of whole tensors and AdamW's two moments for it, steps with
+    the averaged gradient, and answers each of the dp workers with its shard every step.
+    The plan's share is even (half the model each), the shard whole tensors: close, and
+    the count is the exact one."""
+    (doc,) = _simulate(
+        tmp_path, "recipe=gpt_tiny", "dp=2", "sync.mode=param_server", "sync.servers=2"
+    )
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    assert sorted(ranks) == [0, 2]  # the servers: ranks 2 and 3
+    server = ranks[2]
+    assert server["coords"] == {"server": 0}
+    n = server["params_count"]
+    assert n == server["params_count_exact"] and 0 < n < doc["estimates"]["num_params"]
+    rows = server["bytes"]
+    assert rows["params"]["measured"] == rows["params"]["exact"] == 4 * n
+    assert rows["params"]["ratio"] == pytest.approx(1.0, abs=0.1)
+    assert rows["grads"]["measured"] == 4 * n
+    # AdamW's two moments, 8 B a parameter (and a step count per tensor)
+    assert rows["optimizer"]["measured"] == pytest.approx(2 * 4 * n, rel=1e-3)
+    assert rows["optimizer"]["ratio"] == pytest.approx(1.0, abs=0.1)
+    ops = {(c["op"], c["axis"]): c for c in server["collectives"]}
+    assert ops[("send", "ps")]["count"] == 2  # a reply to each worker
+    assert ops[("send", "ps")]["bytes_sent"] == 2 * (4 * n + 4 * 5)  # its shard, a header
+    assert ("allreduce", "world") in ops  # grad_clip: the servers add their shards' squares
+    assert rows["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=0.1)
+
+
 @pytest.mark.parametrize("recipe", ["gpt_tiny", "llama_tiny_hf"])
 def test_tensor_parallel_all_reduces_per_block(tmp_path, recipe):
     """Megatron's count: per block two all-reduces of the (b, s, d) activations in forward

@@ -242,14 +242,15 @@ def test_simulate_checks_the_top_three(tmp_path, monkeypatch):
 
 
 def test_simulate_says_which_layouts_it_cannot_run(tmp_path, monkeypatch):
-    """A layout the simulator cannot run (a parameter server's own rank) is "not
-    simulated", with the reason, not a failure of the layout."""
+    """A layout the simulator cannot run (a parameter server's worker on fake tensors: it
+    reads its servers' replies) is "not simulated", with the reason, not a failure of the
+    layout."""
     from dtrain_cli.cli.advise_simulate import render
     from dtrain_cli.cli.simulate_cmd import NotSimulated, check_layout
 
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(NotSimulated, match="rank 2 is a parameter server"):
-        check_layout(["recipe=gpt_tiny", "dp=2", "sync.mode=param_server"], [], "2")
+    with pytest.raises(NotSimulated, match="--compute fake: a parameter server's worker"):
+        check_layout(["recipe=gpt_tiny", "dp=2", "sync.mode=param_server"], [], "0", "fake")
     row = {"layout": "dp8 zero1", "ok": False, "status": "not simulated", "result": "why"}
     table = render([row])
     assert list(table.columns[1].cells) == ["NOT SIMULATED: why"]

@@ -52,7 +52,7 @@ def test_diloco_bad_input() -> None:
 
 
 def test_shards_are_whole_tensors_balanced_by_size() -> None:
-    from dtrain_cli.runtime.sync.param_server import assign_shards
+    from dtrain_cli.sync_modes.param_server import assign_shards
 
     sizes = [100, 10, 60, 40, 1, 1]
     shards = assign_shards(sizes, 2)
@@ -87,3 +87,15 @@ def test_the_plan_counts_the_optimizer_state_where_the_mode_keeps_it() -> None:
     assert plan.sync.worker_state_bytes == 8 * model_spec(cfg).facts().num_params
     rows = dict(sync_rows(plan.sync))
     assert rows["worker: the mode's own state"].endswith("MiB (in the optimizer state per rank)")
+    # the servers hold it instead: the optimizer's words for each one's share
+    for over, words in ((["optim=adamw"], 2), (["optim=sgd"], 0), (["optim.momentum=0.9"], 1)):
+        over = ["optim=sgd", *over] if words == 1 else over
+        cfg = compose_config("gpt_tiny", ["dp=2", "sync.mode=param_server", *over])
+        servers = build_plan(cfg).sync.servers
+        assert sum(s.params for s in servers) == model_spec(cfg).facts().num_params
+        assert all(s.optimizer_bytes == 4 * words * s.params for s in servers), over
+    from dtrain_cli.simulate.expect import coords_of, default_ranks
+
+    plan = build_plan(cfg)  # dp=2 and two servers (ranks 2, 3): simulate shows one of each
+    assert default_ranks(plan) == [0, 2]
+    assert coords_of(plan, 3) == {"server": 1}

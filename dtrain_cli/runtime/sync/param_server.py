@@ -41,30 +41,11 @@ from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.runtime.state.optim import build_optimizer
-from dtrain_cli.sync_modes.param_server import HEADER_WORDS
+from dtrain_cli.sync_modes.param_server import HEADER_WORDS, assign_shards, optim_slots
 
 log = logging.getLogger("dtrain")
 
 HELLO, PUSH, PULL, DONE, INIT, SNAPSHOT, REPLY = range(7)
-
-
-def assign_shards(sizes: list[int], servers: int) -> list[list[int]]:
-    """Parameter indices per server: whole tensors, largest first onto the least loaded
-    server; each list in model order."""
-    load = [0] * servers
-    out: list[list[int]] = [[] for _ in range(servers)]
-    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
-        s = min(range(servers), key=lambda j: (load[j], j))
-        out[s].append(i)
-        load[s] += sizes[i]
-    return [sorted(idx) for idx in out]
-
-
-def optim_slots(cfg: DtrainConfig) -> tuple[str, ...]:
-    """Per-parameter optimizer state the servers keep (and checkpoints hold, flattened)."""
-    if cfg.optim.name == "adamw":
-        return ("exp_avg", "exp_avg_sq")
-    return ("momentum_buffer",) if cfg.optim.momentum > 0 else ()
 
 
 def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -90,7 +71,8 @@ class Shard:
     """One server's parameters and optimizer (the same param groups as the workers')."""
 
     def __init__(self, cfg: DtrainConfig, plan: Plan, params: list[torch.Tensor]) -> None:
-        self.params = [nn.Parameter(p.detach().clone()) for p in params]
+        # shapes only (meta tensors): the values come from worker 0 (INIT) before any use
+        self.params = [nn.Parameter(torch.empty_like(p, device="cpu")) for p in params]
         holder = nn.ParameterList(self.params)
         self.optimizer = build_optimizer(holder, cfg.optim, plan.lr.peak_lr)
         self.slots = optim_slots(cfg)
@@ -270,16 +252,20 @@ class ServerLoop:
             self.send(reply, w)
 
 
-def serve(cfg: DtrainConfig, plan: Plan, ctx: Any, run_dir: Path) -> dict[str, Any]:
-    """A server rank: the model built as the workers build it (the same seeded weights),
-    its shard taken, then messages until every worker is done."""
+def model_shapes(cfg: DtrainConfig) -> list[torch.Tensor]:
+    """The model's trainable parameters, in model order, on the meta device: a server
+    allocates only its shard's (:class:`Shard`), never the whole model."""
     from dtrain_cli.models import model_spec
-    from dtrain_cli.runtime.parallel.parallelize import build_model
+    from dtrain_cli.runtime.parallel.materialize import deferred_build
 
-    model = build_model(model_spec(cfg), cfg.train.seed, torch.device("cpu"))
-    params = [p for p in model.parameters() if p.requires_grad]
-    loop = ServerLoop(cfg, plan, ctx.ps, ctx.rank, params)
-    del model, params
+    model, _ = deferred_build(model_spec(cfg), cfg.train.seed, replayable=False)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def serve(cfg: DtrainConfig, plan: Plan, ctx: Any, run_dir: Path) -> dict[str, Any]:
+    """A server rank: its shard of the model's parameters (filled in by worker 0's INIT)
+    and their optimizer state, then messages until every worker is done."""
+    loop = ServerLoop(cfg, plan, ctx.ps, ctx.rank, model_shapes(cfg))
     log.info(
         "server %d: %d parameters of %d tensors",
         loop.index,

@@ -34,10 +34,8 @@ from dtrain_cli.runtime.sync.param_server import (
     _flat,
     _message,
     _unflat,
-    assign_shards,
-    optim_slots,
 )
-from dtrain_cli.sync_modes.param_server import HEADER_WORDS
+from dtrain_cli.sync_modes.param_server import HEADER_WORDS, assign_shards, optim_slots
 
 
 class ParamServerClient:
