@@ -16,7 +16,8 @@ from dtrain_cli.rundir.layout import RunDir
 MAX_RANK_ROWS = 16
 
 
-def _bytes(n: int) -> str:
+def bytes_text(n: int) -> str:
+    """``1.5 KiB``, ``337.8 MiB``, ``20.5 GiB``: the unit that keeps the number short."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:,.1f} {unit}" if unit != "B" else f"{n} B"
@@ -146,23 +147,26 @@ def _estimates(plan: Plan) -> Table:
             "parameters (largest stage)" if plan.pipeline else "parameters",
             f"{e.params_per_rank:,} of {e.num_params:,}",
         ),
-        ("parameter bytes held" + sharded, _bytes(e.bytes_params)),
-        ("gradients", _bytes(e.bytes_grads)),
-        ("optimizer state", _bytes(e.bytes_optimizer)),
+        ("parameter bytes held" + sharded, bytes_text(e.bytes_params)),
+        ("gradients", bytes_text(e.bytes_grads)),
+        ("optimizer state", bytes_text(e.bytes_optimizer)),
         (
             "activations (per micro batch" + recompute,
-            _bytes(e.bytes_activations)
+            bytes_text(e.bytes_activations)
             if e.activations_estimated
             else "not estimated (the model's inputs come from your dataset)",
         ),
     ]
     if e.bytes_recompute:
-        rows.append(("recompute (one block, backward)", _bytes(e.bytes_recompute)))
+        rows.append(("recompute (one block, backward)", bytes_text(e.bytes_recompute)))
     if e.bytes_gathered:
-        rows.append(("one unit gathered (transient)", _bytes(e.bytes_gathered)))
+        rows.append(("one unit gathered (transient)", bytes_text(e.bytes_gathered)))
     unit = "token" if plan.batch.unit == "tokens" else "sample"
     rows += [
-        ("total", _bytes(e.bytes_total) + ("" if e.activations_estimated else " + activations")),
+        (
+            "total",
+            bytes_text(e.bytes_total) + ("" if e.activations_estimated else " + activations"),
+        ),
         (f"FLOPs per {unit} (fwd+bwd)", f"{e.flops_per_token:,}"),
     ]
     return _kv("estimates per rank", rows)
@@ -258,7 +262,7 @@ def _pipeline_table(plan: Plan) -> Table:
             f"{st.layers[0]}-{st.layers[1] - 1}",
             ends or "-",
             f"{st.params:,}",
-            _bytes(st.activation_bytes),
+            bytes_text(st.activation_bytes),
         )
     return t
 

@@ -101,6 +101,8 @@ def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:
     from rich.markup import escape
     from rich.table import Table
 
+    from dtrain_cli.plan.render import bytes_text
+
     table = Table(title=title, title_justify="left")
     for col in ("rank (pp,dp,tp)", "what", "measured", "plan", "ratio", "note"):
         table.add_column(col, justify="right" if col in ("measured", "plan", "ratio") else "left")
@@ -115,16 +117,13 @@ def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:
                 same = r["params_count"] == r["params_count_exact"]
                 note = f"{r['params_count']:,} params; shard {'=' if same else '!='} exact count"
             ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
-            table.add_row(who, what, _mib(row["measured"]), _mib(row["estimate"]), ratio, note)
+            sizes = bytes_text(row["measured"]), bytes_text(row["estimate"])
+            table.add_row(who, what, *sizes, ratio, note)
             who = ""
         ops = ", ".join(f"{x['op']}[{x['axis']}] x{x['count']}" for x in r["collectives"])
         # escaped: "all_gather[dp]" is not rich markup
         table.add_row("", "collectives", "", "", "", escape(ops) or "none", end_section=True)
     return table
-
-
-def _mib(n: int | float) -> str:
-    return f"{n / MIB:,.1f} MiB"
 
 
 def plot_sweep(points: list[dict[str, Any]], out: Path) -> Path:
