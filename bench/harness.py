@@ -51,8 +51,9 @@ class Workspace:
 
     @classmethod
     def create(cls, quick: bool) -> Workspace:
-        guard = Guard(budget_s=60.0 if quick else 360.0)
-        return cls(Path(tempfile.mkdtemp(prefix="dtrain-bench-")), quick, guard=guard)
+        root = Path(tempfile.mkdtemp(prefix="dtrain-bench-"))
+        guard = Guard(budget_s=60.0 if quick else 360.0, pool_dir=root / "pool")
+        return cls(root, quick, guard=guard)
 
     @property
     def cache(self) -> Path:

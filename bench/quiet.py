@@ -34,24 +34,28 @@ class CpuSample:
     """CPU seconds of this process and its reaped children."""
 
 
-def sample() -> CpuSample:
+def sample(pool_dir: Path | None = None) -> CpuSample:
     fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = fields
     busy = (user + nice + system + irq + softirq + steal) / CLK_TCK
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    return CpuSample(time.perf_counter(), busy, own + pool_cpu_s())
+    return CpuSample(time.perf_counter(), busy, own + pool_cpu_s(pool_dir))
 
 
 POOL_MODULE = b"dtrain_cli.launch.pool_server"
 
 
-def pool_cpu_s() -> float:
-    """CPU seconds of dtrain's warm worker pools, with their reaped children, and of the
-    fork servers they forked (live, or ended and not yet reaped: a zombie keeps its
-    times), with theirs: the servers of our launches and those launches' workers, not our
-    children but our commands' work."""
+def pool_cpu_s(pool_dir: Path | None) -> float:
+    """CPU seconds of the bench's own warm worker pools (those under ``pool_dir``: the
+    bench's ``DTRAIN_WARM_POOL_DIR``; another pool on the machine is someone else's work),
+    with their reaped children, and of the fork servers they forked (live, or ended and
+    not yet reaped: a zombie keeps its times), with theirs: the servers of our launches
+    and those launches' workers, not our children but our commands' work."""
+    if pool_dir is None:
+        return 0.0
+    ours = str(pool_dir).encode() + b"/"
     stats: dict[str, list[str]] = {}
     pools = set()
     for entry in os.scandir("/proc"):
@@ -60,10 +64,7 @@ def pool_cpu_s() -> float:
         try:
             fields = Path(f"{entry.path}/stat").read_text().rsplit(")", 1)[1].split()
             stats[entry.name] = fields
-            if (
-                fields[3] == entry.name
-                and POOL_MODULE in Path(f"{entry.path}/cmdline").read_bytes()
-            ):
+            if fields[3] == entry.name and _is_our_pool(entry.path, ours):
                 pools.add(entry.name)  # a pool leads its own session
         except OSError:
             continue
@@ -74,12 +75,20 @@ def pool_cpu_s() -> float:
     return total / CLK_TCK
 
 
+def _is_our_pool(proc: str, ours: bytes) -> bool:
+    """``python -m dtrain_cli.launch.pool_server <slot> ...`` with its slot under ours."""
+    args = Path(f"{proc}/cmdline").read_bytes().split(b"\0")
+    return POOL_MODULE in args and any(a.startswith(ours) for a in args)
+
+
 def foreign_cpu_s(a: CpuSample, b: CpuSample) -> float:
     return max(0.0, (b.busy - a.busy) - (b.own - a.own))
 
 
 @dataclass
 class Guard:
+    pool_dir: Path | None = None
+    """The bench's own warm pools' folder: their CPU time is ours."""
     max_share: float = 0.04
     """A run is disturbed when others used more than this share of all cores during it..."""
     slack_s: float = 0.04
@@ -106,9 +115,9 @@ class Guard:
         """Until others use under ``idle_share`` of the cores over ``probe_s``."""
         start = time.perf_counter()
         while self.budget_left and time.perf_counter() - start < self.max_wait_s:
-            a = sample()
+            a = sample(self.pool_dir)
             time.sleep(self.probe_s)
-            if foreign_cpu_s(a, sample()) < self.idle_share * self.probe_s * NCPU:
+            if foreign_cpu_s(a, sample(self.pool_dir)) < self.idle_share * self.probe_s * NCPU:
                 break
         self.waited_s += time.perf_counter() - start
 
@@ -119,9 +128,9 @@ class Guard:
     def run(self, fn: Callable[[], T], what: str, log: Callable[[str], None]) -> T:
         for attempt in range(1, self.attempts + 1):
             self.wait_for_quiet()
-            a = sample()
+            a = sample(self.pool_dir)
             result = fn()
-            b = sample()
+            b = sample(self.pool_dir)
             self.last_disturbed = self.disturbed(a, b)
             if not self.last_disturbed:
                 return result
