@@ -13,7 +13,7 @@ model is built on the meta device and only this rank's shards are allocated
 (shapes only: nothing allocated, no FLOPs) for models too large to compute here.
 Measured (:mod:`.simulate_measure`): parameter, gradient and optimizer-state bytes, the
 activations autograd keeps per micro-batch, every collective of the last step. A parameter
-server's server rank runs its own start-up and loop instead (:func:`simulate_server`).
+server's server rank runs its own start-up and loop instead (:func:`_simulate_server`).
 """
 
 from __future__ import annotations
@@ -47,16 +47,19 @@ from dtrain_cli.runtime.simulate_measure import (
 
 def init_fake(plan: Plan, rank: int) -> DistContext:
     """The fake process group and the plan's mesh, as :func:`.init_distributed` builds it
-    (a parameter server's worker: the workers' own group, and a fake group of workers and
-    servers for its point-to-point messages, as :func:`.mesh._init_param_server`)."""
+    (a parameter server's layout, as :func:`.mesh._init_param_server`: workers and servers
+    each a default group of their own, the servers no mesh, and one fake group of all for
+    the point-to-point messages, counted)."""
     from torch._C._distributed_c10d import FakeProcessGroup
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     servers = len(plan.sync.servers) if plan.sync is not None else 0
-    world = plan.world_size - servers  # the default group: the workers
-    for key, value in (("RANK", rank), ("WORLD_SIZE", world), ("LOCAL_RANK", 0)):
+    workers = plan.world_size - servers
+    server = servers > 0 and rank >= workers
+    own, size = (rank - workers, servers) if server else (rank, workers)
+    for key, value in (("RANK", own), ("WORLD_SIZE", size), ("LOCAL_RANK", 0)):
         os.environ[key] = str(value)
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    dist.init_process_group("fake", store=FakeStore(), rank=own, world_size=size)
     device = torch.device("cpu")
     ps = None
     if servers:
@@ -64,12 +67,13 @@ def init_fake(plan: Plan, rank: int) -> DistContext:
         ps = CountedGroup(fake)
     return DistContext(
         rank=rank,
-        world_size=world,
+        world_size=size,
         local_rank=rank % max(plan.nproc_per_node, 1),
         restart_count=0,
         device=device,
-        mesh=build_mesh(plan, device),
+        mesh=None if server else build_mesh(plan, device),  # type: ignore[arg-type]
         dims=plan.dims,
+        role="server" if server else "worker",
         ps=ps,
         simulated=True,
     )
@@ -133,6 +137,8 @@ def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[st
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     ctx = init_fake(plan, rank)
+    if ctx.role == "server":
+        return _simulate_server(cfg, plan, ctx, steps, t0)
     _agree_on_static_shapes()
     fake = compute == "fake"
     if fake:
@@ -191,48 +197,25 @@ def _run_steps(trainer: Any, ctx: DistContext, steps: int) -> dict[str, Any]:
     }
 
 
-def simulate_server(run_dir: Path, rank: int, steps: int) -> dict[str, Any]:
+def _simulate_server(
+    cfg: Any, plan: Plan, ctx: DistContext, steps: int, t0: float
+) -> dict[str, Any]:
     """A parameter server's start-up (its shard and optimizer state) and ``steps`` steps of
-    its own loop (:class:`.ServerLoop`: every worker's push, the update, the replies), on
-    the fake groups :func:`.mesh._init_param_server` would give it. A fake recv carries no
-    message, so the messages its workers send come in as the loop's input, in their order:
-    worker 0's parameters, then each worker's gradient each step (shapes of the real ones,
-    values meaningless)."""
-    from torch._C._distributed_c10d import FakeProcessGroup
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
+    its own loop (:class:`.ServerLoop`: every worker's push, the update, the replies). A
+    fake recv carries no message, so the messages its workers send come in as the loop's
+    input, in their order: worker 0's parameters, then each worker's gradient each step
+    (shapes of the real ones, values meaningless)."""
     from dtrain_cli.runtime.sync.param_server import INIT, PUSH, ServerLoop, _message, model_shapes
 
-    run = RunDir(run_dir)
-    plan = replace(Plan.load(run.plan), device="cpu", backend="fake")
-    cfg = config_from_yaml(run.config)
-    assert plan.sync is not None
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
-    dp, servers = len(plan.sync.workers), len(plan.sync.servers)
-    dist.init_process_group("fake", store=FakeStore(), rank=rank - dp, world_size=servers)
-    fake = FakeProcessGroup._create_internal(rank, plan.world_size, FakeProcessGroup.Options())
-    ctx = DistContext(
-        rank=rank,
-        world_size=servers,
-        local_rank=0,
-        restart_count=0,
-        device=torch.device("cpu"),
-        mesh=None,  # type: ignore[arg-type]
-        dims=plan.dims,
-        role="server",
-        ps=CountedGroup(fake),
-        simulated=True,
-    )
-    loop = ServerLoop(cfg, plan, ctx.ps, rank, model_shapes(cfg))
+    loop = ServerLoop(cfg, plan, ctx.ps, ctx.rank, model_shapes(cfg))
     body = torch.zeros(loop.shard.numel)
     loop.handle(0, _message(INIT, 0, 0, 0, body))
-    out: dict[str, Any] = {"rank": rank, "coords": {"server": loop.index}, "compute": "real"}
+    out: dict[str, Any] = {"rank": ctx.rank, "coords": {"server": loop.index}, "compute": "real"}
     out["startup_s"] = round(time.perf_counter() - t0, 3)
     counter = CommCounter(ctx)
     for step in range(steps):
         with counter if step == steps - 1 else contextlib.nullcontext():
-            for worker in range(dp):
+            for worker in range(len(plan.sync.workers)):  # type: ignore[union-attr]
                 loop.handle(worker, _message(PUSH, step, step, 0.0, body))
     shard = loop.shard
     out["params_count"] = shard.numel
@@ -246,11 +229,6 @@ def simulate_server(run_dir: Path, rank: int, steps: int) -> dict[str, Any]:
     return out
 
 
-def is_server(run_dir: Path, rank: int) -> bool:
-    sync = Plan.load(RunDir(run_dir).plan).sync
-    return sync is not None and rank >= len(sync.workers) and bool(sync.servers)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dtrain_cli.runtime.simulate")
     ap.add_argument("run_dir")
@@ -260,11 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     try:
-        run_dir = Path(args.run_dir)
-        if is_server(run_dir, args.rank):
-            result = simulate_server(run_dir, args.rank, args.steps)
-        else:
-            result = simulate_rank(run_dir, args.rank, args.steps, args.compute)
+        result = simulate_rank(Path(args.run_dir), args.rank, args.steps, args.compute)
         result["ok"] = True
     except Exception as exc:  # the one line the CLI shows, the traceback kept beside it
         line = f"{type(exc).__name__}: {exc}".splitlines()[0][:400]
