@@ -380,10 +380,11 @@ def test_ctrl_c_while_the_fork_server_imports_prints_no_traceback():
     deadline = time.time() + 0.05  # until the server ignores SIGINT (or 50 ms, before the fix)
     while time.time() < deadline and not _ignores_sigint(proc.pid):
         time.sleep(0.001)
-    sent = 0
+    sent, deadline = 0, time.time() + 120
     while proc.poll() is None and not select.select([proc.stdout], [], [], 0.01)[0]:
         proc.send_signal(signal.SIGINT)  # Ctrl-C after Ctrl-C through the whole import
         sent += 1
+        assert time.time() < deadline, "the server never said it imported"
     out, err = proc.communicate(timeout=60)  # closes its stdin: it ends
     assert b"Traceback" not in err and b"KeyboardInterrupt" not in err, err.decode()[-2000:]
     assert proc.returncode == 0 and out == b"imported\n"
