@@ -26,33 +26,17 @@ parameter server's workers push their gradients on ``ps``)."""
 def compare(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, Any]:
     """One rank's measured / planned figures (what ``--json`` prints per rank)."""
     est = plan.estimates
-    dp_sent = sum(c["bytes_sent"] for c in result["collectives"] if c["axis"] in DP_AXES)
     pairs = {
         "params": (result["params_bytes"], est.bytes_params),
         "grads": (result["grads_bytes"], est.bytes_grads),
         "optimizer": (result["optimizer_bytes"], est.bytes_optimizer),
         "activations": (result["activation_bytes"], stage_activations(plan, result["coords"])),
-        "dp_bytes_per_step": (dp_sent, est.comm_bytes_per_step),
+        "dp_bytes_per_step": (_dp_sent(result), est.comm_bytes_per_step),
     }
-    rows = {
-        k: {"measured": m, "estimate": e, "ratio": round(m / e, 3) if e else None}
-        for k, (m, e) in pairs.items()
-    }
-    rows["params"]["exact"] = 4 * exact_params
+    note = None
     if plan.sync is not None and plan.sync.every > 1:  # local SGD, DiLoCo
-        rows["dp_bytes_per_step"]["note"] = (
-            f"plan: one sync every {plan.sync.every} steps, per step; measured: the last step"
-        )
-    return {
-        "rank": result["rank"],
-        "coords": result["coords"],
-        "compute": result["compute"],
-        "params_count": result["params_count"],
-        "params_count_exact": exact_params,
-        "wall_s": result["wall_s"],
-        "bytes": rows,
-        "collectives": result["collectives"],
-    }
+        note = f"plan: one sync every {plan.sync.every} steps, per step; measured: the last step"
+    return _rank_doc(result, pairs, exact_params, note)
 
 
 def compare_server(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, Any]:
@@ -61,19 +45,33 @@ def compare_server(plan: Plan, result: dict[str, Any], exact_params: int) -> dic
     (an even share of the parameters; whole tensors at run time, the exact count)."""
     assert plan.sync is not None
     srv = next(s for s in plan.sync.servers if s.rank == result["rank"])
-    sent = sum(c["bytes_sent"] for c in result["collectives"] if c["axis"] in DP_AXES)
     pairs = {
         "params": (result["params_bytes"], 4 * srv.params),
         "grads": (result["grads_bytes"], 4 * srv.params),
         "optimizer": (result["optimizer_bytes"], srv.optimizer_bytes),
-        "dp_bytes_per_step": (sent, plan.sync.bytes_per_step["server"]["sent"]),
+        "dp_bytes_per_step": (_dp_sent(result), plan.sync.bytes_per_step["server"]["sent"]),
     }
-    rows = {
+    return _rank_doc(result, pairs, exact_params, "replies to the workers (ps)")
+
+
+def _dp_sent(result: dict[str, Any]) -> int:
+    return sum(c["bytes_sent"] for c in result["collectives"] if c["axis"] in DP_AXES)
+
+
+def _rank_doc(
+    result: dict[str, Any],
+    pairs: dict[str, tuple[int, int]],
+    exact_params: int,
+    dp_note: str | None,
+) -> dict[str, Any]:
+    """(measured, estimate) pairs as rows with their ratio, and the rank's own facts."""
+    rows: dict[str, dict[str, Any]] = {
         k: {"measured": m, "estimate": e, "ratio": round(m / e, 3) if e else None}
         for k, (m, e) in pairs.items()
     }
     rows["params"]["exact"] = 4 * exact_params
-    rows["dp_bytes_per_step"]["note"] = "replies to the workers (ps)"
+    if dp_note:
+        rows["dp_bytes_per_step"]["note"] = dp_note
     return {
         "rank": result["rank"],
         "coords": result["coords"],
