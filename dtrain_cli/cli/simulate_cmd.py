@@ -123,11 +123,11 @@ def check_layout(
         )
     mode = choose_compute(plan, model_spec(cfg).facts().tokens_per_sample, compute)
     ranks = _parse_ranks(ranks_arg, plan.world_size) or default_ranks(plan)
-    _check_server_ranks(plan, ranks, mode)
+    _check_param_server_compute(plan, mode)
     return Layout(cfg=cfg, plan=plan, ranks=ranks, compute=mode)
 
 
-def _check_server_ranks(plan: Any, ranks: list[int], compute: str) -> None:
+def _check_param_server_compute(plan: Any, compute: str) -> None:
     """A parameter server's worker reads its servers' replies, so its tensors must hold
     data (its servers' ranks run their own loop, on real tensors of their shard)."""
     if plan.sync is None or not plan.sync.servers or compute != "fake":
