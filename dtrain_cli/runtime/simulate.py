@@ -55,8 +55,9 @@ def init_fake(plan: Plan, rank: int) -> DistContext:
 
     servers = len(plan.sync.servers) if plan.sync is not None else 0
     workers = plan.world_size - servers
-    server = servers > 0 and rank >= workers
-    own, size = (rank - workers, servers) if server else (rank, workers)
+    shard = plan.sync.server_of(rank) if plan.sync is not None else None
+    server = shard is not None
+    own, size = (shard.shard, servers) if shard is not None else (rank, workers)
     for key, value in (("RANK", own), ("WORLD_SIZE", size), ("LOCAL_RANK", 0)):
         os.environ[key] = str(value)
     dist.init_process_group("fake", store=FakeStore(), rank=own, world_size=size)

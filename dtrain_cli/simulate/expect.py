@@ -44,8 +44,9 @@ class RankCount:
 def coords_of(plan: Plan, rank: int) -> dict[str, int]:
     """The rank's coordinate on each mesh axis (row-major over ``plan.mesh``); a parameter
     server's rank (past the mesh): its server index."""
-    if plan.sync is not None and plan.sync.servers and rank >= len(plan.sync.workers):
-        return {"server": rank - len(plan.sync.workers)}
+    server = plan.sync.server_of(rank) if plan.sync is not None else None
+    if server is not None:
+        return {"server": server.shard}
     out, rest = {}, rank
     for name, size in reversed(list(zip(plan.mesh.dim_names, plan.mesh.shape, strict=True))):
         out[name] = rest % size
@@ -124,7 +125,8 @@ def rank_params(spec: Any, plan: Plan, rank: int) -> RankCount:
 def server_params(spec: Any, plan: Plan, rank: int) -> int:
     """Parameters parameter server ``rank`` holds: whole tensors, balanced as the runtime
     balances them (:func:`.assign_shards`; its loads depend only on the tensors' sizes)."""
-    assert plan.sync is not None
+    server = plan.sync.server_of(rank) if plan.sync is not None else None
+    assert plan.sync is not None and server is not None
     sizes = [math.prod(t.shape) for t in tensor_shapes(spec)[0]]
-    mine = assign_shards(sizes, len(plan.sync.servers))[rank - len(plan.sync.workers)]
+    mine = assign_shards(sizes, len(plan.sync.servers))[server.shard]
     return sum(sizes[i] for i in mine)

@@ -43,8 +43,8 @@ def compare_server(plan: Plan, result: dict[str, Any], exact_params: int) -> dic
     """A parameter server's rank: its shard, the gradient it steps with, its optimizer
     state and the replies it sends each step, next to the plan's figures for that server
     (an even share of the parameters; whole tensors at run time, the exact count)."""
-    assert plan.sync is not None
-    srv = next(s for s in plan.sync.servers if s.rank == result["rank"])
+    srv = plan.sync.server_of(result["rank"]) if plan.sync is not None else None
+    assert plan.sync is not None and srv is not None
     pairs = {
         "params": (result["params_bytes"], 4 * srv.params),
         "grads": (result["grads_bytes"], 4 * srv.params),

@@ -69,6 +69,10 @@ class SyncPlan:
     """Bytes of the mode's own optimizer state on each worker (DiLoCo's anchor and outer
     momentum), part of the plan's optimizer state (:meth:`SyncMode.optimizer_bytes`)."""
 
+    def server_of(self, rank: int) -> ServerPlan | None:
+        """The parameter server at ``rank``, or None (a worker, or no servers)."""
+        return next((s for s in self.servers if s.rank == rank), None)
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SyncPlan:
         d = dict(d)

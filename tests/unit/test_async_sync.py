@@ -90,7 +90,9 @@ def test_the_plan_counts_the_optimizer_state_where_the_mode_keeps_it() -> None:
     # the servers hold it instead: the optimizer's words for each one's share
     for over, words in ((["optim=adamw"], 2), (["optim=sgd"], 0), (["optim.momentum=0.9"], 1)):
         over = ["optim=sgd", *over] if words == 1 else over
-        cfg = compose_config("gpt_tiny", ["dp=2", "sync.mode=param_server", *over])
+        cfg = compose_config(
+            "gpt_tiny", ["dp=2", "sync.mode=param_server", "sync.servers=2", *over]
+        )
         servers = build_plan(cfg).sync.servers
         assert sum(s.params for s in servers) == model_spec(cfg).facts().num_params
         assert all(s.optimizer_bytes == 4 * words * s.params for s in servers), over
