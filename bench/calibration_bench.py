@@ -136,9 +136,14 @@ NOTES = [
     "parallelism): where it says no, the published run fit thanks to what dtrain lacks, and "
     "the estimate is still that layout's step time.",
     "Megatron-LM 2021 and Calculon's runs (Korthikanti et al. 2022) predate FlashAttention "
-    "in Megatron: their attention materialises the s x s scores, whose memory traffic grows "
-    "with heads x seq against width^2, so their narrower models ran slower than the "
-    "flash-attention cost this model (and dtrain's SDPA) assumes; the error falls with width.",
+    "in Megatron: their attention materialises the s x s scores. Their models are dtrain's "
+    "GPT with `model.attention=math`, which keeps the softmax for backward (and so needs "
+    "more memory) and moves the scores through memory 15 times a step; Megatron fused the "
+    "scale, mask and softmax into one kernel (about 11 passes), so the narrow models, where "
+    "the scores weigh most, are still estimated fast. The published runs used full "
+    "recomputation, the only kind Megatron had in 2021; with FSDP (ZeRO-3) sharding the "
+    "parameters and optimizer, dtrain's memory model fits most of these models without it, "
+    "and the advisor's #1 drops it.",
     "Megatron-Core overlaps tensor-parallel communication with its GEMMs "
     "(--tp-comm-overlap); dtrain's tensor parallel does not, and the estimate charges it "
     "(mcore-h100-32b, tp=8 without a pipeline). mcore-h100-119b has 23 layers a stage, which "

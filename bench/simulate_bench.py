@@ -53,6 +53,8 @@ GRID: list[Point] = [
     Point(label="llama_tiny_hf fsdp", overrides=("recipe=llama_tiny_hf", "dp=512",
           "parallel.nnodes=64", "parallel.nproc_per_node=8", "parallel.strategy=fsdp",
           "train.global_batch_size=512"), compute="auto"),
+    Point(label="gpt_1b zero1", overrides=(*BIG, "dp=512", "parallel.nnodes=64",
+          "parallel.strategy=zero1")),
     Point(label="gpt_1b fsdp", overrides=(*BIG, "dp=8", "parallel.nnodes=1",
           "parallel.strategy=fsdp")),
     Point(label="gpt_1b fsdp", overrides=(*BIG, "dp=64", "parallel.nnodes=8",

@@ -19,6 +19,7 @@ Nothing outside ``dtrain_cli/models`` knows a model's field names.
 from __future__ import annotations
 
 import contextlib
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,25 @@ class TensorShape:
     """The dimension tensor parallel splits (None: replicated under tp, or not known)."""
 
 
+def places(names: list[str]) -> list[str | int]:
+    """Where each parameter (by qualified name, in model order) sits for a pipeline: the
+    block index (the first ``.N.`` in its name), ``first`` before any block, ``last`` after."""
+    out: list[str | int] = []
+    seen_block = False
+    for name in names:
+        m = re.search(r"\.(\d+)\.", name)
+        seen_block = seen_block or m is not None
+        out.append(int(m.group(1)) if m else ("last" if seen_block else "first"))
+    return out
+
+
+def tensor_sizes(model: nn.Module) -> list[tuple[int, int, str | int]]:
+    """(numel, dims, place) of every parameter of a built model (``ModelFacts.tensor_sizes``)."""
+    named = list(model.named_parameters())
+    where = places([name for name, _ in named])
+    return [(p.numel(), p.dim(), w) for (_, p), w in zip(named, where, strict=True)]
+
+
 @dataclass(kw_only=True)
 class ModelFacts:
     """What the plan computes with. Counts are of the model the runtime builds."""
@@ -84,6 +104,15 @@ class ModelFacts:
     """(dim 0, numel, the dim tp splits or None) of every parameter, or of every group of
     parameters with the same dim 0 and tp dim (numel summed): FSDP2 pads each tensor's dim 0
     to a multiple of its shard group (``plan.memory.fsdp_padding``). Empty: unknown."""
+    score_elements: int = 0
+    """Attention scores one sample's forward writes out, over all blocks (heads x s x s
+    each): an unfused attention (``model.attention=math``) moves them through memory,
+    which the step time charges; 0 for a fused kernel (flash attention) that keeps them
+    on chip."""
+    tensor_sizes: list[tuple[int, int, str | int]] = field(default_factory=list)
+    """(numel, dims, place) of every parameter in model order; place as
+    :attr:`TensorShape.where`. ZeRO-1 hands out whole tensors (``strategies.zero1``), so a
+    large embedding can outweigh a rank's even share. Empty: unknown."""
 
 
 class ModelSpec(ABC):

@@ -88,6 +88,24 @@ def fsdp_padding(facts: ModelFacts, shard: int, tp: int) -> float:
     return padded / whole if whole else 1.0
 
 
+def stage_tensors(facts: ModelFacts, pipeline: PipelinePlan | None) -> list[tuple[int, int]]:
+    """(numel, dims) of every parameter on the pp rank holding the most (the whole model
+    without a pipeline), from ``facts.tensor_sizes``; empty when the kind does not say."""
+    sizes = facts.tensor_sizes
+    if pipeline is None or not pipeline.stages or not sizes:
+        return [(n, d) for n, d, _ in sizes]
+    by_place: dict[str | int, list[tuple[int, int]]] = {}
+    for n, d, where in sizes:
+        by_place.setdefault(where, []).append((n, d))
+    held: dict[int, list[tuple[int, int]]] = {}
+    for st in pipeline.stages:
+        mine = held.setdefault(st.pp_rank, [])
+        places = [*range(*st.layers), *(["first"] if st.embeddings else [])]
+        for place in places + (["last"] if st.head else []):
+            mine += by_place.get(place, [])
+    return max(held.values(), key=lambda ts: sum(n for n, _ in ts))
+
+
 def nproc_guess(cfg: DtrainConfig) -> int:
     """Processes per node as the plan derives them (for a strategy's per-node groups)."""
     par = cfg.parallel
@@ -125,6 +143,9 @@ def estimate(
         grads=4 * per_rank,
         optimizer=4 * optim_words * per_rank,
         padding=fsdp_padding(facts, dims.dp_shard, par.tp) if sharded else 1.0,
+        optimizer_share=strategy.optimizer_share(
+            stage_tensors(facts, pipeline) if strategy.shards_whole_tensors else [], dims
+        ),
         dims=dims,
     )
     optim_b = mode_for(cfg.sync.mode).optimizer_bytes(cfg, per_rank, optim_b)

@@ -54,6 +54,7 @@ from dtrain_cli.plan.layout import (
     inflight_microbatches,
     part_activations,
 )
+from dtrain_cli.plan.memory import stage_tensors
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.strategies import strategy_for
 
@@ -285,7 +286,10 @@ def compute_seconds(
 ) -> tuple[float, float]:
     """(seconds, efficiency) of one rank's forward and backward FLOPs per step (without
     recomputation): the attention's score and value products (12 L d s per token, flash
-    attention) at ``attention_efficiency``, the rest at :func:`compute_efficiency`."""
+    attention) at ``attention_efficiency``, the rest at :func:`compute_efficiency`. An
+    unfused attention (``ModelFacts.score_elements``) runs its products as batched matmuls
+    at the matmul efficiency and moves its s x s scores through memory besides
+    (:data:`SCORE_PASSES`)."""
     b, e, facts = plan.batch, plan.estimates, spec.facts()
     low = cfg.precision.name in ("bf16", "fp16")
     peak = peak_flops(hw, low)
@@ -293,15 +297,31 @@ def compute_seconds(
     eff = compute_efficiency(hw, width, b.micro_batch_size * facts.tokens_per_sample, low)
     flops = e.flops_per_token * b.tokens_per_step / max(plan.world_size, 1)
     attention = 0.0
-    if facts.unit == "tokens" and hw.attention_efficiency > 0:
+    if facts.unit == "tokens" and hw.attention_efficiency > 0 and not facts.score_elements:
         per_token = 12 * facts.num_layers * width * facts.tokens_per_sample
         attention = flops * min(per_token / max(e.flops_per_token, 1), 1.0)
     seconds = (flops - attention) / max(peak * eff, 1.0)
     seconds += attention / max(peak * hw.attention_efficiency, 1.0)
+    if facts.score_elements and hw.memory_gbps > 0:
+        # a rank's share, as for the FLOPs: its blocks (pp), its heads (tp), its samples (dp)
+        samples = b.tokens_per_step / max(facts.tokens_per_sample, 1) / max(plan.world_size, 1)
+        moved = facts.score_elements * samples * SCORE_PASSES * (2 if low else 4)
+        seconds += moved / (hw.memory_gbps * 1e9)
     return seconds, flops / max(peak * seconds, 1e-30)
 
 
-def optimizer_seconds(cfg: DtrainConfig, plan: Plan, hw: HardwareConfig) -> float:
+SCORE_PASSES = 15
+"""Times an unfused attention (``gpt.net.math_attention``) reads or writes each score, in
+forward and backward: forward writes the scores, masks them in place (read, write),
+softmaxes them (read, write) and reads them for the product with v (6); backward writes
+their gradient, the softmax's backward reads it and the softmax and writes its own (4),
+the mask's backward reads and writes (2), the product with v reads the softmax and the
+q and k gradients read the scores' gradient twice (3). Flash attention keeps them on chip."""
+
+
+def optimizer_seconds(
+    cfg: DtrainConfig, facts: ModelFacts, plan: Plan, hw: HardwareConfig
+) -> float:
     """The optimizer step, memory-bound: it reads the parameter, its gradient and each fp32
     state word and writes the parameter and the states back (AdamW: 7 words, 28 bytes),
     for the parameters this rank updates (its shard under zero1 and fsdp)."""
@@ -310,7 +330,9 @@ def optimizer_seconds(cfg: DtrainConfig, plan: Plan, hw: HardwareConfig) -> floa
     par, optim = cfg.parallel, cfg.optim
     words = {"adamw": 2, "sgd": 1 if optim.momentum > 0 else 0}.get(optim.name, 2)
     updated = plan.estimates.params_per_rank
-    updated *= strategy_for(par.strategy).updated_fraction(plan.dims)
+    strategy = strategy_for(par.strategy)
+    tensors = stage_tensors(facts, plan.pipeline) if strategy.shards_whole_tensors else []
+    updated *= strategy.optimizer_share(tensors, plan.dims)
     return updated * 4 * (3 + 2 * words) / (hw.memory_gbps * 1e9)
 
 
@@ -327,7 +349,7 @@ def estimate_step(
     recomputed = len(checkpointed_layers(0, facts.num_layers, par.activation_checkpointing))
     recompute_s = compute_s / 3 * recomputed / layers  # one more forward of those blocks
     backward_s = (compute_s + recompute_s) * 2 / 3
-    optimizer_s = optimizer_seconds(cfg, plan, hw)
+    optimizer_s = optimizer_seconds(cfg, facts, plan, hw)
 
     bpv = BYTES_PER_ACTIVATION[cfg.precision.name]
     boundary = spec.checkpoint_bytes(b.micro_batch_size, bpv, 1)  # one block's (b, s, d)

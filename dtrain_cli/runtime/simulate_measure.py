@@ -9,7 +9,8 @@
 - :class:`CommCounter`: every collective of the process-group API and of DTensor's
   functional collectives (a dispatch mode on the ``c10d`` ops), by op and mesh axis, with
   the bytes a ring moves per rank for it: 2 (n-1)/n x buffer for an all-reduce, (n-1)/n x
-  the whole buffer for an all-gather or reduce-scatter, the buffer for a broadcast or send;
+  the whole buffer for an all-gather or reduce-scatter, or a broadcast (a chain forwards the
+  buffer on every rank but its last: (n-1)/n of it on average), the buffer for a send;
   and a parameter server's worker's sends to its servers (:class:`CountedGroup`).
 """
 
@@ -162,7 +163,7 @@ class CommCounter(TorchDispatchMode):
         buffer = max(sides)
         if any(k in op for k in _REDUCE):
             sent = 2 * (n - 1) * buffer // max(n, 1)
-        elif any(k in op for k in _GATHER):
+        elif any(k in op for k in _GATHER) or "broadcast" in op:
             sent = (n - 1) * buffer // max(n, 1)
         elif "recv" in op:
             sent = 0

@@ -12,11 +12,10 @@ approximate under tp); a strategy that shards parameters (fsdp, hsdp) gives each
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from dtrain_cli.models.spec import TensorShape
+from dtrain_cli.models.spec import TensorShape, places
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.strategies import strategy_for
 from dtrain_cli.sync_modes.param_server import assign_shards
@@ -73,12 +72,12 @@ def tensor_shapes(spec: Any) -> tuple[list[TensorShape], bool]:
 
     with torch.device("meta"):
         model = spec.build("meta")
-    out, seen_block = [], False
-    for name, p in model.named_parameters():
-        m = re.search(r"\.(\d+)\.", name)
-        seen_block = seen_block or m is not None
-        where: str | int = int(m.group(1)) if m else ("last" if seen_block else "first")
-        out.append(TensorShape(name=name, shape=tuple(p.shape), where=where))
+    named = list(model.named_parameters())
+    where = places([name for name, _ in named])
+    out = [
+        TensorShape(name=name, shape=tuple(p.shape), where=w)
+        for (name, p), w in zip(named, where, strict=True)
+    ]
     return out, False
 
 

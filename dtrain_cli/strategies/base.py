@@ -118,16 +118,24 @@ class Strategy:
 
     # -- memory and communication (bytes per rank) -------------------------------------------
     def memory_bytes(
-        self, *, params: int, grads: int, optimizer: int, padding: float, dims: ParallelDims
+        self,
+        *,
+        params: int,
+        grads: int,
+        optimizer: int,
+        padding: float,
+        optimizer_share: float,
+        dims: ParallelDims,
     ) -> tuple[int, int, int]:
         """(parameters, gradients, optimizer state) this rank holds between steps, from
         their unsharded sizes; ``padding``: FSDP2's padded size over the unpadded
         (:func:`dtrain_cli.plan.memory.fsdp_padding`), for a strategy that shards
-        parameters. A gathered FSDP unit is transient: ``Estimates.bytes_gathered``."""
+        parameters; ``optimizer_share``: :meth:`optimizer_share`. A gathered FSDP unit is
+        transient: ``Estimates.bytes_gathered``."""
         shard = dims.dp_shard
         pad = padding if self.shards_params else 1.0
         if self.shards_optimizer:
-            optimizer = math.ceil(optimizer * pad / shard)
+            optimizer = math.ceil(optimizer * pad * optimizer_share)
         if self.shards_grads:
             grads = math.ceil(grads * pad / shard)
         if self.shards_params:
@@ -162,8 +170,14 @@ class Strategy:
         and its gradient before the reduce-scatter)."""
         return 0
 
-    def updated_fraction(self, dims: ParallelDims) -> float:
-        """The share of this rank's parameters its optimizer step updates."""
+    shards_whole_tensors: ClassVar[bool] = False
+    """Its optimizer shards are whole tensors: :meth:`optimizer_share` reads them."""
+
+    def optimizer_share(self, tensors: list[tuple[int, int]], dims: ParallelDims) -> float:
+        """The share of this rank's optimizer state, and of the parameters its optimizer
+        step updates, on the dp rank holding the most; ``tensors``: (numel, dims) of every
+        parameter of this rank's stage when :attr:`shards_whole_tensors` (empty: unknown).
+        Even shards by default."""
         return 1 / dims.dp_shard if self.shards_optimizer else 1.0
 
 

@@ -9,6 +9,8 @@ of the parameters and broadcasts it. Runtime half:
 
 from __future__ import annotations
 
+import functools
+import heapq
 from typing import TYPE_CHECKING, ClassVar
 
 from dtrain_cli.strategies.base import Traffic, register
@@ -46,6 +48,19 @@ class ZeRO1(DDP):
             )
         return out
 
+    shards_whole_tensors: ClassVar[bool] = True
+
+    def optimizer_share(self, tensors: list[tuple[int, int]], dims: ParallelDims) -> float:
+        """ZeroRedundancyOptimizer shards whole tensors, not elements: per parameter group
+        (dtrain's two: matrices, then the rest), largest first onto the least loaded rank
+        (``_partition_parameters``). With fewer tensors than ranks, or one large embedding,
+        the rank that gets it holds far more than an even share."""
+        if not tensors or dims.dp <= 1:
+            return super().optimizer_share(tensors, dims)
+        matrices = tuple(sorted((n for n, d in tensors if d >= 2), reverse=True))
+        rest = tuple(sorted((n for n, d in tensors if d < 2), reverse=True))
+        return _fullest_share(matrices, rest, dims.dp)
+
     def comm_bytes_per_step(
         self,
         *,
@@ -64,3 +79,14 @@ class ZeRO1(DDP):
     def dp_traffic(self, **kw) -> Traffic:  # type: ignore[no-untyped-def]
         traffic = super().dp_traffic(**kw)
         return Traffic(bytes=traffic.bytes, calls=traffic.calls + 1, hidden_behind="backward")
+
+
+@functools.lru_cache(maxsize=256)
+def _fullest_share(matrices: tuple[int, ...], rest: tuple[int, ...], ranks: int) -> float:
+    """The fullest rank's share of the elements after torch's greedy partition (each group
+    sorted largest first; ``dtrain advise`` asks once per layout, the answer per model)."""
+    loads = [(0, rank) for rank in range(ranks)]  # a heap: least loaded, lowest rank first
+    for numel in (*matrices, *rest):
+        load, rank = heapq.heappop(loads)
+        heapq.heappush(loads, (load + numel, rank))
+    return max(load for load, _ in loads) / max(sum(matrices) + sum(rest), 1)

@@ -147,6 +147,34 @@ def test_a_parameter_server_holds_and_sends_what_the_plan_says(tmp_path):
     assert rows["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=0.1)
 
 
+@pytest.mark.parametrize(
+    ("layout", "last"),
+    [
+        (["recipe=gpt_1b", "dp=512", "parallel.nnodes=64"], 511),
+        (["recipe=llama_tiny_hf", "dp=256", "pp=2", "parallel.nnodes=64"], 255),
+    ],
+    ids=["gpt_1b_dp512", "llama_hf_dp256_pp2"],
+)
+def test_zero1_optimizer_state_is_whole_tensors_on_the_rank_holding_most(tmp_path, layout, last):
+    """ZeroRedundancyOptimizer gives out whole tensors, largest first: at dp=512 gpt_1b's
+    389 tensors leave rank 0 with the 103M-parameter embedding's AdamW state (786 MiB,
+    37x an even share) and the last ranks with nothing; the plan estimates the rank holding
+    most, the HF pipeline's from its stage's tensors (an even share was 37x under)."""
+    (doc,) = _simulate(
+        tmp_path, *layout, "parallel.strategy=zero1", "train.global_batch_size=512",
+        "--ranks", f"0,{last}", "--steps", "1",
+    )  # fmt: skip
+    rank0, rank_last = doc["ranks"]
+    first, end = rank0["bytes"]["optimizer"], rank_last["bytes"]["optimizer"]
+    assert first["ratio"] == pytest.approx(1.0, abs=1e-3), first
+    dp = int(next(a for a in layout if a.startswith("dp="))[3:])
+    even = 2 * 4 * rank0["params_count"] / dp  # AdamW's two words, an even share
+    assert first["measured"] > 4 * even
+    assert end["measured"] < even
+    # each shard's owner broadcasts it: a chain forwards (dp-1)/dp of the bytes per rank
+    assert rank0["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=0.01)
+
+
 @pytest.mark.parametrize("recipe", ["gpt_tiny", "llama_tiny_hf"])
 def test_tensor_parallel_all_reduces_per_block(tmp_path, recipe):
     """Megatron's count: per block two all-reduces of the (b, s, d) activations in forward

@@ -67,9 +67,12 @@ def test_selective_is_every_other_block_of_the_whole_model():
     assert checkpointed_layers(0, 4, "none") == []
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "math"])
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
-def test_saved_activation_bytes_match_the_estimate(mode):
-    cfg, spec, model = _model(mode)
+def test_saved_activation_bytes_match_the_estimate(mode, attention):
+    """model.attention=math keeps each block's softmax, b x heads x s x s (a third of the
+    block's bytes at gpt_tiny's s = d = 128), where SDPA keeps its log-sum-exp."""
+    cfg, spec, model = _model(mode, f"model.attention={attention}")
     x, y = _batch(cfg)
     measured, _ = _measure(model, spec.blocks(model), x, y)
     kept, _ = part_activations(cfg, spec, MICRO, 0, cfg.model.n_layer, True)
@@ -131,17 +134,19 @@ def test_a_model_without_blocks_cannot_checkpoint():
     assert any("has no repeated blocks to checkpoint; use none" in p for p in err.value.problems)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "math"])
 @pytest.mark.parametrize(
     ("strategy", "param_dtype"), [("ddp", torch.float32), ("fsdp", torch.bfloat16)]
 )
-def test_bf16_autocast_activations_match_the_estimate(strategy, param_dtype):
+def test_bf16_autocast_activations_match_the_estimate(strategy, param_dtype, attention):
     """precision=bf16 runs the model under autocast. Over DDP's (and ZeRO-1's) fp32 parameters
     the residual stream stays fp32 and q, k and v each save their own bf16 copy of the
     norm's output; FSDP2 computes with bf16 parameters (its MixedPrecisionPolicy), all of
     it in bf16. Counted as dtrain simulate counts (the weights' bf16 copies are weights)."""
     from dtrain_cli.runtime.simulate_measure import SavedBytesMeter
 
-    cfg, spec, model = _model("none", "precision=bf16", f"parallel.strategy={strategy}")
+    extra = ("precision=bf16", f"parallel.strategy={strategy}", f"model.attention={attention}")
+    cfg, spec, model = _model("none", *extra)
     model.to(param_dtype)
     x, y = _batch(cfg)
     with SavedBytesMeter() as meter, torch.autocast("cpu", dtype=torch.bfloat16):

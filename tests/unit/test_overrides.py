@@ -217,6 +217,7 @@ def test_numeric_ranges_before_arithmetic(key, value):
         (["dp=3"], ["train.global_batch_size=16: not divisible by dp=3; use a multiple of 3"]),
         (["dp=-3"], ["parallel.dp=-3: must be >= 1"]),
         (["train.steps=-5"], ["train.steps=-5: must be >= 1"]),
+        (["model.attention=flash"], ["model.attention=flash: choose one of sdpa, math"]),
         (
             ["train.stepz=3", "dp=0"],
             ["unknown key 'train.stepz' (did you mean 'train.steps'?)", "parallel.dp=0: must be"],

@@ -81,6 +81,17 @@ def _error(case_id: str, layout: Layout) -> float:
             ),
         ),
         (
+            "mlm2021-a100-3.6b",  # +30.8% with SDPA's flash attention, which it predates
+            Layout(
+                dp=32,
+                tp=2,
+                pp=1,
+                strategy="fsdp",
+                micro_batch_size=16,
+                activation_checkpointing="full",
+            ),
+        ),
+        (
             "calculon-175b-full",
             Layout(
                 dp=1,
@@ -139,6 +150,29 @@ def test_the_published_units_convert_with_the_publishers_flop_count():
     assert published_tokens_per_gpu(CASES["mcore-h100-1.7b"]) == pytest.approx(36259, rel=1e-3)
     # Calculon 22B: 4 sequences of 2048 tokens on 8 GPUs in 1.42 s
     assert published_tokens_per_gpu(CASES["calculon-22b-full"]) == pytest.approx(721.1, rel=1e-3)
+
+
+def test_unfused_attention_costs_its_scores_memory_traffic():
+    """model.attention=math writes its s x s scores out and reads them back (15 passes in
+    forward and backward, 2 bytes each in bf16), per rank its share: its blocks (pp), its
+    heads (tp) and its samples (dp). With the attention's FLOPs at the matmul efficiency
+    (attention_efficiency=0), that traffic is the whole difference from SDPA's step."""
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.build import Resources, build_plan
+    from dtrain_cli.plan.steptime import SCORE_PASSES, compute_seconds
+
+    layout = ["dp=2", "tp=2", "pp=2", "train.global_batch_size=16", "train.micro_batch_size=2"]
+    hw = ["hardware=a100_80g", "hardware.attention_efficiency=0", "parallel.nnodes=1"]
+    hw.append("precision=bf16")
+    seconds = {}
+    for attention in ("sdpa", "math"):
+        cfg = compose_config("gpt_small", [*layout, *hw, f"model.attention={attention}"])
+        plan = build_plan(cfg, Resources(num_gpus=8, num_cpus=16))
+        seconds[attention] = compute_seconds(cfg, model_spec(cfg), plan, cfg.hardware)[0]
+    m = cfg.model
+    scores = m.n_layer * m.n_head * m.block_size**2 * 16 / 8  # 16 sequences on 8 ranks
+    moved = scores * SCORE_PASSES * 2 / (cfg.hardware.memory_gbps * 1e9)
+    assert seconds["math"] - seconds["sdpa"] == pytest.approx(moved, rel=1e-9)
 
 
 def test_deeper_pipeline_costs_its_bubble_and_no_more():

@@ -23,13 +23,15 @@ class CNNSpec(ModelSpec):
 
     def facts(self) -> ModelFacts:
         m = self.cfg
-        total, c_in, mats = 0, 3, []
-        for c in m.channels:
+        total, c_in, mats, sizes = 0, 3, [], []
+        for i, c in enumerate(m.channels):
             total += c_in * c * KERNEL * KERNEL + c + 2 * c  # conv (+bias) + BN affine
             mats.append((c, c_in * KERNEL * KERNEL))
+            sizes += [(c_in * c * KERNEL * KERNEL, 4, i)] + [(c, 1, i)] * 3
             c_in = c
         total += c_in * m.num_classes + m.num_classes
         mats.append((m.num_classes, c_in))
+        sizes += [(m.num_classes * c_in, 2, "last"), (m.num_classes, 1, "last")]
         pixels = m.image_size * m.image_size
         return ModelFacts(
             num_params=total,
@@ -38,6 +40,7 @@ class CNNSpec(ModelSpec):
             flops_per_unit=6 * total * pixels,  # rough: every conv weight touches every pixel
             matrix_shapes=mats,
             batchnorm_layers=len(m.channels),
+            tensor_sizes=sizes,
         )
 
     def activation_bytes(

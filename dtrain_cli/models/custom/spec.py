@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.records import cache_root, load, store
-from dtrain_cli.models.spec import ModelFacts, ModelSpec
+from dtrain_cli.models.spec import ModelFacts, ModelSpec, tensor_sizes
 from dtrain_cli.targets import nested_targets
 
 if TYPE_CHECKING:
@@ -191,6 +191,7 @@ class CustomSpec(ModelSpec):
         f = dict(self._measured["facts"])
         f["matrix_shapes"] = [tuple(x) for x in f.get("matrix_shapes", [])]
         f["param_rows"] = [tuple(x) for x in f.get("param_rows", [])]
+        f["tensor_sizes"] = [tuple(x) for x in f.get("tensor_sizes", [])]
         return ModelFacts(**f)
 
     def _count(self, model: Any) -> ModelFacts:
@@ -213,6 +214,7 @@ class CustomSpec(ModelSpec):
             flops_per_unit=6 * n,
             matrix_shapes=mats,  # type: ignore[arg-type]
             batchnorm_layers=_count_batchnorm(model),
+            tensor_sizes=tensor_sizes(model),
         )
 
     # -- activations: measured once, on meta ----------------------------------------------

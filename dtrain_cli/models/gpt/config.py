@@ -23,7 +23,14 @@ class GPTConfig:
     bias: bool = True
     tie_embeddings: bool = False
     """Tie the LM head to the token embedding (off: keeps pipeline stages independent)."""
+    attention: str = "sdpa"
+    """``sdpa``: torch's fused kernel (flash attention on GPUs), which keeps no s x s
+    scores; ``math``: the attention written out (scores, mask, softmax, dropout), as
+    Megatron-LM and GPT-2 ran before flash attention: each block keeps its softmax for
+    backward, b x heads x s x s, and moves it through memory (``models.gpt.spec``)."""
 
+
+ATTENTIONS = ("sdpa", "math")
 
 POSITIVE = ("n_layer", "n_head", "n_embd", "block_size", "vocab_size")
 LIMITS = {

@@ -37,6 +37,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.fused = cfg.attention == "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, _ = x.shape
@@ -44,11 +45,27 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (
             lin(x).view(b, t, -1, self.head_dim).transpose(1, 2) for lin in (self.q, self.k, self.v)
         )
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        p = self.dropout if self.training else 0.0
+        if self.fused:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+        else:
+            y = math_attention(q, k, v, p)
         y = y.transpose(1, 2).reshape(b, t, -1)
         return self.resid_dropout(self.proj(y))
+
+
+def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+    """Causal attention written out (``model.attention=math``), as Megatron-LM computed it
+    before flash attention: the scale folded into q, the (b, heads, s, s) scores masked in
+    place and softmaxed in their own dtype (fp32 inside the kernel, like Megatron's fused
+    scale-mask-softmax; outside autocast, which would make it fp32 on CUDA but not on
+    CPU), dropout, the product with v. Backward keeps the softmax (and dropout's mask)."""
+    t = q.shape[-2]
+    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
+    future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+    with torch.autocast(q.device.type, enabled=False):
+        weights = scores.masked_fill_(future, float("-inf")).softmax(-1)
+    return F.dropout(weights, p) @ v
 
 
 class MLP(nn.Module):

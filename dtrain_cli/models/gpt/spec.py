@@ -11,7 +11,7 @@ import functools
 import math
 from typing import TYPE_CHECKING, Any
 
-from dtrain_cli.models.gpt.config import LIMITS, POSITIVE, GPTConfig
+from dtrain_cli.models.gpt.config import ATTENTIONS, LIMITS, POSITIVE, GPTConfig
 from dtrain_cli.models.spec import ModelFacts, ModelSpec, TensorShape
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class GPTSpec(ModelSpec):
         return _facts(type(self), tuple(getattr(self.cfg, f) for f in SHAPE_FIELDS))
 
     def _count(self) -> ModelFacts:
-        m = self.cfg
+        m, shapes = self.cfg, self.tensor_shapes()
         d = m.n_embd
         first = (m.vocab_size + m.block_size) * d
         norm = d * (1 + int(m.bias))
@@ -56,19 +56,21 @@ class GPTSpec(ModelSpec):
             tokens_per_sample=m.block_size,
             unit="tokens",
             flops_per_unit=6 * matmul_params + 12 * m.n_layer * d * m.block_size,
+            score_elements=m.n_layer * m.n_head * m.block_size**2 * (m.attention == "math"),
             matrix_shapes=mats,
             # under tp: the position embedding, every norm and the row-wise layers' biases
             params_tp_replicated=m.block_size * d
             + (2 * m.n_layer + 1) * norm
             + 2 * m.n_layer * d * int(m.bias),
-            param_rows=self._param_rows(),
+            param_rows=self._param_rows(shapes),
+            tensor_sizes=[(math.prod(t.shape), len(t.shape), t.where) for t in shapes],
         )
 
-    def _param_rows(self) -> list[tuple[int, int, int | None]]:
+    def _param_rows(self, shapes: list[TensorShape]) -> list[tuple[int, int, int | None]]:
         """The tensors of one dim 0 and tp dim together (every block repeats the same
         ones): FSDP2's padding is the same per element within such a group."""
         rows: dict[tuple[int, int | None], int] = {}
-        for t in self.tensor_shapes():
+        for t in shapes:
             key = (t.shape[0], t.tp_dim)
             rows[key] = rows.get(key, 0) + math.prod(t.shape)
         return [(dim0, numel, tp_dim) for (dim0, tp_dim), numel in rows.items()]
@@ -81,13 +83,19 @@ class GPTSpec(ModelSpec):
         input and its norm, the MLP input and its norm (replicated under tp: 4), q, k, v
         and the attention output (SDPA's flash kernel keeps no s x s matrix: 4/tp), the MLP's
         4d hidden before and after GELU (8/tp); plus fp32 norm statistics and the attention
-        log-sum-exp. Outside the blocks: the final norm's input and output, the fp32
-        log-softmax of the loss (b, s, vocab), token ids and targets (int64)."""
+        log-sum-exp. ``model.attention=math`` keeps the softmax (b, heads/tp, s, s) in the
+        scores' dtype and the block's causal mask (s x s bools) instead of the log-sum-exp.
+        Outside the blocks: the final norm's input and output, the fp32 log-softmax of the
+        loss (b, s, vocab), token ids and targets (int64)."""
         m = self.cfg
         b, s, d, a, v = micro_batch, m.block_size, m.n_embd, m.n_head, m.vocab_size
         bsd = b * s * d * bytes_per_value
-        stats = 4 * b * s * 4 + (a // max(tp, 1)) * b * s * 4
-        per_layer = bsd * (4 + 12 / tp) + stats
+        heads = a // max(tp, 1)
+        if m.attention == "math":
+            scores = heads * b * s * s * bytes_per_value + s * s
+        else:
+            scores = heads * b * s * 4
+        per_layer = bsd * (4 + 12 / tp) + 4 * b * s * 4 + scores
         outside = 2 * bsd + 2 * b * s * 4 + b * s * v * 4 + 2 * b * s * 8 + s * 8
         return float(per_layer), float(outside)
 
@@ -114,6 +122,8 @@ class GPTSpec(ModelSpec):
         ]
         if not 0.0 <= m.dropout < 1.0:
             out.append(f"model.dropout={m.dropout}: must be in [0, 1)")
+        if m.attention not in ATTENTIONS:
+            out.append(f"model.attention={m.attention}: choose one of {', '.join(ATTENTIONS)}")
         return out
 
     def problems(self, cfg: DtrainConfig) -> list[str]:
@@ -210,7 +220,10 @@ def _device(device: Any) -> Any:
     return torch.device(device)
 
 
-SHAPE_FIELDS = ("vocab_size", "block_size", "n_embd", "n_layer", "n_head", "bias", "tie_embeddings")
+SHAPE_FIELDS = (
+    "vocab_size", "block_size", "n_embd", "n_layer", "n_head", "bias", "tie_embeddings",
+    "attention",
+)  # fmt: skip
 """The config fields the counts depend on (not the name, dropout or the run)."""
 
 

@@ -28,6 +28,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from dtrain_cli.models.hf.library import transformers_module
 from dtrain_cli.models.hf.tensor_parallel import tp_plan, tp_replicated
+from dtrain_cli.models.spec import tensor_sizes
 
 if TYPE_CHECKING:
     from dtrain_cli.models.spec import StageSpan as StagePlan
@@ -106,6 +107,7 @@ def meta_counts(spec: HFSpec, model: nn.Module | None = None) -> dict[str, Any]:
         "tp_replicated": tp_replicated(model),
         "matrix_shapes": [list(p.shape) for p in model.parameters() if p.dim() == 2],
         "param_rows": [[p.shape[0], p.numel()] for p in model.parameters() if p.dim()],
+        "tensor_sizes": tensor_sizes(model),
         "batchnorm_layers": sum(isinstance(m, _BatchNorm) for m in model.modules()),
     }
 

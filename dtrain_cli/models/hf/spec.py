@@ -250,6 +250,7 @@ class HFSpec(ModelSpec):
             batchnorm_layers=c.get("batchnorm_layers", 0),
             params_tp_replicated=c.get("tp_replicated", 0),
             param_rows=[(r, n, None) for r, n in c.get("param_rows", [])],
+            tensor_sizes=[tuple(t) for t in c.get("tensor_sizes", [])],
         )
 
     def activation_bytes(

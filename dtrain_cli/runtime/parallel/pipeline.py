@@ -78,7 +78,9 @@ def stage_io_meta(
     x: torch.Tensor = torch.zeros(micro_batch, spec.block_size, dtype=torch.long, device="meta")
     io = {}
     autocast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
-    with autocast:  # with grad: what requires grad decides which gradients flow back
+    # with grad: what requires grad decides which gradients flow back; the kind's context
+    # for tensors it cannot read (meta ones, as fake)
+    with autocast, spec.fake_tensor_context():
         for st in sorted(pipe.stages, key=lambda s: s.stage):
             out = spec.pipeline_stage(model, st)(x)
             if low_params and dtype is not None and out.is_floating_point():
