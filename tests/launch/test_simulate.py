@@ -175,6 +175,24 @@ def test_zero1_optimizer_state_is_whole_tensors_on_the_rank_holding_most(tmp_pat
     assert rank0["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=0.01)
 
 
+def test_math_attention_keeps_its_scores_on_every_mesh_dimension(tmp_path):
+    """model.attention=math at tp x pp (the stages' shapes found on the meta device, under
+    autocast): each rank keeps its heads' softmax (bf16, b x heads/tp x s x s) and the
+    causal mask, what the plan adds to SDPA's bytes, to the byte on both stages."""
+    kept = {}
+    for attention in ("sdpa", "math"):
+        (tmp_path / attention).mkdir()
+        (doc,) = _simulate(
+            tmp_path / attention, "recipe=gpt_tiny", f"model.attention={attention}",
+            "precision=bf16", "dp=2", "tp=2", "pp=2", "--ranks", "0,4", "--steps", "1",
+        )  # fmt: skip
+        kept[attention] = [r["bytes"]["activations"] for r in doc["ranks"]]
+    for sdpa, math in zip(kept["sdpa"], kept["math"], strict=True):
+        added = math["measured"] - sdpa["measured"]
+        assert added > 0.1 * sdpa["measured"]
+        assert added == math["estimate"] - sdpa["estimate"]
+
+
 @pytest.mark.parametrize("recipe", ["gpt_tiny", "llama_tiny_hf"])
 def test_tensor_parallel_all_reduces_per_block(tmp_path, recipe):
     """Megatron's count: per block two all-reduces of the (b, s, d) activations in forward

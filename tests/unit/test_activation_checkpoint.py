@@ -157,3 +157,20 @@ def test_bf16_autocast_activations_match_the_estimate(strategy, param_dtype, att
         zero1 = compose_config("gpt_tiny", _overrides("none", "precision=bf16",
                                "parallel.strategy=zero1"), validate=False)  # fmt: skip
         assert part_activations(zero1, spec, MICRO, 0, cfg.model.n_layer, True)[0] == kept
+
+
+def test_math_attention_computes_what_sdpa_computes():
+    """model.attention=math is the same causal attention written out: one seed, one batch,
+    the loss and every gradient equal SDPA's to float rounding (and the parameters are the
+    same tensors, so checkpoints move between the two)."""
+    out = {}
+    for attention in ("sdpa", "math"):
+        cfg, _, model = _model("none", f"model.attention={attention}")
+        loss = cross_entropy(model(_batch(cfg)[0]), _batch(cfg)[1])
+        loss.backward()
+        out[attention] = (loss.item(), {n: p.grad for n, p in model.named_parameters()})
+    (loss_a, grads_a), (loss_b, grads_b) = out["sdpa"], out["math"]
+    assert loss_b == pytest.approx(loss_a, rel=1e-6)
+    assert grads_a.keys() == grads_b.keys()
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-6, msg=name)

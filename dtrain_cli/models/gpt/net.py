@@ -63,7 +63,8 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) 
     t = q.shape[-2]
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)
     future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
-    with torch.autocast(q.device.type, enabled=False):
+    # the autocast of the step: CUDA's on GPUs, the CPU's here and for a meta shape pass
+    with torch.autocast("cuda" if q.is_cuda else "cpu", enabled=False):
         weights = scores.masked_fill_(future, float("-inf")).softmax(-1)
     return F.dropout(weights, p) @ v
 
