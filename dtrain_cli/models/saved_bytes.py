@@ -28,33 +28,54 @@ class SavedBytes:
     outside_other: float
     block_input: float
     """A block's input (what a checkpointed block keeps), floating-point bytes."""
+    block_replicated: float = 0.0
+    """Of ``block_float``, what every tp rank keeps whole: saved by a norm or as the input
+    of a column-wise linear (the residual stream and its norms, as Megatron's tensor
+    parallel without sequence parallelism keeps them)."""
 
     def per_micro_batch(
         self, micro_batch: int, bytes_per_value: int, tp: int
     ) -> tuple[float, float]:
         """(per block, outside the blocks) for a micro-batch: measured in fp32, floating-point
-        tensors scaled to ``bytes_per_value``, a block's split over ``tp``."""
+        tensors scaled to ``bytes_per_value``, a block's split over ``tp`` but for what tp
+        replicates."""
         f = micro_batch * bytes_per_value / 4
-        block = (self.block_float * f + self.block_other * micro_batch) / max(tp, 1)
+        split = (self.block_float - self.block_replicated) * f + self.block_other * micro_batch
+        block = split / max(tp, 1) + self.block_replicated * f
         return block, self.outside_float * f + self.outside_other * micro_batch
 
 
 def measure_saved(
-    model: Any, blocks: list[Any], inputs: Any, forward_loss: Callable[[Any, Any], Any]
+    model: Any,
+    blocks: list[Any],
+    inputs: Any,
+    forward_loss: Callable[[Any, Any], Any],
+    replicated: set[int] | None = None,
 ) -> SavedBytes:
-    """Run ``forward_loss(model, inputs)`` once under the saved-tensor hooks (meta tensors)."""
+    """Run ``forward_loss(model, inputs)`` once under the saved-tensor hooks (meta tensors).
+    ``replicated``: ids of the blocks' modules whose saved tensors tensor parallel keeps
+    whole (:attr:`SavedBytes.block_replicated`, by the innermost module saving them)."""
     import torch
 
     params = {p.untyped_storage()._cdata for p in model.parameters()}
-    seen: dict[int, tuple[bool, bool, int]] = {}  # storage -> (in a block, float, bytes)
-    depth = [0]
+    seen: dict[int, tuple[bool, bool, int, bool]] = {}  # storage -> (in a block, float, bytes,
+    depth = [0]  # replicated under tp)
     first_input: list[float] = []
+    inner: list[int] = []  # the modules of the blocks being run, innermost last
+    replicated = replicated or set()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         st = t.untyped_storage()
         if st._cdata not in params and st._cdata not in seen:
-            seen[st._cdata] = (depth[0] > 0, t.is_floating_point(), st.nbytes())
+            whole = bool(inner) and inner[-1] in replicated
+            seen[st._cdata] = (depth[0] > 0, t.is_floating_point(), st.nbytes(), whole)
         return t
+
+    def push(module: Any, _args: tuple) -> None:
+        inner.append(id(module))
+
+    def pop(_module: Any, _args: tuple, _out: Any) -> None:
+        inner.pop()
 
     def enter(_module: Any, args: tuple) -> None:
         if not first_input and args and isinstance(args[0], torch.Tensor):
@@ -66,6 +87,8 @@ def measure_saved(
 
     hooks = [b.register_forward_pre_hook(enter) for b in blocks]
     hooks += [b.register_forward_hook(leave) for b in blocks]
+    for m in (m for b in blocks for m in b.modules()):
+        hooks += [m.register_forward_pre_hook(push), m.register_forward_hook(pop)]
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             forward_loss(model, inputs)
@@ -74,10 +97,12 @@ def measure_saved(
             h.remove()
 
     def total(in_block: bool, is_float: bool) -> float:
-        return float(sum(n for b, f, n in seen.values() if b == in_block and f == is_float))
+        return float(sum(n for b, f, n, _ in seen.values() if b == in_block and f == is_float))
 
     per = max(len(blocks), 1)
+    whole = sum(n for b, f, n, r in seen.values() if b and f and r)
     return SavedBytes(
+        block_replicated=whole / per,
         block_float=total(True, True) / per,
         block_other=total(True, False) / per,
         outside_float=total(False, True),

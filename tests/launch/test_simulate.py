@@ -203,6 +203,9 @@ def test_tensor_parallel_all_reduces_per_block(tmp_path, recipe):
     (doc,) = _simulate(tmp_path, f"recipe={recipe}", "dp=2", "tp=2", "--ranks", "0")
     counts = {(c["op"], c["axis"]): c["count"] for c in doc["ranks"][0]["collectives"]}
     assert counts[("all_reduce", "tp")] == 4 * 4 + 2  # both recipes: 4 blocks
+    # what a rank keeps: its heads' and its MLP slice's tensors, the residual stream and its
+    # norms whole (the HF Llama's measured bytes were all divided by tp: 1.25 measured/plan)
+    assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
 
 
 def test_gpt_1b_plain_ddp_world_1024_on_fake_tensors(tmp_path):

@@ -27,7 +27,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from dtrain_cli.models.hf.library import transformers_module
-from dtrain_cli.models.hf.tensor_parallel import tp_plan, tp_replicated
+from dtrain_cli.models.hf.tensor_parallel import tp_patterns, tp_plan, tp_replicated, tp_style_of
 from dtrain_cli.models.spec import tensor_sizes
 
 if TYPE_CHECKING:
@@ -171,10 +171,24 @@ def saved_per_sample(spec: HFSpec, model: nn.Module) -> dict[str, float] | None:
 
     try:
         x = torch.zeros(1, int(spec.cfg.block_size), dtype=torch.long)
-        saved = measure_saved(model, _layer_list(model), x, forward_loss)
+        saved = measure_saved(model, _layer_list(model), x, forward_loss, tp_whole(model))
     except Exception:  # a family fake tensors cannot run: the formula stands in
         return None
     return dict(vars(saved))
+
+
+def tp_whole(model: nn.Module) -> set[int]:
+    """The decoder layers' modules whose saved tensors every tp rank keeps whole: the norms
+    and the column-wise linears of the model's tp plan (their input, the normed residual
+    stream, is replicated); what the other modules save is split by heads or by the MLP's
+    width."""
+    plan = tp_patterns(model)
+    return {
+        id(m)
+        for name, m in model.named_modules()
+        if "norm" in type(m).__name__.lower()
+        or (tp_style_of(plan, name) or "").startswith("colwise")
+    }
 
 
 def _layer_list(model: nn.Module) -> list[nn.Module]:

@@ -25,12 +25,12 @@ def tp_replicated(model: nn.Module) -> int:
     """Parameters every tp rank holds whole under the model's tp plan: modules the plan
     does not name (norms, position embeddings) and the biases of row-wise layers (added
     after the all-reduce); 0 without a plan."""
-    plan = _patterns(model)
+    plan = tp_patterns(model)
     if not plan:
         return 0
     whole = 0
     for name, module in model.named_modules():
-        style = _style_of(plan, name)
+        style = tp_style_of(plan, name)
         for pname, p in module.named_parameters(recurse=False):
             if style is None or (style.startswith("rowwise") and pname == "bias"):
                 whole += p.numel()
@@ -50,13 +50,13 @@ def tp_plan(model: nn.Module) -> dict[str, str]:
     return dict(plan)
 
 
-def _patterns(model: nn.Module) -> list[tuple[re.Pattern[str], str]]:
+def tp_patterns(model: nn.Module) -> list[tuple[re.Pattern[str], str]]:
     """The plan's names (``model.layers.*.self_attn.q_proj``) as patterns over full module
     names (``*``: a layer index), with their style."""
     return [(re.compile(re.escape(k).replace(r"\*", r"\d+")), v) for k, v in tp_plan(model).items()]
 
 
-def _style_of(plan: list[tuple[re.Pattern[str], str]], name: str) -> str | None:
+def tp_style_of(plan: list[tuple[re.Pattern[str], str]], name: str) -> str | None:
     return next((style for pattern, style in plan if pattern.fullmatch(name)), None)
 
 
@@ -92,12 +92,12 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     embedding over the vocabulary; the LM head gathered). A whole model or an HFStage."""
     from torch.distributed.tensor.parallel import parallelize_module
 
-    plan = _patterns(model)
+    plan = tp_patterns(model)
     if not plan:
         raise ValueError(f"model_type={model.config.model_type}: no base_model_tp_plan")
     modules, shared = dict(model.named_modules()), Counter()  # column-wise children
     for name, module in modules.items():
-        style = _style_of(plan, name)
+        style = tp_style_of(plan, name)
         if style is not None:
             parallelize_module(module, tp_mesh, torch_style(style))
             shared[name.rpartition(".")[0]] += style == "colwise"
