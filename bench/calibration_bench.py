@@ -159,7 +159,12 @@ NOTES = [
     "the same parameters per block, whose activations were 26% smaller than the Llama's "
     "(2.08 against 2.81 GiB a block for Llama 3 8B at micro-batch 2, sequence 8,192) and "
     "whose estimate of torchtitan's published peak memory was 14-15% low (70.8 and 56.7 GiB "
-    "against 82.4 and 67.0).",
+    "against 82.4 and 67.0). At bf16 the plan measures the forward under autocast (since "
+    "Dec 3; it halved the fp32 bytes before): the Hugging Face Llama's RMSNorm computes in "
+    "fp32 and keeps fp32 copies for backward, which torchtitan's fused norm does not, so "
+    "torchtitan's peak memory is now estimated 6-10% high (87.7 and 73.6 GiB; 3-4% low "
+    "before), and its Llama 2 13B without recomputation does not fit the HF Llama's "
+    "estimate.",
     "Where #1 is not ok, the advisor's reason names what it saves; mostly recomputation the "
     "publisher kept although dtrain's memory model fits without it. The published record "
     "makes that comparison for some: Korthikanti et al. 2022 (Calculon's rows) ran 1.29-1.32x "

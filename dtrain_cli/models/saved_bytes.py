@@ -5,8 +5,9 @@
 A model of your own has no formula for its activations: the plan runs its forward (and the
 loss) once on the meta device, with one sample of the token windows it will train on, and
 counts every tensor autograd saves (``torch.autograd.graph.saved_tensors_hooks``), each
-storage once, parameters left out, split between the repeated blocks and the rest. No
-memory, no compute; imports torch (the custom kind's plan does already).
+storage once, parameters and their copies (autocast's bf16 weights) left out, split between
+the repeated blocks and the rest. No memory, no compute; imports torch (the custom kind's
+plan does already).
 """
 
 from __future__ import annotations
@@ -45,6 +46,25 @@ class SavedBytes:
         return block, self.outside_float * f + self.outside_other * micro_batch
 
 
+def weight_derived(t: Any, depth: int = 6) -> bool:
+    """A parameter, or a chain of one-input ops (view, transpose, cast) from one parameter
+    to a tensor of its size: ``W.t()``, autocast's or FSDP's bf16 copy of ``W``. An
+    embedding's output also has a parameter as its only differentiable input, but not its
+    size."""
+    if t.is_leaf:
+        return t.requires_grad
+    node = t.grad_fn
+    for _ in range(depth):
+        nexts = [f for f, _ in getattr(node, "next_functions", ()) if f is not None]
+        if len(nexts) != 1:
+            return False
+        node = nexts[0]
+        leaf = getattr(node, "variable", None)
+        if leaf is not None:
+            return leaf.numel() == t.numel()
+    return False
+
+
 def measure_saved(
     model: Any,
     blocks: list[Any],
@@ -66,7 +86,7 @@ def measure_saved(
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         st = t.untyped_storage()
-        if st._cdata not in params and st._cdata not in seen:
+        if st._cdata not in params and st._cdata not in seen and not weight_derived(t):
             whole = bool(inner) and inner[-1] in replicated
             seen[st._cdata] = (depth[0] > 0, t.is_floating_point(), st.nbytes(), whole)
         return t

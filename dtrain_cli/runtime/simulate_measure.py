@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dtrain_cli.models.saved_bytes import weight_derived
 from dtrain_cli.runtime.parallel.dtensors import is_dtensor, local_tensor
 from dtrain_cli.runtime.parallel.mesh import DistContext
 
@@ -68,25 +69,6 @@ class SavedBytesMeter:
         step_bytes = sum(nbytes for nbytes, _ in self._seen.values())
         self.peak_step_bytes = max(self.peak_step_bytes, step_bytes)
         self._seen = {}
-
-
-def weight_derived(t: torch.Tensor, depth: int = 6) -> bool:
-    """A parameter, or a chain of one-input ops (view, transpose, cast) from one parameter
-    to a tensor of its size: ``W.t()``, autocast's or FSDP's bf16 copy of ``W``. An
-    embedding's output also has a parameter as its only differentiable input, but not its
-    size."""
-    if t.is_leaf:
-        return t.requires_grad
-    node = t.grad_fn
-    for _ in range(depth):
-        nexts = [f for f, _ in getattr(node, "next_functions", ()) if f is not None]
-        if len(nexts) != 1:
-            return False
-        node = nexts[0]
-        leaf = getattr(node, "variable", None)
-        if leaf is not None:
-            return leaf.numel() == t.numel()
-    return False
 
 
 _GATHER = ("allgather", "all_gather", "reduce_scatter")

@@ -175,6 +175,23 @@ def test_zero1_optimizer_state_is_whole_tensors_on_the_rank_holding_most(tmp_pat
     assert rank0["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=0.01)
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [["dp=2", "tp=2"], ["dp=4", "parallel.strategy=fsdp"]],
+    ids=["autocast_over_fp32_tp2", "fsdp_bf16_params"],
+)
+def test_hf_bf16_activations_are_measured_not_scaled(tmp_path, layout):
+    """precision=bf16 on the HF Llama: the plan measures the window's forward under autocast
+    (over fp32 parameters, and with FSDP's bf16 parameters) instead of halving the fp32
+    bytes; its RMSNorm computes in fp32, and autocast's bf16 copies of the weights are
+    weights. The halved estimate was 1.54x under (autocast, tp=2), 1.12x (fsdp)."""
+    (doc,) = _simulate(
+        tmp_path, "recipe=llama_tiny_hf", "precision=bf16", *layout, "--ranks", "0",
+        "--steps", "1",
+    )  # fmt: skip
+    assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
+
+
 def test_math_attention_keeps_its_scores_on_every_mesh_dimension(tmp_path):
     """model.attention=math at tp x pp (the stages' shapes found on the meta device, under
     autocast): each rank keeps its heads' softmax (bf16, b x heads/tp x s x s) and the

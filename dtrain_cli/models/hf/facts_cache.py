@@ -29,8 +29,9 @@ from typing import Any
 from dtrain_cli.models.records import files_hash, key_of
 
 FOLDER = "hf-facts"
-FORMAT = 2
-"""The record's layout; raise it when the record's fields change (2: saved bytes)."""
+FORMAT = 3
+"""The record's layout; raise it when the record's fields change (2: saved bytes; 3: saved
+at 2 bytes a value, under autocast and with bf16 parameters)."""
 _COUNTING_CODE = (
     Path(__file__).with_name("net.py"),
     Path(__file__).with_name("tensor_parallel.py"),  # tp_plan, tp_replicated

@@ -261,11 +261,23 @@ class HFSpec(ModelSpec):
         Korthikanti et al. 2022 per block (as for the built-in GPT); the fp32 logits and
         their gradient outside the blocks."""
         c = self._meta
+        if bytes_per_value < 4 and c.get("saved_bf16"):  # measured at 2 bytes a value
+            return SavedBytes(**c["saved_bf16"]).per_micro_batch(micro_batch, 4, tp)
         if c.get("saved"):
             return SavedBytes(**c["saved"]).per_micro_batch(micro_batch, bytes_per_value, tp)
         s, d, a = self.cfg.block_size, c["hidden"], c["heads"]
         per_layer = s * micro_batch * d * (34 + 5 * a * s / d) * (bytes_per_value / 2) / tp
         return per_layer, float(micro_batch * s * c["vocab"] * 4 * 2)
+
+    def autocast_extra_bytes(self, micro_batch: int, tp: int) -> tuple[float, float]:
+        """Measured: what autocast over fp32 parameters saves beyond bf16 parameters
+        (:func:`.net.saved_low_precision`); 0 when the forward could not be measured."""
+        c = self._meta
+        if not (c.get("saved_autocast") and c.get("saved_bf16")):
+            return 0.0, 0.0
+        over = SavedBytes(**c["saved_autocast"]).per_micro_batch(micro_batch, 4, tp)
+        low = SavedBytes(**c["saved_bf16"]).per_micro_batch(micro_batch, 4, tp)
+        return over[0] - low[0], over[1] - low[1]
 
     def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
         """A checkpointed decoder layer keeps only its input, the (b, s, hidden) residual
