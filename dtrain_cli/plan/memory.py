@@ -106,6 +106,16 @@ def stage_tensors(facts: ModelFacts, pipeline: PipelinePlan | None) -> list[tupl
     return max(held.values(), key=lambda ts: sum(n for n, _ in ts))
 
 
+def optimizer_share(
+    strategy: str, facts: ModelFacts, pipeline: PipelinePlan | None, dims: ParallelDims
+) -> float:
+    """The share of the optimizer state (and of the optimizer step's parameters) on the dp
+    rank holding the most (:meth:`dtrain_cli.strategies.base.Strategy.optimizer_share`),
+    for the pp rank holding the most; the tensors are read only when they matter."""
+    s = strategy_for(strategy)
+    return s.optimizer_share(stage_tensors(facts, pipeline) if s.shards_whole_tensors else [], dims)
+
+
 def nproc_guess(cfg: DtrainConfig) -> int:
     """Processes per node as the plan derives them (for a strategy's per-node groups)."""
     par = cfg.parallel
@@ -143,9 +153,7 @@ def estimate(
         grads=4 * per_rank,
         optimizer=4 * optim_words * per_rank,
         padding=fsdp_padding(facts, dims.dp_shard, par.tp) if sharded else 1.0,
-        optimizer_share=strategy.optimizer_share(
-            stage_tensors(facts, pipeline) if strategy.shards_whole_tensors else [], dims
-        ),
+        optimizer_share=optimizer_share(par.strategy, facts, pipeline, dims),
         dims=dims,
     )
     optim_b = mode_for(cfg.sync.mode).optimizer_bytes(cfg, per_rank, optim_b)

@@ -54,7 +54,7 @@ from dtrain_cli.plan.layout import (
     inflight_microbatches,
     part_activations,
 )
-from dtrain_cli.plan.memory import stage_tensors
+from dtrain_cli.plan.memory import optimizer_share
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.strategies import strategy_for
 
@@ -330,9 +330,7 @@ def optimizer_seconds(
     par, optim = cfg.parallel, cfg.optim
     words = {"adamw": 2, "sgd": 1 if optim.momentum > 0 else 0}.get(optim.name, 2)
     updated = plan.estimates.params_per_rank
-    strategy = strategy_for(par.strategy)
-    tensors = stage_tensors(facts, plan.pipeline) if strategy.shards_whole_tensors else []
-    updated *= strategy.optimizer_share(tensors, plan.dims)
+    updated *= optimizer_share(par.strategy, facts, plan.pipeline, plan.dims)
     return updated * 4 * (3 + 2 * words) / (hw.memory_gbps * 1e9)
 
 
