@@ -78,8 +78,9 @@ def measure_saved(
     import torch
 
     params = {p.untyped_storage()._cdata for p in model.parameters()}
-    seen: dict[int, tuple[bool, bool, int, bool]] = {}  # storage -> (in a block, float, bytes,
-    depth = [0]  # replicated under tp)
+    # storage -> (in a block, floating-point, bytes, kept whole under tp)
+    seen: dict[int, tuple[bool, bool, int, bool]] = {}
+    depth = [0]
     first_input: list[float] = []
     inner: list[int] = []  # the modules of the blocks being run, innermost last
     replicated = replicated or set()
