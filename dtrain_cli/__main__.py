@@ -1,3 +1,3 @@
-from dtrain_cli.cli.app import main
+from dtrain_cli.cli.entry import main
 
 main()

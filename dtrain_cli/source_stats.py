@@ -7,6 +7,7 @@ left out.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,4 +32,14 @@ def code_files() -> list[Path]:
     for root, dirs, files in os.walk(CODE_ROOT):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         found += [Path(root, f) for f in sorted(files) if f.endswith(".py")]
+    return found
+
+
+def package_files(names: Iterable[str]) -> list[Path]:
+    """The ``__init__.py`` of each installed package named (a reinstall changes its stats)."""
+    found = []
+    for name in names:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            found.append(Path(spec.origin))
     return found

@@ -20,10 +20,7 @@ fails a command: an unreadable entry is a miss, a write that fails is skipped.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib.util
-import os
 import pickle
 import sys
 from collections.abc import Iterable, Sequence
@@ -31,8 +28,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from dtrain_cli.kept import write_entry
 from dtrain_cli.rundir import env
-from dtrain_cli.source_stats import code_files, stats
+from dtrain_cli.source_stats import code_files, package_files, stats
 
 FOLDER = "composed"
 KEEP = 256  # entries; the oldest go first (one is about 16 KB)
@@ -57,7 +55,7 @@ def key_for(
     parts.append(list(map(str, search)))
     parts += stats(_yaml_files([recipe_path.parent, *search]))
     parts += stats(code_files())
-    parts += stats(_package_inits(("hydra", "omegaconf")))
+    parts += stats(package_files(("hydra", "omegaconf")))
     return f"{part}-{hashlib.sha256(repr(parts).encode()).hexdigest()}"
 
 
@@ -75,37 +73,12 @@ def store(key: str | None, cfg: DictConfig) -> None:
     """Write atomically (concurrent commands of one config write the same bytes)."""
     if key is None:
         return
-    where = cache_dir()
-    tmp = where / f".{key}.{os.getpid()}.tmp"
     try:
-        where.mkdir(parents=True, exist_ok=True)
-        tmp.write_bytes(pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL))
-        os.replace(tmp, where / f"{key}.pkl")
-        _prune(where, keep=where / f"{key}.pkl")
-    except (OSError, pickle.PicklingError):
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-
-
-def _prune(where: Path, keep: Path) -> None:
-    """The oldest entries beyond KEEP go; never ``keep``, the one just written (file times
-    are coarser than a quick run of writes)."""
-    others = sorted(
-        (p for p in where.glob("*.pkl") if p != keep), key=lambda p: p.stat().st_mtime_ns
-    )
-    for old in others[: max(0, len(others) + 1 - KEEP)]:
-        with contextlib.suppress(OSError):
-            old.unlink()
+        data = pickle.dumps(cfg, protocol=pickle.HIGHEST_PROTOCOL)
+    except pickle.PicklingError:
+        return
+    write_entry(cache_dir(), f"{key}.pkl", data, KEEP)
 
 
 def _yaml_files(dirs: Iterable[Path]) -> list[Path]:
     return sorted({p for d in dirs for p in d.glob("**/*.yaml")})
-
-
-def _package_inits(names: Iterable[str]) -> list[Path]:
-    out = []
-    for name in names:
-        spec = importlib.util.find_spec(name)
-        if spec is not None and spec.origin:
-            out.append(Path(spec.origin))
-    return out
