@@ -11,8 +11,9 @@ count where that is what was published), dtrain's estimate for the same layout (
 ``dtrain advise`` on the same model, hardware and GPU count with the published layout as
 the reference: its #1 and whether #1 is the published layout or estimated within 10% of
 it, or of the fastest layout the source published for the same job (a run published twice,
-with full recomputation and again faster without most of it), with the advisor's own reason. Nothing is timed: these are estimates against numbers
-from the sources, the same on any machine.
+with full recomputation and again faster without most of it), with the advisor's own
+reason. Nothing is timed: these are estimates against numbers from the sources, the same on
+any machine.
 """
 
 from __future__ import annotations
