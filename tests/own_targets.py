@@ -47,3 +47,41 @@ class WideOnly(TinyLM):
         if dist.is_initialized() and dist.get_world_size() > 64:
             raise ValueError(f"width 32 does not divide over {dist.get_world_size()} ranks")
         super().__init__(**kwargs)
+
+
+class AttnBlock(nn.Module):
+    """Pre-norm attention through ``F.scaled_dot_product_attention``, then an MLP."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+        self.up, self.down = nn.Linear(width, 4 * width), nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        q, k, v = (z.reshape(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, -1))
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm2(x))))
+
+
+class AttnLM(TinyLM):
+    """TinyLM with attention blocks: what most models of one's own look like."""
+
+    def __init__(
+        self, vocab_size: int = 256, block_size: int = 32, width: int = 32, heads: int = 2,
+        depth: int = 2,
+    ) -> None:  # fmt: skip
+        super().__init__(vocab_size=vocab_size, block_size=block_size, width=width, depth=depth)
+        self.blocks = nn.ModuleList(AttnBlock(width, heads) for _ in range(depth))
+
+
+class ReadsAValue(AttnLM):
+    """Reads a tensor's value while it is built: it cannot be built on fake tensors."""
+
+    def __init__(self, **kwargs: int) -> None:
+        self.scale = float(torch.ones(1, device="cpu").sum())
+        super().__init__(**kwargs)

@@ -130,3 +130,52 @@ def measure_saved(
         outside_other=total(False, False),
         block_input=first_input[0] if first_input else 0.0,
     )
+
+
+LOW_PRECISION = (("saved_autocast", "float32"), ("saved_bf16", "bfloat16"))
+"""The bf16 measurements a record keeps beside its fp32 ``saved``: under autocast over fp32
+parameters (DDP, ZeRO-1: the residual stream stays fp32, each matmul saves its own bf16
+copy of its input) and with bf16 parameters too (FSDP's mixed precision)."""
+
+
+def measure_low_precision(
+    model: Any, measure: Callable[[Any], dict[str, float] | None]
+) -> dict[str, dict[str, float]]:
+    """``measure(model)`` (one sample's saved bytes, as :func:`measure_saved` gives them)
+    under bf16 autocast, once for each of :data:`LOW_PRECISION`'s parameter dtypes.
+    Measured rather than scaled, because a model keeps at 4 bytes what it computes in fp32
+    (a norm that upcasts, autocast's fp32 ops). Autocast as on this CPU (CUDA's casts these
+    ops alike). Changes ``model``'s parameters' dtype: the caller's last use of it. {} when
+    a forward fails under autocast."""
+    import torch
+
+    out: dict[str, dict[str, float]] = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for key, dtype_name in LOW_PRECISION:
+            dtype = getattr(torch, dtype_name)
+            for p in model.parameters():  # as FSDP's policy: parameters, not buffers
+                p.data = p.data.to(dtype)  # (``Module.to`` cannot swap fake tensors)
+            measured = measure(model)
+            if measured is None:
+                return {}
+            out[key] = measured
+    return out
+
+
+def low_precision_bytes(
+    record: dict[str, Any], micro_batch: int, tp: int
+) -> tuple[float, float] | None:
+    """(per block, outside) at bf16 with bf16 parameters, as measured; None when the record
+    has no bf16 measurement (the fp32 bytes are then halved)."""
+    low = record.get("saved_bf16")
+    return SavedBytes(**low).per_micro_batch(micro_batch, 4, tp) if low else None
+
+
+def autocast_extra_bytes(record: dict[str, Any], micro_batch: int, tp: int) -> tuple[float, float]:
+    """What autocast over fp32 parameters saves beyond bf16 parameters, as measured; 0 when
+    the record has neither measurement."""
+    if not (record.get("saved_autocast") and record.get("saved_bf16")):
+        return 0.0, 0.0
+    over = SavedBytes(**record["saved_autocast"]).per_micro_batch(micro_batch, 4, tp)
+    low = SavedBytes(**record["saved_bf16"]).per_micro_batch(micro_batch, 4, tp)
+    return over[0] - low[0], over[1] - low[1]

@@ -192,6 +192,23 @@ def test_hf_bf16_activations_are_measured_not_scaled(tmp_path, layout):
     assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [["precision=fp32"], ["precision=bf16"], ["precision=bf16", "parallel.strategy=fsdp"]],
+    ids=["fp32", "autocast_over_fp32", "fsdp_bf16_params"],
+)
+def test_own_model_activations_are_measured_as_its_run_keeps_them(tmp_path, layout):
+    """A model of one's own (bench/own_model: SDPA, LayerNorm): the plan measures its
+    forward on fake CPU tensors, where SDPA keeps no s x s scores and autocast keeps
+    LayerNorm's fp32. On the meta device the plan said 1.35x (fp32), and 1.16x and 1.31x
+    (bf16, halved) what a rank keeps."""
+    (doc,) = _simulate(
+        tmp_path, "recipe=own_lm", "--config-dir", str(REPO / "bench" / "own_model"), *layout,
+        "dp=2", "--ranks", "0", "--steps", "1",
+    )  # fmt: skip
+    assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
+
+
 def test_math_attention_keeps_its_scores_on_every_mesh_dimension(tmp_path):
     """model.attention=math at tp x pp (the stages' shapes found on the meta device, under
     autocast): each rank keeps its heads' softmax (bf16, b x heads/tp x s x s) and the

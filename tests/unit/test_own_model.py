@@ -190,3 +190,47 @@ def test_the_plan_measures_an_own_token_model_and_names_what_it_cannot(monkeypat
     advised = runner.invoke(app, ["advise", *OWN, "hardware=cpu", "--json"])
     assert advised.exit_code == 0, advised.output
     assert __import__("json").loads(advised.output)["activations_estimated"] is False
+
+
+@pytest.mark.parametrize("target", ["AttnLM", "ReadsAValue"])
+def test_an_own_attention_model_is_planned_with_what_its_run_keeps(monkeypatch, target):
+    """A model of one's own with SDPA and LayerNorm: the plan measures one sample's forward
+    on fake CPU tensors, where SDPA keeps no s x s scores (the meta device's math kernel
+    kept them), in fp32 and with bf16 parameters under autocast (LayerNorm computes and
+    keeps fp32: half the fp32 bytes is not it), what autograd keeps on real CPU tensors. A model that cannot be built on fake tensors is measured on the meta
+    device: still estimated, with the scores, its bf16 bytes the fp32 ones halved."""
+    import torch
+    import torch.nn.functional as F
+
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.runtime.parallel.activation_checkpoint import SavedTensorMeter
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    import own_targets
+
+    lm = [f"model._target_=own_targets.{target}", "model.block_size=32", "model.vocab_size=256"]
+    spec = model_spec(compose_config("gpt_tiny", ["model=custom", *lm]))
+    layers = spec.facts().num_layers
+
+    def planned(bytes_per_value: int) -> float:
+        block, outside = spec.activation_bytes(4, bytes_per_value, 1)
+        return block * layers + outside
+
+    def kept(dtype: torch.dtype) -> int:
+        model = own_targets.AttnLM().to(dtype)
+        x = torch.randint(0, 256, (4, 32))
+        with torch.autocast("cpu", torch.bfloat16, enabled=dtype != torch.float32):
+            with SavedTensorMeter(model) as meter:
+                F.cross_entropy(model(x).float().reshape(-1, 256), x.reshape(-1))
+        return meter.bytes
+
+    fp32, bf16 = kept(torch.float32), kept(torch.bfloat16)
+    assert bf16 > 0.55 * fp32  # LayerNorm's fp32: more than half
+    if target == "AttnLM":
+        # a scalar the loss keeps is measured per sample, so 4 x its bytes: 12 bytes over
+        assert (planned(4), planned(2)) == pytest.approx((fp32, bf16), abs=16)
+    else:  # on the meta device: the scores too, and bf16 halved
+        assert spec.activations_estimated() and planned(4) > 1.1 * fp32
+        assert planned(2) == pytest.approx(planned(4) / 2, rel=0.01)  # token ids not halved

@@ -5,7 +5,8 @@ seen before).
     <cache>/custom-facts/<sha256 of the key>.json   # <cache>: as the HF facts and corpora
 
 A record holds the meta-device build's counts (:class:`~dtrain_cli.models.spec.ModelFacts`),
-the bytes one sample's forward and loss save for backward, and the class names of its
+the bytes one sample's forward and loss save for backward (fp32, and bf16 under autocast:
+:mod:`.measure`), and the class names of its
 modules (what ``parallel.fsdp_units`` is checked against); the plan's checks run again on
 it each time. Its key is everything those depend on: the target and its arguments, the data
 source and loss, the pipeline's layer list and ends, the import roots, the installed torch
@@ -15,7 +16,7 @@ the size and modification time of every loaded module file of the packages your 
 loaded from the import roots (the standard library, other installed packages and dtrain
 aside); a record whose files changed is a miss, as Python's own cached bytecode is. A
 measurement that did not complete (the loss did not import, the forward failed on the
-meta device) is not recorded. Reading or writing it never fails a plan.
+meta device and on fake tensors) is not recorded. Reading or writing it never fails a plan.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ from typing import Any
 from dtrain_cli.models.records import files_hash, key_of
 
 FOLDER = "custom-facts"
-FORMAT = 1
+FORMAT = 2
 """The record's layout; raise it when its fields change."""
 _COUNTING_CODE = (
     Path(__file__).with_name("spec.py"),
+    Path(__file__).with_name("measure.py"),
     Path(__file__).parent.parent / "spec.py",
     Path(__file__).parent.parent / "units.py",
     Path(__file__).parent.parent / "saved_bytes.py",

@@ -24,8 +24,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dtrain_cli.models.custom.measure import saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.records import cache_root, load, store
+from dtrain_cli.models.saved_bytes import autocast_extra_bytes, low_precision_bytes
 from dtrain_cli.models.spec import ModelFacts, ModelSpec, tensor_sizes
 from dtrain_cli.targets import nested_targets
 
@@ -164,10 +166,10 @@ class CustomSpec(ModelSpec):
                 _RECORDS[key] = known
                 return known
         model = self.meta_model()
-        saved, complete = self._measure_saved(model)
+        saved, complete = saved_records(self)
         measured = {
             "facts": asdict(self._count(model)),
-            "saved": asdict(saved) if saved is not None else None,
+            **saved,
             "module_classes": sorted({type(m).__name__ for m in model.modules() if m is not model}),
         }
         sources = source_files(self._roots(), self._target_paths()) if key and complete else None
@@ -217,7 +219,7 @@ class CustomSpec(ModelSpec):
             tensor_sizes=tensor_sizes(model),
         )
 
-    # -- activations: measured once, on meta ----------------------------------------------
+    # -- activations: measured once, on fake CPU tensors (:mod:`.measure`) --------------
     def _saved(self) -> Any:
         """:class:`.saved_bytes.SavedBytes` of one sample, or None when dtrain cannot form
         one (``data=custom``: the inputs are your dataset's) or the forward fails on meta.
@@ -230,44 +232,25 @@ class CustomSpec(ModelSpec):
             return None
         return SavedBytes(**saved) if saved is not None else None
 
-    def _measure_saved(self, model: Any) -> tuple[Any, bool]:
-        """(the saved bytes or None, whether the measurement completed: None by design is
-        complete, a loss or forward that failed is not)."""
-        run = self.run
-        seq = self.cfg.block_size
-        if run is None or not seq or run.data.source in ("custom", "shapes"):
-            return None, True
-        import torch
-
-        from dtrain_cli.models.losses import model_loss, resolve_loss
-        from dtrain_cli.models.saved_bytes import measure_saved
-
-        loss = self.default_loss() if run.train.loss == "auto" else run.train.loss
-        x = torch.zeros(1, int(seq), dtype=torch.long, device="meta")
-        try:
-            loss_fn = resolve_loss(loss, list(run.run.import_roots)) or self.loss
-
-            def forward_loss(model: Any, inputs: Any) -> Any:
-                if loss == "model":
-                    return model_loss(model(inputs, inputs))
-                return loss_fn(model(inputs), inputs)
-
-            return measure_saved(model, self._layer_list(model), x, forward_loss), True
-        except Exception:  # the user's forward on meta, their loss: then not estimated
-            return None, False
-
     def activations_estimated(self) -> bool:
         return self._saved() is not None
 
     def activation_bytes(
         self, micro_batch: int, bytes_per_value: int, tp: int
     ) -> tuple[float, float]:
-        """Measured for one sample (:meth:`_saved`), times the micro-batch; floating-point
-        tensors at ``bytes_per_value``; 0 when not estimated (the plan says so)."""
+        """Measured for one sample (:meth:`_saved`), times the micro-batch: at bf16 as
+        measured under autocast with bf16 parameters where that ran, else floating-point
+        tensors scaled to ``bytes_per_value``; 0 when not estimated (the plan says so)."""
         s = self._saved()
         if s is None:
             return 0.0, 0.0
-        return s.per_micro_batch(micro_batch, bytes_per_value, tp)
+        low = low_precision_bytes(self._measured, micro_batch, tp) if bytes_per_value < 4 else None
+        return low if low is not None else s.per_micro_batch(micro_batch, bytes_per_value, tp)
+
+    def autocast_extra_bytes(self, micro_batch: int, tp: int) -> tuple[float, float]:
+        """Measured: what autocast over fp32 parameters saves beyond bf16 parameters; 0
+        where the forward did not run under fake tensors."""
+        return autocast_extra_bytes(self._measured, micro_batch, tp)
 
     def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
         s = self._saved()

@@ -194,23 +194,13 @@ def tp_whole(model: nn.Module) -> set[int]:
 
 
 def saved_low_precision(spec: HFSpec, model: nn.Module) -> dict[str, Any]:
-    """The same window's saved bytes at 2 bytes a value, as :func:`saved_per_sample`: under
-    bf16 autocast over the fp32 parameters (``saved_autocast``: DDP and ZeRO-1 keep fp32
-    parameters, the residual stream stays fp32, each matmul saves its own bf16 copy) and
-    with bf16 parameters too (``saved_bf16``: FSDP's mixed precision). Measured, because
-    a family keeps what it upcasts (a Llama's RMSNorm computes in fp32) at 4 bytes.
-    Autocast as on this CPU (CUDA's casts these layers' ops alike). Changes ``model``'s
-    parameters' dtype: the caller's last use. {} when a forward fails under autocast."""
-    out: dict[str, Any] = {}
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        for key, dtype in (("saved_autocast", torch.float32), ("saved_bf16", torch.bfloat16)):
-            for p in model.parameters():  # as FSDP's policy: parameters, not buffers
-                p.data = p.data.to(dtype)  # (``Module.to`` cannot swap fake tensors)
-            measured = saved_per_sample(spec, model)
-            if measured is None:
-                return {}
-            out[key] = measured
-    return out
+    """The same window's saved bytes at 2 bytes a value, as :func:`saved_per_sample`
+    (:func:`dtrain_cli.models.saved_bytes.measure_low_precision`): a Llama's RMSNorm
+    computes in fp32 and keeps what it upcasts at 4 bytes. Changes ``model``'s parameters'
+    dtype: the caller's last use. {} when a forward fails under autocast."""
+    from dtrain_cli.models.saved_bytes import measure_low_precision
+
+    return measure_low_precision(model, lambda m: saved_per_sample(spec, m))
 
 
 def _layer_list(model: nn.Module) -> list[nn.Module]:

@@ -29,7 +29,7 @@ from dtrain_cli.models.hf.facts_cache import FOLDER, facts_key
 from dtrain_cli.models.hf.library import transformers_module
 from dtrain_cli.models.hf.tp_checks import tp_problems
 from dtrain_cli.models.records import cache_root, load, store
-from dtrain_cli.models.saved_bytes import SavedBytes
+from dtrain_cli.models.saved_bytes import SavedBytes, autocast_extra_bytes, low_precision_bytes
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 
 if TYPE_CHECKING:
@@ -261,8 +261,9 @@ class HFSpec(ModelSpec):
         Korthikanti et al. 2022 per block (as for the built-in GPT); the fp32 logits and
         their gradient outside the blocks."""
         c = self._meta
-        if bytes_per_value < 4 and c.get("saved_bf16"):  # measured at 2 bytes a value
-            return SavedBytes(**c["saved_bf16"]).per_micro_batch(micro_batch, 4, tp)
+        low = low_precision_bytes(c, micro_batch, tp) if bytes_per_value < 4 else None
+        if low is not None:  # measured at 2 bytes a value
+            return low
         if c.get("saved"):
             return SavedBytes(**c["saved"]).per_micro_batch(micro_batch, bytes_per_value, tp)
         s, d, a = self.cfg.block_size, c["hidden"], c["heads"]
@@ -272,12 +273,7 @@ class HFSpec(ModelSpec):
     def autocast_extra_bytes(self, micro_batch: int, tp: int) -> tuple[float, float]:
         """Measured: what autocast over fp32 parameters saves beyond bf16 parameters
         (:func:`.net.saved_low_precision`); 0 when the forward could not be measured."""
-        c = self._meta
-        if not (c.get("saved_autocast") and c.get("saved_bf16")):
-            return 0.0, 0.0
-        over = SavedBytes(**c["saved_autocast"]).per_micro_batch(micro_batch, 4, tp)
-        low = SavedBytes(**c["saved_bf16"]).per_micro_batch(micro_batch, 4, tp)
-        return over[0] - low[0], over[1] - low[1]
+        return autocast_extra_bytes(self._meta, micro_batch, tp)
 
     def checkpoint_bytes(self, micro_batch: int, bytes_per_value: int, tp: int) -> float:
         """A checkpointed decoder layer keeps only its input, the (b, s, hidden) residual
