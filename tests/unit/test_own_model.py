@@ -197,8 +197,9 @@ def test_an_own_attention_model_is_planned_with_what_its_run_keeps(monkeypatch, 
     """A model of one's own with SDPA and LayerNorm: the plan measures one sample's forward
     on fake CPU tensors, where SDPA keeps no s x s scores (the meta device's math kernel
     kept them), in fp32 and with bf16 parameters under autocast (LayerNorm computes and
-    keeps fp32: half the fp32 bytes is not it), what autograd keeps on real CPU tensors. A model that cannot be built on fake tensors is measured on the meta
-    device: still estimated, with the scores, its bf16 bytes the fp32 ones halved."""
+    keeps fp32: half the fp32 bytes is not it), what autograd keeps on real CPU tensors. A
+    model that cannot be built on fake tensors is measured on the meta device: still
+    estimated, with the scores, its bf16 bytes the fp32 ones halved."""
     import torch
     import torch.nn.functional as F
 
@@ -221,9 +222,9 @@ def test_an_own_attention_model_is_planned_with_what_its_run_keeps(monkeypatch, 
     def kept(dtype: torch.dtype) -> int:
         model = own_targets.AttnLM().to(dtype)
         x = torch.randint(0, 256, (4, 32))
-        with torch.autocast("cpu", torch.bfloat16, enabled=dtype != torch.float32):
-            with SavedTensorMeter(model) as meter:
-                F.cross_entropy(model(x).float().reshape(-1, 256), x.reshape(-1))
+        low = dtype != torch.float32
+        with torch.autocast("cpu", torch.bfloat16, enabled=low), SavedTensorMeter(model) as meter:
+            F.cross_entropy(model(x).float().reshape(-1, 256), x.reshape(-1))
         return meter.bytes
 
     fp32, bf16 = kept(torch.float32), kept(torch.bfloat16)
