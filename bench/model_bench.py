@@ -69,8 +69,9 @@ def custom_overhead(ws: Workspace) -> Section:
             "`bench/plain_ddp.py --custom-model` (`bench/custom_workload.py`: the same class "
             "imported from the run's import roots and built under the same seed, next-token "
             "cross entropy, the same sample stream, AdamW, schedule, clipping and DDP "
-            "options). dtrain's plan builds the class on the meta device to count it and "
-            "measure its activations (a torch import in the launcher). " + HOW
+            "options). dtrain's plan builds the class on the meta device to count it and on "
+            "fake tensors to measure its activations (a torch import in the launcher; kept "
+            "in the data cache after the first plan). " + HOW
         ),
     )
 
