@@ -16,42 +16,44 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dtrain_cli.models.saved_bytes import measure_low_precision, measure_saved
 
-if TYPE_CHECKING:
-    from dtrain_cli.models.custom.spec import CustomSpec
+Measure = Callable[[Any], dict[str, float] | None]
 
 
-def saved_records(spec: CustomSpec) -> tuple[dict[str, Any], bool]:
-    """({"saved": fp32 bytes or None, and where measured "saved_autocast", "saved_bf16"},
-    whether the measurement completed: None by design (no token windows to feed it) is
-    complete, a loss or forward that failed is not)."""
-    run, seq = spec.run, spec.cfg.block_size
-    if run is None or not seq or run.data.source in ("custom", "shapes"):
-        return {"saved": None}, True
-    try:
-        forward_loss = _forward_loss(spec)
-    except Exception:  # the loss did not resolve: not estimated
-        return {"saved": None}, False
+def saved_records(
+    *,
+    block_size: int,
+    forward_loss: Callable[[Any, Any], Any],
+    build: Callable[[], Any],
+    meta_model: Callable[[], Any],
+    layer_list: Callable[[Any], list[Any]],
+) -> tuple[dict[str, Any], bool]:
+    """({"saved": one sample's fp32 bytes or None, and where measured "saved_autocast" and
+    "saved_bf16"}, whether the measurement completed). ``build()`` instantiates the model
+    (here under fake tensors), ``meta_model()`` is its meta build, ``layer_list(model)`` its
+    repeated blocks."""
     with _fake_cpu() as fake:
-        model = _built(spec) if fake else None
+        model = _built(build) if fake else None
         if model is not None:
-            measure = _measure(spec, forward_loss)
+            measure = _measure(block_size, forward_loss, layer_list)
             saved = measure(model)
             if saved is not None:
                 return {"saved": saved, **measure_low_precision(model, measure)}, True
-    saved = _measure(spec, forward_loss, device="meta")(spec.meta_model())
+    saved = _measure(block_size, forward_loss, layer_list, device="meta")(meta_model())
     return {"saved": saved}, saved is not None
 
 
-def _forward_loss(spec: CustomSpec) -> Callable[[Any, Any], Any]:
+def forward_loss_for(
+    loss: str, import_roots: list[str], fallback: Callable[[Any, Any], Any]
+) -> Callable[[Any, Any], Any]:
+    """The forward and loss a training step runs: ``train.loss`` resolved (``model``: the
+    model returns its own loss), else ``fallback``. Raises when the loss does not resolve."""
     from dtrain_cli.models.losses import model_loss, resolve_loss
 
-    run = spec.run
-    loss = spec.default_loss() if run.train.loss == "auto" else run.train.loss
-    loss_fn = resolve_loss(loss, list(run.run.import_roots)) or spec.loss
+    loss_fn = resolve_loss(loss, import_roots) or fallback
 
     def forward_loss(model: Any, inputs: Any) -> Any:
         if loss == "model":
@@ -62,15 +64,18 @@ def _forward_loss(spec: CustomSpec) -> Callable[[Any, Any], Any]:
 
 
 def _measure(
-    spec: CustomSpec, forward_loss: Callable[[Any, Any], Any], device: str = "cpu"
-) -> Callable[[Any], dict[str, float] | None]:
+    block_size: int,
+    forward_loss: Callable[[Any, Any], Any],
+    layer_list: Callable[[Any], list[Any]],
+    device: str = "cpu",
+) -> Measure:
     """One sample's saved bytes on ``model`` (None when its forward or loss fails)."""
     import torch
 
     def measure(model: Any) -> dict[str, float] | None:
-        x = torch.zeros(1, int(spec.cfg.block_size), dtype=torch.long, device=device)
+        x = torch.zeros(1, int(block_size), dtype=torch.long, device=device)
         try:
-            return asdict(measure_saved(model, spec._layer_list(model), x, forward_loss))
+            return asdict(measure_saved(model, layer_list(model), x, forward_loss))
         except Exception:  # the user's forward, their loss
             return None
 
@@ -91,10 +96,10 @@ def _fake_cpu() -> Iterator[bool]:
         yield True
 
 
-def _built(spec: CustomSpec) -> Any:
+def _built(build: Callable[[], Any]) -> Any:
     """The model built under the active fake mode, or None when its constructor cannot run
     on fake tensors (reads a value, converts to numpy...)."""
     try:
-        return spec._instantiate()
+        return build()
     except Exception:
         return None

@@ -24,7 +24,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dtrain_cli.models.custom.measure import saved_records
+from dtrain_cli.models.custom.measure import forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.records import cache_root, load, store
 from dtrain_cli.models.saved_bytes import autocast_extra_bytes, low_precision_bytes
@@ -166,7 +166,7 @@ class CustomSpec(ModelSpec):
                 _RECORDS[key] = known
                 return known
         model = self.meta_model()
-        saved, complete = saved_records(self)
+        saved, complete = self._saved_records()
         measured = {
             "facts": asdict(self._count(model)),
             **saved,
@@ -231,6 +231,25 @@ class CustomSpec(ModelSpec):
         except ValueError:
             return None
         return SavedBytes(**saved) if saved is not None else None
+
+    def _saved_records(self) -> tuple[dict[str, Any], bool]:
+        """(:func:`.measure.saved_records`, complete?): nothing by design (the inputs are
+        your dataset's) is complete; a loss that does not resolve is not."""
+        run, seq = self.run, self.cfg.block_size
+        if run is None or not seq or run.data.source in ("custom", "shapes"):
+            return {"saved": None}, True
+        loss = self.default_loss() if run.train.loss == "auto" else run.train.loss
+        try:
+            forward_loss = forward_loss_for(loss, list(run.run.import_roots), self.loss)
+        except Exception:  # the loss did not resolve: not estimated
+            return {"saved": None}, False
+        return saved_records(
+            block_size=int(seq),
+            forward_loss=forward_loss,
+            build=self._instantiate,
+            meta_model=self.meta_model,
+            layer_list=self._layer_list,
+        )
 
     def activations_estimated(self) -> bool:
         return self._saved() is not None
