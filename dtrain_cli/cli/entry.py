@@ -11,10 +11,10 @@ from dtrain_cli.cli import help_cache
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    if help_cache.serve(argv):
+    key = help_cache.key_for(sys.argv[1:])  # None: not a help request
+    if help_cache.serve(key):
         raise SystemExit(0)
     from dtrain_cli.cli.app import main as run_app
 
-    with help_cache.recording(argv):
+    with help_cache.recording(key):
         run_app()

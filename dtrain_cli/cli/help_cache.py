@@ -34,6 +34,7 @@ from dtrain_cli.rundir import env
 from dtrain_cli.source_stats import code_files, package_files, stats
 
 FOLDER = "help"
+KEEP = 64  # pages; the oldest go first (one is about 3 KB)
 HELP_FLAGS = ("--help", "-h")
 WORD = re.compile(r"[a-z][a-z0-9-]*\Z")
 LAYOUT_ENV = re.compile(
@@ -67,7 +68,8 @@ def key_for(argv: Sequence[str]) -> str | None:
     """The page's key, or None when the command is not a help request."""
     if not is_help_request(argv):
         return None
-    parts: list[object] = [sys.version, list(argv), _terminal()]
+    # argv[0]: `dtrain` and `python -m dtrain_cli` print their own names in the page
+    parts: list[object] = [sys.version, sys.argv[0], list(argv), _terminal()]
     parts += sorted((k, v) for k, v in os.environ.items() if LAYOUT_ENV.match(k) and k != env.CACHE)
     parts += stats(code_files())
     parts += stats(package_files(("typer", "click", "rich")))
@@ -78,9 +80,9 @@ def cache_dir() -> Path:
     return (env.cache_root() or Path.home() / ".cache" / "dtrain") / FOLDER
 
 
-def serve(argv: Sequence[str]) -> bool:
-    """Print the kept page for ``argv``; False (nothing printed) when there is none."""
-    key = key_for(argv)
+def serve(key: str | None) -> bool:
+    """Print the page kept under ``key`` (:func:`key_for`); False (nothing printed) when
+    there is none."""
     if key is None:
         return False
     try:
@@ -110,10 +112,9 @@ class _Recorder:
 
 
 @contextlib.contextmanager
-def recording(argv: Sequence[str]) -> Iterator[None]:
-    """Run the command; when it was a help request that exited 0 with nothing on stderr,
-    keep what it printed."""
-    key = key_for(argv)
+def recording(key: str | None) -> Iterator[None]:
+    """Run the command; when it was a help request (``key``: :func:`key_for`) that exited 0
+    with nothing on stderr, keep what it printed."""
     if key is None:
         yield
         return
@@ -125,13 +126,13 @@ def recording(argv: Sequence[str]) -> Iterator[None]:
     except SystemExit as exc:
         code = exc.code
         raise
+    except BaseException:  # a page cut short by an error is not kept
+        code = 1
+        raise
     finally:
         sys.stdout, sys.stderr = out._stream, err._stream
         if code in (0, None) and not any(err.parts) and out.parts:
             _store(key, "".join(out.parts))
-
-
-KEEP = 64  # pages; the oldest go first (one is about 3 KB)
 
 
 def _store(key: str, text: str) -> None:

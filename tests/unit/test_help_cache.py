@@ -4,6 +4,8 @@ interpreters (nothing of Typer imported the second time): tests/launch/test_help
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from dtrain_cli.cli import help_cache
@@ -13,9 +15,10 @@ from dtrain_cli.cli.app import app
 def run_app(monkeypatch, capsys, argv: list[str]) -> tuple[str, object]:
     """What ``dtrain_cli.cli.entry.main`` does, in-process (its exit would end the test's
     process once torch is imported): print a kept page, or render it with the Typer app."""
-    if help_cache.serve(argv):
+    key = help_cache.key_for(argv)
+    if help_cache.serve(key):
         return capsys.readouterr().out, 0
-    with pytest.raises(SystemExit) as exit_, help_cache.recording(argv):
+    with pytest.raises(SystemExit) as exit_, help_cache.recording(key):
         app(args=argv, prog_name="dtrain")
     return capsys.readouterr().out, exit_.value.code
 
@@ -58,3 +61,22 @@ def test_an_edit_of_dtrains_code_or_typers_renders_the_page_again(tmp_path, monk
 )
 def test_only_command_words_then_a_help_flag_are_a_help_request(argv):
     assert help_cache.key_for(argv) is None
+
+
+def test_a_page_cut_short_by_an_error_is_not_kept(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DTRAIN_CACHE", str(tmp_path))
+    key = help_cache.key_for(["--help"])
+    with pytest.raises(RuntimeError), help_cache.recording(key):
+        print("Usage: dtrain [OPTIONS] COMMAND [ARGS]...")
+        raise RuntimeError("the renderer failed half-way")
+    assert "Usage: dtrain" in capsys.readouterr().out
+    assert not (tmp_path / help_cache.FOLDER).exists()
+    assert help_cache.serve(key) is False
+
+
+def test_each_way_of_starting_dtrain_keeps_its_own_page(monkeypatch):
+    """The page names the program as started (``dtrain``, ``python -m dtrain_cli``)."""
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/dtrain", "--help"])
+    script = help_cache.key_for(["--help"])
+    monkeypatch.setattr(sys, "argv", ["/repo/dtrain_cli/__main__.py", "--help"])
+    assert help_cache.key_for(["--help"]) != script
