@@ -29,6 +29,9 @@ from harness import BIN, REPO, Section, Workspace, load_average, log, markdown_t
 ROWS = ("params", "grads", "optimizer", "activations", "dp_bytes_per_step")
 SMALL = ("recipe=gpt_small", "parallel.nnodes=1")
 BIG = ("recipe=gpt_1b",)
+OWN = ("recipe=own_lm",)  # a model of one's own: bench/own_model/own_lm.py (SDPA, LayerNorm)
+OWN_DIR = ("--config-dir", str(REPO / "bench" / "own_model"))
+EIGHT_A_NODE = ("parallel.nproc_per_node=8",)
 
 
 @dataclass(kw_only=True)
@@ -53,6 +56,11 @@ GRID: list[Point] = [
     Point(label="llama_tiny_hf fsdp", overrides=("recipe=llama_tiny_hf", "dp=512",
           "parallel.nnodes=64", "parallel.nproc_per_node=8", "parallel.strategy=fsdp",
           "train.global_batch_size=512"), compute="auto"),
+    Point(label="own_lm (custom) ddp bf16", overrides=(*OWN, "dp=8", *EIGHT_A_NODE,
+          "precision=bf16", "train.global_batch_size=64"), compute="real", extra=OWN_DIR),
+    Point(label="own_lm (custom) fsdp bf16", overrides=(*OWN, "dp=512", *EIGHT_A_NODE,
+          "parallel.nnodes=64", "parallel.strategy=fsdp", "precision=bf16", "train.global_batch_size=512"),
+          compute="auto", extra=OWN_DIR),
     Point(label="gpt_1b zero1", overrides=(*BIG, "dp=512", "parallel.nnodes=64",
           "parallel.strategy=zero1")),
     Point(label="gpt_1b fsdp", overrides=(*BIG, "dp=8", "parallel.nnodes=1",

@@ -74,6 +74,17 @@ def tensor_sizes(model: nn.Module) -> list[tuple[int, int, str | int]]:
     return [(p.numel(), p.dim(), w) for (_, p), w in zip(named, where, strict=True)]
 
 
+def param_rows(model: nn.Module) -> list[tuple[int, int, int | None]]:
+    """(dim 0, numel, None) of a built model's parameters, those of one dim 0 together
+    (``ModelFacts.param_rows``: FSDP2's padding per element is the same within a group; the
+    tp dim is not known)."""
+    rows: dict[int, int] = {}
+    for p in model.parameters():
+        if p.dim():
+            rows[p.shape[0]] = rows.get(p.shape[0], 0) + p.numel()
+    return [(dim0, numel, None) for dim0, numel in rows.items()]
+
+
 @dataclass(kw_only=True)
 class ModelFacts:
     """What the plan computes with. Counts are of the model the runtime builds."""

@@ -129,6 +129,24 @@ def test_fsdp_estimate_is_dp_rank_0s_padded_shard(dp):
     assert plan.estimates.bytes_gathered == 4 * model_spec(cfg).facts().params_per_layer
 
 
+@pytest.mark.parametrize("dp", [8, 512])
+def test_fsdp_estimate_of_a_model_of_ones_own_is_rank_0s_padded_shard(dp, monkeypatch):
+    """The same for a ``_target_`` model: its meta build gives the tensors' dim 0 (before,
+    the plan took an even share: at dp=512, 0.43 of what rank 0 holds of bench/own_model's
+    transformer, whose tensors are 128 to 512 rows)."""
+    from tests.conftest import REPO
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    model = ["model=custom", "model._target_=own_targets.AttnLM", "model.block_size=32"]
+    layout = [f"dp={dp}", "parallel.strategy=fsdp", f"train.global_batch_size={dp}"]
+    layout += ["parallel.nproc_per_node=8", f"parallel.nnodes={dp // 8}"]
+    cfg, plan = compose_and_plan(["recipe=gpt_tiny", *model, *layout], [])
+    exact = rank_params(model_spec(cfg), plan, 0).params
+    assert exact > 1.5 * model_spec(cfg).facts().num_params / dp or dp == 8
+    assert plan.estimates.bytes_params == pytest.approx(4 * exact, rel=1e-3)
+
+
 def test_saved_bytes_meter_leaves_weights_and_their_copies_out():
     import torch
 

@@ -28,7 +28,7 @@ from dtrain_cli.models.custom.measure import forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.records import cache_root, load, store
 from dtrain_cli.models.saved_bytes import autocast_extra_bytes, low_precision_bytes
-from dtrain_cli.models.spec import ModelFacts, ModelSpec, tensor_sizes
+from dtrain_cli.models.spec import ModelFacts, ModelSpec, param_rows, tensor_sizes
 from dtrain_cli.targets import nested_targets
 
 if TYPE_CHECKING:
@@ -217,13 +217,13 @@ class CustomSpec(ModelSpec):
             matrix_shapes=mats,  # type: ignore[arg-type]
             batchnorm_layers=_count_batchnorm(model),
             tensor_sizes=tensor_sizes(model),
+            param_rows=param_rows(model),
         )
 
     # -- activations: measured once, on fake CPU tensors (:mod:`.measure`) --------------
     def _saved(self) -> Any:
-        """:class:`.saved_bytes.SavedBytes` of one sample, or None when dtrain cannot form
-        one (``data=custom``: the inputs are your dataset's) or the forward fails on meta.
-        Measured once per model, loss and data (the advisor plans many layouts of one)."""
+        """:class:`.saved_bytes.SavedBytes` of one sample in fp32, or None (no token windows,
+        or the forward failed); measured once per model, loss and data (:meth:`_measured`)."""
         from dtrain_cli.models.saved_bytes import SavedBytes
 
         try:
