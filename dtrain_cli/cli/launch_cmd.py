@@ -119,6 +119,9 @@ def start_run(
     fresh_root = fresh and not path.parent.exists()
     try:
         run_dir = join_run_dir(cfg, plan) if plan.nnodes > 1 else materialize(cfg, plan, path)
+    except KeyboardInterrupt:  # Ctrl-C while the run dir was written: none of it stays
+        remove_if_untrained(path, fresh, fresh_root)
+        raise
     except FileExistsError as exc:
         by_id = rdzv_id is not None and cfg.run.name == rdzv_id  # --rdzv-id names the run
         fail([f"{'--rdzv-id' if by_id else 'run.name'}={cfg.run.name}: {exc}"])
@@ -193,11 +196,11 @@ def start_workers(
     ``join``: this node joins a running elastic run (``dtrain agent --join``).
     ``fresh``: this start created ``run_dir`` (``fresh_root``: and its parent); a failure
     before the first step finished removes them (nothing was trained)."""
-    for w in plan.warnings:  # once, here: the workers read the plan and do not repeat them
-        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
     from dtrain_cli.launch import worker_server
 
     try:
+        for w in plan.warnings:  # once, here: the workers read the plan and do not repeat them
+            err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
         what = shlex.join(plan.script.argv()) if plan.script else plan.recipe
         console.print(
             f"[bold]dtrain[/] {escape(what)}: {plan.world_size} process(es) "

@@ -52,3 +52,30 @@ def test_bad_input_exit_2_one_line_no_traceback_nothing_written(args, tmp_path, 
     assert "Traceback" not in result.output
     assert result.output.count("error:") >= 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_ctrl_c_while_the_run_dir_is_written_leaves_nothing(tmp_path, monkeypatch):
+    """A Ctrl-C that lands while the launcher writes the new run dir (plan.yaml there, the
+    workers not started: what tests/launch/test_launch.py's Ctrl-C hit once on a loaded CI
+    machine) exits 130 and removes what this start created, ``runs/`` included."""
+    from dtrain_cli.launch import rundir, signals, worker_server
+    from dtrain_cli.rundir import env
+    from tests.conftest import cache_dir
+
+    for name in ("start", "stop"):  # no fork server: nothing starts a process here
+        monkeypatch.setattr(worker_server, name, lambda *_a, **_k: None)
+    monkeypatch.setattr(signals, "watch_interrupt", lambda: None)
+    monkeypatch.setenv(env.LAUNCH_T0, "0")  # restored after the test
+    monkeypatch.setenv("DTRAIN_CACHE", str(cache_dir()))
+    written = rundir.materialize
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        assert (written(*args, **kwargs) / "plan.yaml").is_file()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rundir, "materialize", interrupted)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["launch", "recipe=gpt_tiny", "train.steps=1"])
+    assert result.exit_code == 130, result.output
+    assert "stopped by SIGINT" in result.output
+    assert list(tmp_path.iterdir()) == []
