@@ -41,6 +41,14 @@ def grad_payload_bytes(cfg: DtrainConfig, facts: ModelFacts) -> int:
     return 4 * n
 
 
+def tp_pp_share(facts: ModelFacts, tp: int, pp: int) -> float:
+    """The fraction of the model's parameters one rank holds (synchronizes) at tp x pp:
+    its stage's share (1/pp), split over tp but for what every tp rank holds whole."""
+    n = max(facts.num_params, 1)
+    whole = facts.params_tp_replicated / max(pp, 1) if tp > 1 else 0.0
+    return ((n / max(pp, 1) - whole) / max(tp, 1) + whole) / n
+
+
 def comm_bytes_per_step(
     cfg: DtrainConfig,
     facts: ModelFacts,
@@ -58,11 +66,11 @@ def comm_bytes_per_step(
     strategy = strategy_for(strategy_names()[0] if ddp else par.strategy)  # ddp: the plain one
     if not ddp:
         dims = replace(dims, dp_replicate=strategy.dp_replicate(cfg, nproc_guess(cfg)))
-    model_parallel = max(par.tp * par.pp, 1)
+    held = tp_pp_share(facts, par.tp, par.pp)  # of the model's parameters, on one rank
     pad = fsdp_padding(facts, dims.dp_shard, par.tp) if strategy.shards_params else 1.0
     strategy_bytes = strategy.comm_bytes_per_step(
-        param_bytes=4 * facts.num_params / model_parallel * pad,
-        payload_bytes=grad_payload_bytes(cfg, facts) / model_parallel,
+        param_bytes=4 * facts.num_params * held * pad,
+        payload_bytes=grad_payload_bytes(cfg, facts) * held,
         dims=dims,
         gathers=math.prod(fsdp_gathers(cfg, grad_accum, pipeline)),
         gather_scale=0.5 if cfg.precision.name in ("bf16", "fp16") else 1.0,

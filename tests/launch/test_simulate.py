@@ -209,6 +209,24 @@ def test_own_model_activations_are_measured_as_its_run_keeps_them(tmp_path, layo
     assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
 
 
+def test_own_model_under_tensor_parallel_holds_and_sends_what_the_plan_says(tmp_path):
+    """A model of one's own at dp=2 x tp=2, its MLP split by parallel.tp_plan, its blocks
+    named (pipeline.layers): parameters, activations and dp bytes as planned (the plan
+    said 0.66x the parameters and dp bytes, and 0.90x the activations: it split every
+    tensor and every saved tensor over tp)."""
+    args = ["recipe=gpt_tiny", "model=custom", "model._target_=own_targets.TinyLM"]
+    args += ["model.block_size=32", "pipeline.layers=blocks", "dp=2", "tp=2"]
+    args += ["parallel.tp_plan={blocks.*.up:colwise,blocks.*.down:rowwise}"]
+    env = {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}
+    run = run_dtrain(["simulate", *args, "--ranks", "0", "--steps", "1", "--json"], tmp_path,
+                     timeout=240, env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    (doc,) = json.loads(run.stdout)
+    measured = doc["ranks"][0]["bytes"]
+    for what in ("params", "grads", "activations", "dp_bytes_per_step"):
+        assert measured[what]["ratio"] == pytest.approx(1.0, abs=0.01), what
+
+
 def test_math_attention_keeps_its_scores_on_every_mesh_dimension(tmp_path):
     """model.attention=math at tp x pp (the stages' shapes found on the meta device, under
     autocast): each rank keeps its heads' softmax (bf16, b x heads/tp x s x s) and the

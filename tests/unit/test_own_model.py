@@ -235,3 +235,31 @@ def test_an_own_attention_model_is_planned_with_what_its_run_keeps(monkeypatch, 
     else:  # on the meta device: the scores too, and bf16 halved
         assert spec.activations_estimated() and planned(4) > 1.1 * fp32
         assert planned(2) == pytest.approx(planned(4) / 2, rel=0.01)  # token ids not halved
+
+
+def test_an_own_model_under_tensor_parallel_is_planned_by_its_tp_plan(monkeypatch):
+    """parallel.tp_plan splits the MLP's linears (up column-wise, down row-wise): every tp
+    rank holds the embeddings, the norms, the head and down's bias whole, as torch's
+    parallelize_module leaves them (the plan divided every tensor by tp: 1.52x under what
+    a rank holds, tests/launch/test_simulate.py measures it), and the dp traffic is of
+    what a rank holds."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.build import build_plan
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    lm = ["model=custom", "model._target_=own_targets.TinyLM", "model.block_size=32"]
+    tp = ["dp=2", "tp=2", "parallel.tp_plan={blocks.*.up:colwise,blocks.*.down:rowwise}"]
+    cfg = compose_config("gpt_tiny", [*lm, *tp])
+    width, vocab, depth = 32, 256, 2  # TinyLM's defaults
+    norm, up = 2 * width, 4 * width * width + 4 * width  # up: weight and bias split
+    # whole: embedding, position, per block the norm and down's bias, the head and its bias
+    whole = vocab * width + 32 * width + depth * (norm + width) + width * vocab + vocab
+    split = depth * (up + 4 * width * width)  # and down's weight
+    assert model_spec(cfg).facts().params_tp_replicated == whole
+    plan = build_plan(cfg)
+    assert plan.estimates.params_per_rank == whole + split // 2
+    ddp = build_plan(compose_config("gpt_tiny", [*lm, "dp=2"])).estimates
+    held = plan.estimates.params_per_rank / ddp.params_per_rank
+    assert plan.estimates.comm_bytes_per_step == pytest.approx(ddp.comm_bytes_per_step * held)

@@ -30,19 +30,21 @@ def saved_records(
     build: Callable[[], Any],
     meta_model: Callable[[], Any],
     layer_list: Callable[[Any], list[Any]],
+    tp_whole: Callable[[Any], set[int]] = lambda _m: set(),
 ) -> tuple[dict[str, Any], bool]:
     """({"saved": one sample's fp32 bytes or None, and where measured "saved_autocast" and
     "saved_bf16"}, whether the measurement completed). ``build()`` instantiates the model
     (here under fake tensors), ``meta_model()`` is its meta build, ``layer_list(model)`` its
-    repeated blocks."""
+    repeated blocks, ``tp_whole(model)`` the ids of the modules tp keeps whole
+    (:mod:`.tp_layout`)."""
     with _fake_cpu() as fake:
         model = _built(build) if fake else None
         if model is not None:
-            measure = _measure(block_size, forward_loss, layer_list)
+            measure = _measure(block_size, forward_loss, layer_list, tp_whole)
             saved = measure(model)
             if saved is not None:
                 return {"saved": saved, **measure_low_precision(model, measure)}, True
-    saved = _measure(block_size, forward_loss, layer_list, device="meta")(meta_model())
+    saved = _measure(block_size, forward_loss, layer_list, tp_whole, "meta")(meta_model())
     return {"saved": saved}, saved is not None
 
 
@@ -67,6 +69,7 @@ def _measure(
     block_size: int,
     forward_loss: Callable[[Any, Any], Any],
     layer_list: Callable[[Any], list[Any]],
+    tp_whole: Callable[[Any], set[int]],
     device: str = "cpu",
 ) -> Measure:
     """One sample's saved bytes on ``model`` (None when its forward or loss fails)."""
@@ -75,7 +78,8 @@ def _measure(
     def measure(model: Any) -> dict[str, float] | None:
         x = torch.zeros(1, int(block_size), dtype=torch.long, device=device)
         try:
-            return asdict(measure_saved(model, layer_list(model), x, forward_loss))
+            blocks = layer_list(model)
+            return asdict(measure_saved(model, blocks, x, forward_loss, tp_whole(model)))
         except Exception:  # the user's forward, their loss
             return None
 
@@ -103,3 +107,9 @@ def _built(build: Callable[[], Any]) -> Any:
         return build()
     except Exception:
         return None
+
+
+def count_batchnorm(model: Any) -> int:
+    from torch.nn.modules.batchnorm import _BatchNorm
+
+    return sum(isinstance(m, _BatchNorm) for m in model.modules())

@@ -9,10 +9,10 @@ the bytes one sample's forward and loss save for backward (fp32, and bf16 under 
 :mod:`.measure`), and the class names of its
 modules (what ``parallel.fsdp_units`` is checked against); the plan's checks run again on
 it each time. Its key is everything those depend on: the target and its arguments, the data
-source and loss, the pipeline's layer list and ends, the import roots, the installed torch
-and the source of dtrain's counting code. Your code is not in the key but in the record:
-the size and modification time of every loaded module file of the packages your targets
-(model, nested targets, loss) come from, installed or not, and of every other module
+source and loss, the pipeline's layer list and ends, the tp plan, the import roots, the
+installed torch and the source of dtrain's counting code. Your code is not in the key but
+in the record: the size and modification time of every loaded module file of the packages
+your targets (model, nested targets, loss) come from, installed or not, and of every other module
 loaded from the import roots (the standard library, other installed packages and dtrain
 aside); a record whose files changed is a miss, as Python's own cached bytecode is. A
 measurement that did not complete (the loss did not import, the forward failed on the
@@ -36,6 +36,7 @@ FORMAT = 2
 _COUNTING_CODE = (
     Path(__file__).with_name("spec.py"),
     Path(__file__).with_name("measure.py"),
+    Path(__file__).with_name("tp_layout.py"),
     Path(__file__).parent.parent / "spec.py",
     Path(__file__).parent.parent / "units.py",
     Path(__file__).parent.parent / "saved_bytes.py",

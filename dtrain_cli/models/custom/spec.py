@@ -24,8 +24,9 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dtrain_cli.models.custom.measure import forward_loss_for, saved_records
+from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
+from dtrain_cli.models.custom.tp_layout import matches_any, tp_replicated, tp_whole_modules
 from dtrain_cli.models.records import cache_root, load, store
 from dtrain_cli.models.saved_bytes import autocast_extra_bytes, low_precision_bytes
 from dtrain_cli.models.spec import ModelFacts, ModelSpec, param_rows, tensor_sizes
@@ -148,6 +149,7 @@ class CustomSpec(ModelSpec):
             return None
         pipe = run.pipeline
         options = [self.cfg.target, self.cfg.kwargs, run.data.source, run.train.loss]
+        options.append(sorted(self._tp_plan().items()))
         options += [pipe.layers, list(pipe.first or []), list(pipe.last or [])]
         return record_key([*options, list(run.run.import_roots)])
 
@@ -215,9 +217,10 @@ class CustomSpec(ModelSpec):
             unit="tokens" if self.cfg.block_size else "samples",
             flops_per_unit=6 * n,
             matrix_shapes=mats,  # type: ignore[arg-type]
-            batchnorm_layers=_count_batchnorm(model),
+            batchnorm_layers=count_batchnorm(model),
             tensor_sizes=tensor_sizes(model),
             param_rows=param_rows(model),
+            params_tp_replicated=tp_replicated(model, self._tp_plan()),
         )
 
     # -- activations: measured once, on fake CPU tensors (:mod:`.measure`) --------------
@@ -249,6 +252,7 @@ class CustomSpec(ModelSpec):
             build=self._instantiate,
             meta_model=self.meta_model,
             layer_list=self._layer_list,
+            tp_whole=lambda model: tp_whole_modules(model, self._tp_plan()),
         )
 
     def activations_estimated(self) -> bool:
@@ -345,10 +349,12 @@ class CustomSpec(ModelSpec):
             "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
             "sequence": SequenceParallel,
         }
-        plan = dict(self.run.parallel.tp_plan or {}) if self.run else {}
-        present = {name for name, _ in model.named_modules()}
-        plan = {k: v for k, v in plan.items() if _matches_any(k, present)}  # stage may lack some
+        plan, present = self._tp_plan(), {name for name, _ in model.named_modules()}
+        plan = {k: v for k, v in plan.items() if matches_any(k, present)}  # stage may lack some
         parallelize_module(model, tp_mesh, {k: styles[v]() for k, v in plan.items()})
+
+    def _tp_plan(self) -> dict[str, str]:
+        return dict(self.run.parallel.tp_plan or {}) if self.run else {}
 
     # -- pipeline ---------------------------------------------------------------------------
     def _layer_attr(self) -> str | None:
@@ -386,15 +392,3 @@ class CustomSpec(ModelSpec):
         pipe = self.run.pipeline if self.run else None
         first, last = (list(pipe.first or []), list(pipe.last or [])) if pipe else ([], [])
         return stage_module(model, stage, self._layer_attr(), first, last)
-
-
-def _matches_any(pattern: str, names: set[str]) -> bool:
-    import fnmatch
-
-    return any(fnmatch.fnmatchcase(n, pattern) for n in names)
-
-
-def _count_batchnorm(model: Any) -> int:
-    from torch.nn.modules.batchnorm import _BatchNorm
-
-    return sum(isinstance(m, _BatchNorm) for m in model.modules())
