@@ -65,6 +65,18 @@ def weight_derived(t: Any, depth: int = 6) -> bool:
     return False
 
 
+def kept_whole_under_tp(model: Any, style_of: Callable[[str], str | None]) -> set[int]:
+    """Ids of the modules whose saved tensors every tp rank keeps whole, for ``measure_saved``'s
+    ``replicated``: the norms and the column-wise modules (``style_of(module name)`` starts
+    with ``colwise``), whose input, the normed residual stream, is replicated; what the other
+    modules save is split by heads or by the MLP's width. One rule for every model kind."""
+    return {
+        id(m)
+        for name, m in model.named_modules()
+        if "norm" in type(m).__name__.lower() or (style_of(name) or "").startswith("colwise")
+    }
+
+
 def measure_saved(
     model: Any,
     blocks: list[Any],

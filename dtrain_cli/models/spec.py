@@ -182,12 +182,16 @@ class ModelSpec(ABC):
                 f"parallel.tp={cfg.parallel.tp}: model.kind={self.kind} has no tensor-parallel "
                 f"plan{self.tp_hint()}"
             )
-        if cfg.parallel.pp > 1 and not self.facts().num_layers:
+        if cfg.parallel.pp > 1 and not self.pipeline_splittable():
             out.append(
                 f"parallel.pp={cfg.parallel.pp}: model.kind={self.kind} cannot be split into "
                 f"pipeline stages{self.pp_hint()}"
             )
         return out
+
+    def pipeline_splittable(self) -> bool:
+        """Whether pipeline stages can split the model's layers (its facts count them)."""
+        return bool(self.facts().num_layers)
 
     def layers_label(self, num_layers: int) -> str:
         """How pipeline errors name the model's layer count (the key that sets it)."""

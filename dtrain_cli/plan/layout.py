@@ -145,7 +145,7 @@ def pipeline_layout(
     m_count = pipe.microbatches or batch.grad_accum
     problems = schedule_problems(cfg, batch, m_count, batch_ok)
     facts = spec.facts()
-    if not facts.num_layers:  # the model's own problems() said why
+    if not spec.pipeline_splittable():  # the model's own problems() said why
         return None, problems
     pp, v = cfg.parallel.pp, pipe.virtual_stages
     num_stages = pp * v

@@ -41,12 +41,16 @@ def grad_payload_bytes(cfg: DtrainConfig, facts: ModelFacts) -> int:
     return 4 * n
 
 
-def tp_pp_share(facts: ModelFacts, tp: int, pp: int) -> float:
-    """The fraction of the model's parameters one rank holds (synchronizes) at tp x pp:
+def tp_pp_params(facts: ModelFacts, tp: int, pp: int) -> float:
+    """The parameters one rank holds (synchronizes) at tp x pp, on average over the stages:
     its stage's share (1/pp), split over tp but for what every tp rank holds whole."""
-    n = max(facts.num_params, 1)
     whole = facts.params_tp_replicated / max(pp, 1) if tp > 1 else 0.0
-    return ((n / max(pp, 1) - whole) / max(tp, 1) + whole) / n
+    return (facts.num_params / max(pp, 1) - whole) / max(tp, 1) + whole
+
+
+def tp_pp_share(facts: ModelFacts, tp: int, pp: int) -> float:
+    """:func:`tp_pp_params` as a fraction of the model's parameters."""
+    return tp_pp_params(facts, tp, pp) / max(facts.num_params, 1)
 
 
 def comm_bytes_per_step(
@@ -152,7 +156,7 @@ def estimate(
         rep = whole * most / max(n, 1)
         per_rank = math.ceil((most - rep) / par.tp + rep)
     else:
-        per_rank = math.ceil((n / par.pp - whole) / par.tp + whole)
+        per_rank = math.ceil(tp_pp_params(facts, par.tp, par.pp))
     optim_words = {"adamw": 2, "sgd": 1 if cfg.optim.momentum > 0 else 0}[cfg.optim.name]
     strategy = strategy_for(par.strategy)
     sharded = strategy.shards_params and dims.dp_shard > 1

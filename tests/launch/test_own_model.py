@@ -16,6 +16,8 @@ LAYOUTS = {
     "dp2": ["dp=2"],
     "zero1": ["dp=2", "parallel=zero1"],
     "fsdp": ["dp=2", "parallel=fsdp"],
+    # its blocks found as FSDP finds them (no pipeline.layers): the plan refused this before
+    "fsdp_ac": ["dp=2", "parallel=fsdp", "parallel.activation_checkpointing=full"],
     "tp2": ["tp=2", TP_PLAN],
     "pp2": ["pp=2", "train.micro_batch_size=2", *PIPELINE],
 }

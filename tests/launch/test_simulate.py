@@ -209,13 +209,15 @@ def test_own_model_activations_are_measured_as_its_run_keeps_them(tmp_path, layo
     assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
 
 
-def test_own_model_under_tensor_parallel_holds_and_sends_what_the_plan_says(tmp_path):
+@pytest.mark.parametrize("blocks", [["pipeline.layers=blocks"], []], ids=["named", "found"])
+def test_own_model_under_tensor_parallel_holds_and_sends_what_the_plan_says(tmp_path, blocks):
     """A model of one's own at dp=2 x tp=2, its MLP split by parallel.tp_plan, its blocks
-    named (pipeline.layers): parameters, activations and dp bytes as planned (the plan
-    said 0.66x the parameters and dp bytes, and 0.90x the activations: it split every
-    tensor and every saved tensor over tp)."""
+    named (pipeline.layers) or found as FSDP finds them: parameters, activations and dp
+    bytes as planned (the plan said 0.66x the parameters and dp bytes, and 0.90x the
+    activations: it split every tensor and every saved tensor over tp; with the blocks
+    not named, 0.73x the activations: it held them all outside any block)."""
     args = ["recipe=gpt_tiny", "model=custom", "model._target_=own_targets.TinyLM"]
-    args += ["model.block_size=32", "pipeline.layers=blocks", "dp=2", "tp=2"]
+    args += ["model.block_size=32", *blocks, "dp=2", "tp=2"]
     args += ["parallel.tp_plan={blocks.*.up:colwise,blocks.*.down:rowwise}"]
     env = {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}
     run = run_dtrain(["simulate", *args, "--ranks", "0", "--steps", "1", "--json"], tmp_path,

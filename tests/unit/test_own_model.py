@@ -263,3 +263,29 @@ def test_an_own_model_under_tensor_parallel_is_planned_by_its_tp_plan(monkeypatc
     ddp = build_plan(compose_config("gpt_tiny", [*lm, "dp=2"])).estimates
     held = plan.estimates.params_per_rank / ddp.params_per_rank
     assert plan.estimates.comm_bytes_per_step == pytest.approx(ddp.comm_bytes_per_step * held)
+
+
+def test_an_own_model_s_blocks_are_found_without_pipeline_layers(monkeypatch):
+    """Without pipeline.layers the plan counts the blocks FSDP and activation checkpointing
+    wrap (the largest nn.ModuleList): checkpointing is accepted and saves, and under tensor
+    parallel a block's saved tensors are split as with the list named (the plan held them
+    all whole, outside any block: tests/launch/test_simulate.py measured 0.73 of what a
+    rank keeps). Pipeline stages still need the list named."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.build import build_plan
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    lm = ["model=custom", "model._target_=own_targets.TinyLM", "model.block_size=32"]
+    lm += ["train.global_batch_size=4", "train.micro_batch_size=4"]
+    tp = ["tp=2", "parallel.tp_plan={blocks.*.up:colwise,blocks.*.down:rowwise}"]
+    named = ["pipeline.layers=blocks"]
+
+    def acts(*extra: str) -> int:
+        return build_plan(compose_config("gpt_tiny", [*lm, *extra])).estimates.bytes_activations
+
+    assert model_spec(compose_config("gpt_tiny", lm)).facts().num_layers == 2
+    assert acts(*tp) == acts(*tp, *named) < acts()
+    assert acts("parallel.activation_checkpointing=full") < 0.7 * acts()
+    assert not model_spec(compose_config("gpt_tiny", [*lm, "pp=2"])).pipeline_splittable()

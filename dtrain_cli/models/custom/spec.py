@@ -26,7 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
-from dtrain_cli.models.custom.tp_layout import matches_any, tp_replicated, tp_whole_modules
+from dtrain_cli.models.custom.tp_layout import (
+    TP_STYLES,
+    apply_tp_plan,
+    tp_replicated,
+    tp_whole_modules,
+)
 from dtrain_cli.models.records import cache_root, load, store
 from dtrain_cli.models.saved_bytes import autocast_extra_bytes, low_precision_bytes
 from dtrain_cli.models.spec import ModelFacts, ModelSpec, param_rows, tensor_sizes
@@ -35,7 +40,6 @@ from dtrain_cli.targets import nested_targets
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
 
-TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence")
 _RECORDS: dict[str, dict[str, Any]] = {}
 """This process's records by key (``dtrain advise`` plans dozens of layouts of one model)."""
 
@@ -171,6 +175,7 @@ class CustomSpec(ModelSpec):
         saved, complete = self._saved_records()
         measured = {
             "facts": asdict(self._count(model)),
+            "pipeline_layers": len(self._layer_list(model)),
             **saved,
             "module_classes": sorted({type(m).__name__ for m in model.modules() if m is not model}),
         }
@@ -202,7 +207,7 @@ class CustomSpec(ModelSpec):
         params = [p for p in model.parameters()]
         n = sum(p.numel() for p in params)
         mats = [tuple(p.shape) for p in params if p.dim() == 2]
-        layers = self._layer_list(model)
+        layers = self._blocks(model)
         per_layer = max((sum(p.numel() for p in m.parameters()) for m in layers), default=0)
         first = sum(p.numel() for m in self._ends(model, "first") for p in m.parameters())
         last = sum(p.numel() for m in self._ends(model, "last") for p in m.parameters())
@@ -251,7 +256,7 @@ class CustomSpec(ModelSpec):
             forward_loss=forward_loss,
             build=self._instantiate,
             meta_model=self.meta_model,
-            layer_list=self._layer_list,
+            layer_list=self._blocks,
             tp_whole=lambda model: tp_whole_modules(model, self._tp_plan()),
         )
 
@@ -334,24 +339,7 @@ class CustomSpec(ModelSpec):
         return super().fsdp_units(model)
 
     def apply_tensor_parallel(self, model: Any, tp_mesh: Any) -> None:
-        from torch.distributed.tensor import Replicate
-        from torch.distributed.tensor.parallel import (
-            ColwiseParallel,
-            RowwiseParallel,
-            SequenceParallel,
-            parallelize_module,
-        )
-
-        styles = {
-            "colwise": ColwiseParallel,
-            "rowwise": RowwiseParallel,
-            "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
-            "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
-            "sequence": SequenceParallel,
-        }
-        plan, present = self._tp_plan(), {name for name, _ in model.named_modules()}
-        plan = {k: v for k, v in plan.items() if matches_any(k, present)}  # stage may lack some
-        parallelize_module(model, tp_mesh, {k: styles[v]() for k, v in plan.items()})
+        apply_tp_plan(model, tp_mesh, self._tp_plan())
 
     def _tp_plan(self) -> dict[str, str]:
         return dict(self.run.parallel.tp_plan or {}) if self.run else {}
@@ -360,7 +348,20 @@ class CustomSpec(ModelSpec):
     def _layer_attr(self) -> str | None:
         return self.run.pipeline.layers if self.run else None
 
+    def pipeline_splittable(self) -> bool:
+        return bool(self._measured.get("pipeline_layers"))
+
+    def _blocks(self, model: Any) -> list[Any]:
+        """The repeated blocks the plan counts, checkpoints and splits activations by: the
+        pipeline's layer list where there is one, else the largest ``nn.ModuleList``'s
+        children (what FSDP and activation checkpointing wrap unless
+        ``parallel.fsdp_units`` names other classes)."""
+        from dtrain_cli.models.units import largest_module_list
+
+        return self._layer_list(model) or largest_module_list(model)
+
     def _layer_list(self, model: Any) -> list[Any]:
+        """The layers pipeline stages split: ``pipeline.layers`` or an ``nn.Sequential``'s."""
         from torch import nn
 
         attr = self._layer_attr()

@@ -1,17 +1,19 @@
-"""What a model of your own keeps whole under tensor parallel, read off its build and
-``parallel.tp_plan`` as :meth:`~dtrain_cli.models.custom.spec.CustomSpec.apply_tensor_parallel`
-applies it (torch's ``parallelize_module``: a pattern matches module names as ``fnmatch``
-does). A column-wise module splits its weight and bias; a row-wise one its weight, its bias
-stays whole; every other parameter (embeddings, norms, a head the plan does not name) is
-held whole by every tp rank. What a rank saves for backward stays whole where the module
-saving it is a norm or the input of a column-wise module (the residual stream and its
-norm, as for the HF kind's plans)."""
+"""A model of your own under tensor parallel: ``parallel.tp_plan`` applied (:func:`apply_tp_plan`:
+torch's ``parallelize_module``, a pattern matching module names as ``fnmatch`` does), and
+what that keeps whole, read off the build and the plan. A column-wise module splits its
+weight and bias; a row-wise one its weight, its bias stays whole; every other parameter
+(embeddings, norms, a head the plan does not name) is held whole by every tp rank. What a
+rank saves for backward stays whole where the module saving it is a norm or a column-wise
+module (its input: the residual stream and its norm), the rule every kind shares."""
 
 from __future__ import annotations
 
 import fnmatch
 from typing import Any
 
+TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence")
+"""What ``parallel.tp_plan`` may name: torch's ``ColwiseParallel``, ``RowwiseParallel`` (the
+``_rep`` forms with a replicated output/input) and ``SequenceParallel``."""
 SPLIT_ALL = ("colwise", "colwise_rep")
 SPLIT_WEIGHT = ("rowwise", "rowwise_rep")
 
@@ -40,9 +42,31 @@ def tp_replicated(model: Any, plan: dict[str, str]) -> int:
 
 
 def tp_whole_modules(model: Any, plan: dict[str, str]) -> set[int]:
-    """Ids of the modules whose saved tensors every tp rank keeps whole."""
-    return {
-        id(m)
-        for name, m in model.named_modules()
-        if style_of(plan, name) in SPLIT_ALL or "norm" in type(m).__name__.lower()
+    """Ids of the modules whose saved tensors every tp rank keeps whole
+    (:func:`dtrain_cli.models.saved_bytes.kept_whole_under_tp`)."""
+    from dtrain_cli.models.saved_bytes import kept_whole_under_tp
+
+    return kept_whole_under_tp(model, lambda name: style_of(plan, name))
+
+
+def apply_tp_plan(model: Any, tp_mesh: Any, plan: dict[str, str]) -> None:
+    """torch's ``parallelize_module`` with the styles ``plan`` names; a pattern no module of
+    ``model`` matches is left out (a pipeline stage may lack it)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    styles = {
+        "colwise": ColwiseParallel,
+        "rowwise": RowwiseParallel,
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "sequence": SequenceParallel,
     }
+    present = {name for name, _ in model.named_modules()}
+    plan = {k: v for k, v in plan.items() if matches_any(k, present)}
+    parallelize_module(model, tp_mesh, {k: styles[v]() for k, v in plan.items()})

@@ -180,17 +180,12 @@ def saved_per_sample(spec: HFSpec, model: nn.Module) -> dict[str, float] | None:
 
 
 def tp_whole(model: nn.Module) -> set[int]:
-    """The decoder layers' modules whose saved tensors every tp rank keeps whole: the norms
-    and the column-wise linears of the model's tp plan (their input, the normed residual
-    stream, is replicated); what the other modules save is split by heads or by the MLP's
-    width."""
+    """The modules whose saved tensors every tp rank keeps whole under the model's own tp
+    plan (:func:`dtrain_cli.models.saved_bytes.kept_whole_under_tp`)."""
+    from dtrain_cli.models.saved_bytes import kept_whole_under_tp
+
     plan = tp_patterns(model)
-    return {
-        id(m)
-        for name, m in model.named_modules()
-        if "norm" in type(m).__name__.lower()
-        or (tp_style_of(plan, name) or "").startswith("colwise")
-    }
+    return kept_whole_under_tp(model, lambda name: tp_style_of(plan, name))
 
 
 def saved_low_precision(spec: HFSpec, model: nn.Module) -> dict[str, Any]:
