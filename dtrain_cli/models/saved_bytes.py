@@ -50,9 +50,12 @@ def weight_derived(t: Any, depth: int = 6) -> bool:
     """A parameter, or a chain of one-input ops (view, transpose, cast) from one parameter
     to a tensor of its size: ``W.t()``, autocast's or FSDP's bf16 copy of ``W``. An
     embedding's output also has a parameter as its only differentiable input, but not its
-    size."""
+    size. A leaf that is not an ``nn.Parameter`` is an activation: a pipeline stage's input,
+    received from the stage before and made to require grad, is kept by its first block."""
+    from torch import nn
+
     if t.is_leaf:
-        return t.requires_grad
+        return isinstance(t, nn.Parameter)
     node = t.grad_fn
     for _ in range(depth):
         nexts = [f for f, _ in getattr(node, "next_functions", ()) if f is not None]
@@ -61,7 +64,7 @@ def weight_derived(t: Any, depth: int = 6) -> bool:
         node = nexts[0]
         leaf = getattr(node, "variable", None)
         if leaf is not None:
-            return leaf.numel() == t.numel()
+            return isinstance(leaf, nn.Parameter) and leaf.numel() == t.numel()
     return False
 
 

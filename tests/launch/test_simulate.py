@@ -316,9 +316,10 @@ def test_fsdp_tp_pp_runs_every_mesh_dimension(tmp_path):
     # 4 micro-batches: FSDP2 gathers in each forward and once in the pipeline's backward
     for rank in (first, last):
         assert rank["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=0.07)
-    # each stage against its own estimate (the last one keeps the logits)
+    # each stage against its own estimate (the last one keeps the logits, and its first
+    # block the input received from the stage before: left out as a weight, 0.97 and less)
     for rank in (first, last):
-        assert rank["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.05)
+        assert rank["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.01)
 
 
 def test_fp16_cuda_plan_runs_here_and_says_so(tmp_path):

@@ -164,6 +164,26 @@ def test_saved_bytes_meter_leaves_weights_and_their_copies_out():
     assert meter.peak_step_bytes == (x + h).numel() * 4 + ids.numel() * 8  # and the ids
 
 
+def test_a_received_stage_input_is_an_activation_not_a_weight():
+    """A pipeline stage's input arrives as a leaf made to require grad (torch's pipelining
+    does so for the backward to send its gradient back); the stage's first block keeps it
+    for backward, one per micro-batch in flight. The meter took every leaf requiring grad
+    for a weight and left it out: a later stage measured 0.97 of the plan's activations."""
+    import torch
+
+    from dtrain_cli.runtime.simulate_measure import SavedBytesMeter, weight_derived
+
+    w = torch.nn.Parameter(torch.randn(32, 32))
+    received = torch.randn(8, 32).requires_grad_()
+    with SavedBytesMeter() as meter:
+        y = torch.nn.functional.layer_norm(received, (32,)) @ w
+        y.sum().backward()
+    assert not weight_derived(received) and not weight_derived(received.view(8, 32))
+    assert weight_derived(w) and weight_derived(w.view(32, 32))
+    # layer_norm keeps its input, mean and rstd; the matmul its normed input
+    assert meter.peak_step_bytes == 2 * received.numel() * 4 + 2 * 8 * 4
+
+
 def test_saved_bytes_meter_counts_every_micro_batch_of_a_step():
     """Each micro-batch's saved tensors are freed by its backward; the next one's may get
     the same addresses from the allocator, and must still be counted (the count was
