@@ -91,7 +91,8 @@ class ModelFacts:
 
     num_params: int
     num_layers: int = 0
-    """Repeated blocks a pipeline can split between stages (0: the model cannot be split)."""
+    """Repeated blocks: what pipeline stages split, checkpointing recomputes and FSDP wraps
+    (0: none found). Whether stages can split them: :meth:`ModelSpec.pipeline_splittable`."""
     params_per_layer: int = 0
     """Parameters of one block (also the largest FSDP unit the plan adds as gathered)."""
     params_first: int = 0
