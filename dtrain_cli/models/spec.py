@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -74,6 +75,21 @@ def tensor_sizes(model: nn.Module) -> list[tuple[int, int, str | int]]:
     return [(p.numel(), p.dim(), w) for (_, p), w in zip(named, where, strict=True)]
 
 
+def whole_by_place(
+    model: nn.Module, is_whole: Callable[[str, str], bool]
+) -> list[tuple[str | int, int]]:
+    """(place, parameters) of a built model's parameters that ``is_whole(module name,
+    parameter name)`` says every tp rank holds whole (``ModelFacts.tp_replicated_places``);
+    a tied parameter counts at each place it sits."""
+    named = list(model.named_parameters(remove_duplicate=False))
+    out: dict[str | int, int] = {}
+    for (name, p), where in zip(named, places([n for n, _ in named]), strict=True):
+        module, _, pname = name.rpartition(".")
+        if is_whole(module, pname):
+            out[where] = out.get(where, 0) + p.numel()
+    return list(out.items())
+
+
 def param_rows(model: nn.Module) -> list[tuple[int, int, int | None]]:
     """(dim 0, numel, None) of a built model's parameters, those of one dim 0 together
     (``ModelFacts.param_rows``: FSDP2's padding per element is the same within a group; the
@@ -107,6 +123,11 @@ class ModelFacts:
     """Forward + backward FLOPs per token (or per sample), for MFU."""
     params_tp_replicated: int = 0
     """Parameters every tp rank holds whole (norms, biases after a row-wise split...)."""
+    tp_replicated_places: list[tuple[str | int, int]] = field(default_factory=list)
+    """(place, parameters every tp rank holds whole there): ``first``, a block index or
+    ``last``, as :func:`places` names them (a tied weight at each of its places, as each
+    pipeline stage holds its copy); empty when the kind does not say (a pipeline stage's
+    share of ``params_tp_replicated`` is then taken in proportion to its parameters)."""
     matrix_shapes: list[tuple[int, int]] = field(default_factory=list)
     """2-D weights (what PowerSGD compresses); the rest of num_params is in other tensors."""
     batchnorm_layers: int = 0

@@ -48,9 +48,31 @@ def tp_pp_params(facts: ModelFacts, tp: int, pp: int) -> float:
     return (facts.num_params / max(pp, 1) - whole) / max(tp, 1) + whole
 
 
-def tp_pp_share(facts: ModelFacts, tp: int, pp: int) -> float:
-    """:func:`tp_pp_params` as a fraction of the model's parameters."""
-    return tp_pp_params(facts, tp, pp) / max(facts.num_params, 1)
+def stage_held_params(facts: ModelFacts, tp: int, pipeline: PipelinePlan) -> float:
+    """The parameters the pp rank holding the most holds after tp: its stages' parameters,
+    split over tp but for what every tp rank holds whole there (by place where the kind
+    says, :attr:`ModelFacts.tp_replicated_places`: a first stage holds the position
+    embedding whole; else that stage's share of the whole in proportion)."""
+    by_place = dict(facts.tp_replicated_places)
+    held: dict[int, float] = {}
+    for st in pipeline.stages:
+        if tp <= 1:
+            whole = 0.0
+        elif by_place:
+            where = [*range(*st.layers), *(["first"] if st.embeddings else [])]
+            whole = sum(by_place.get(w, 0) for w in where + (["last"] if st.head else []))
+        else:
+            whole = facts.params_tp_replicated * st.params / max(facts.num_params, 1)
+        held[st.pp_rank] = held.get(st.pp_rank, 0.0) + (st.params - whole) / tp + whole
+    return max(held.values())
+
+
+def rank_held_params(facts: ModelFacts, tp: int, pp: int, pipeline: PipelinePlan | None) -> float:
+    """The parameters the rank holding the most holds (and synchronizes over dp) at tp x
+    pp: :func:`stage_held_params` with stages, else the even share :func:`tp_pp_params`."""
+    if pipeline is not None and pipeline.stages:
+        return stage_held_params(facts, tp, pipeline)
+    return tp_pp_params(facts, tp, pp)
 
 
 def comm_bytes_per_step(
@@ -70,7 +92,8 @@ def comm_bytes_per_step(
     strategy = strategy_for(strategy_names()[0] if ddp else par.strategy)  # ddp: the plain one
     if not ddp:
         dims = replace(dims, dp_replicate=strategy.dp_replicate(cfg, nproc_guess(cfg)))
-    held = tp_pp_share(facts, par.tp, par.pp)  # of the model's parameters, on one rank
+    # of the model's parameters, on the rank holding the most
+    held = rank_held_params(facts, par.tp, par.pp, pipeline) / max(facts.num_params, 1)
     pad = fsdp_padding(facts, dims.dp_shard, par.tp) if strategy.shards_params else 1.0
     strategy_bytes = strategy.comm_bytes_per_step(
         param_bytes=4 * facts.num_params * held * pad,
@@ -147,16 +170,7 @@ def estimate(
     par = cfg.parallel
     facts = spec.facts()
     n = facts.num_params
-    whole = facts.params_tp_replicated if par.tp > 1 else 0  # not split by tp
-    if pipeline is not None and pipeline.stages:
-        held: dict[int, int] = {}
-        for st in pipeline.stages:
-            held[st.pp_rank] = held.get(st.pp_rank, 0) + st.params
-        most = max(held.values())
-        rep = whole * most / max(n, 1)
-        per_rank = math.ceil((most - rep) / par.tp + rep)
-    else:
-        per_rank = math.ceil(tp_pp_params(facts, par.tp, par.pp))
+    per_rank = math.ceil(rank_held_params(facts, par.tp, par.pp, pipeline))
     optim_words = {"adamw": 2, "sgd": 1 if cfg.optim.momentum > 0 else 0}[cfg.optim.name]
     strategy = strategy_for(par.strategy)
     sharded = strategy.shards_params and dims.dp_shard > 1

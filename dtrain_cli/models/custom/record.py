@@ -31,7 +31,7 @@ from typing import Any
 from dtrain_cli.models.records import files_hash, key_of
 
 FOLDER = "custom-facts"
-FORMAT = 3
+FORMAT = 4
 """The record's layout; raise it when its fields change."""
 _COUNTING_CODE = (
     Path(__file__).with_name("spec.py"),

@@ -30,6 +30,7 @@ from dtrain_cli.models.custom.tp_layout import (
     TP_STYLES,
     apply_tp_plan,
     tp_replicated,
+    tp_whole_by_place,
     tp_whole_modules,
 )
 from dtrain_cli.models.records import cache_root, load, store
@@ -201,6 +202,7 @@ class CustomSpec(ModelSpec):
         f["matrix_shapes"] = [tuple(x) for x in f.get("matrix_shapes", [])]
         f["param_rows"] = [tuple(x) for x in f.get("param_rows", [])]
         f["tensor_sizes"] = [tuple(x) for x in f.get("tensor_sizes", [])]
+        f["tp_replicated_places"] = [tuple(x) for x in f.get("tp_replicated_places", [])]
         return ModelFacts(**f)
 
     def _count(self, model: Any) -> ModelFacts:
@@ -226,6 +228,7 @@ class CustomSpec(ModelSpec):
             tensor_sizes=tensor_sizes(model),
             param_rows=param_rows(model),
             params_tp_replicated=tp_replicated(model, self._tp_plan()),
+            tp_replicated_places=tp_whole_by_place(model, self._tp_plan()),
         )
 
     # -- activations: measured once, on fake CPU tensors (:mod:`.measure`) --------------

@@ -41,6 +41,17 @@ def tp_replicated(model: Any, plan: dict[str, str]) -> int:
     return whole
 
 
+def tp_whole_by_place(model: Any, plan: dict[str, str]) -> list[tuple[str | int, int]]:
+    """:func:`tp_replicated` by pipeline place (``ModelFacts.tp_replicated_places``)."""
+    from dtrain_cli.models.spec import whole_by_place
+
+    def whole(module: str, pname: str) -> bool:
+        style = style_of(plan, module)
+        return not (style in SPLIT_ALL or (style in SPLIT_WEIGHT and pname == "weight"))
+
+    return whole_by_place(model, whole) if plan else []
+
+
 def tp_whole_modules(model: Any, plan: dict[str, str]) -> set[int]:
     """Ids of the modules whose saved tensors every tp rank keeps whole
     (:func:`dtrain_cli.models.saved_bytes.kept_whole_under_tp`)."""

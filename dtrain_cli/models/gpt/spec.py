@@ -62,9 +62,19 @@ class GPTSpec(ModelSpec):
             params_tp_replicated=m.block_size * d
             + (2 * m.n_layer + 1) * norm
             + 2 * m.n_layer * d * int(m.bias),
+            tp_replicated_places=self._whole_by_place(shapes),
             param_rows=self._param_rows(shapes),
             tensor_sizes=[(math.prod(t.shape), len(t.shape), t.where) for t in shapes],
         )
+
+    @staticmethod
+    def _whole_by_place(shapes: list[TensorShape]) -> list[tuple[str | int, int]]:
+        """What tp leaves whole (no tp dim), by place (``ModelFacts.tp_replicated_places``)."""
+        out: dict[str | int, int] = {}
+        for t in shapes:
+            if t.tp_dim is None:
+                out[t.where] = out.get(t.where, 0) + math.prod(t.shape)
+        return list(out.items())
 
     def _param_rows(self, shapes: list[TensorShape]) -> list[tuple[int, int, int | None]]:
         """The tensors of one dim 0 and tp dim together (every block repeats the same

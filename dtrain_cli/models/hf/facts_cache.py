@@ -29,7 +29,7 @@ from typing import Any
 from dtrain_cli.models.records import files_hash, key_of
 
 FOLDER = "hf-facts"
-FORMAT = 3
+FORMAT = 4
 """The record's layout; raise it when the record's fields change (2: saved bytes; 3: saved
 at 2 bytes a value, under autocast and with bf16 parameters)."""
 _COUNTING_CODE = (

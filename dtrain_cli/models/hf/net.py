@@ -27,7 +27,13 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from dtrain_cli.models.hf.library import transformers_module
-from dtrain_cli.models.hf.tensor_parallel import tp_patterns, tp_plan, tp_replicated, tp_style_of
+from dtrain_cli.models.hf.tensor_parallel import (
+    tp_patterns,
+    tp_plan,
+    tp_replicated,
+    tp_style_of,
+    tp_whole_by_place,
+)
 from dtrain_cli.models.spec import tensor_sizes
 
 if TYPE_CHECKING:
@@ -105,6 +111,7 @@ def meta_counts(spec: HFSpec, model: nn.Module | None = None) -> dict[str, Any]:
         "max_positions": int(getattr(conf, "max_position_embeddings", 0) or 0),
         "tp_plan": tp_plan(model),
         "tp_replicated": tp_replicated(model),
+        "tp_replicated_places": tp_whole_by_place(model),
         "matrix_shapes": [list(p.shape) for p in model.parameters() if p.dim() == 2],
         "param_rows": [[p.shape[0], p.numel()] for p in model.parameters() if p.dim()],
         "tensor_sizes": tensor_sizes(model),

@@ -249,6 +249,7 @@ class HFSpec(ModelSpec):
             matrix_shapes=[tuple(s) for s in c["matrix_shapes"]],
             batchnorm_layers=c.get("batchnorm_layers", 0),
             params_tp_replicated=c.get("tp_replicated", 0),
+            tp_replicated_places=[tuple(x) for x in c.get("tp_replicated_places", [])],
             param_rows=[(r, n, None) for r, n in c.get("param_rows", [])],
             tensor_sizes=[tuple(t) for t in c.get("tensor_sizes", [])],
         )

@@ -37,6 +37,21 @@ def tp_replicated(model: nn.Module) -> int:
     return whole
 
 
+def tp_whole_by_place(model: nn.Module) -> list[tuple[str | int, int]]:
+    """:func:`tp_replicated` by pipeline place (``ModelFacts.tp_replicated_places``)."""
+    from dtrain_cli.models.spec import whole_by_place
+
+    plan = tp_patterns(model)
+    if not plan:
+        return []
+
+    def whole(module: str, pname: str) -> bool:
+        style = tp_style_of(plan, module)
+        return style is None or (style.startswith("rowwise") and pname == "bias")
+
+    return whole_by_place(model, whole)
+
+
 def tp_plan(model: nn.Module) -> dict[str, str]:
     """Full-name patterns -> transformers style names: the model's own merged plan
     (``model.tp_plan``: the config's ``base_model_tp_plan`` under the base model's prefix,
