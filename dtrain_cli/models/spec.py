@@ -76,12 +76,13 @@ def tensor_sizes(model: nn.Module) -> list[tuple[int, int, str | int]]:
 
 
 def whole_by_place(
-    model: nn.Module, is_whole: Callable[[str, str], bool]
+    model: nn.Module, is_whole: Callable[[str, str], bool], tied_once: bool = False
 ) -> list[tuple[str | int, int]]:
     """(place, parameters) of a built model's parameters that ``is_whole(module name,
     parameter name)`` says every tp rank holds whole (``ModelFacts.tp_replicated_places``);
-    a tied parameter counts at each place it sits."""
-    named = list(model.named_parameters(remove_duplicate=False))
+    a tied parameter counts at each place it sits (as each pipeline stage holds its copy),
+    or at its first only (``tied_once``: the model's own count)."""
+    named = list(model.named_parameters(remove_duplicate=tied_once))
     out: dict[str | int, int] = {}
     for (name, p), where in zip(named, places([n for n, _ in named]), strict=True):
         module, _, pname = name.rpartition(".")

@@ -26,30 +26,28 @@ def matches_any(pattern: str, names: set[str]) -> bool:
     return any(fnmatch.fnmatchcase(n, pattern) for n in names)
 
 
+def _held_whole(plan: dict[str, str]) -> Any:
+    """(module name, parameter name) -> whether every tp rank holds it whole."""
+
+    def whole(module: str, pname: str) -> bool:
+        style = style_of(plan, module)
+        return not (style in SPLIT_ALL or (style in SPLIT_WEIGHT and pname == "weight"))
+
+    return whole
+
+
 def tp_replicated(model: Any, plan: dict[str, str]) -> int:
     """Parameters every tp rank holds whole (each tensor once, tied ones too)."""
-    seen: set[int] = set()
-    whole = 0
-    for name, module in model.named_modules():
-        style = style_of(plan, name)
-        for pname, p in module.named_parameters(recurse=False):
-            if id(p) in seen:
-                continue
-            seen.add(id(p))
-            split = style in SPLIT_ALL or (style in SPLIT_WEIGHT and pname == "weight")
-            whole += 0 if split else p.numel()
-    return whole
+    from dtrain_cli.models.spec import whole_by_place
+
+    return sum(n for _, n in whole_by_place(model, _held_whole(plan), tied_once=True))
 
 
 def tp_whole_by_place(model: Any, plan: dict[str, str]) -> list[tuple[str | int, int]]:
     """:func:`tp_replicated` by pipeline place (``ModelFacts.tp_replicated_places``)."""
     from dtrain_cli.models.spec import whole_by_place
 
-    def whole(module: str, pname: str) -> bool:
-        style = style_of(plan, module)
-        return not (style in SPLIT_ALL or (style in SPLIT_WEIGHT and pname == "weight"))
-
-    return whole_by_place(model, whole) if plan else []
+    return whole_by_place(model, _held_whole(plan)) if plan else []
 
 
 def tp_whole_modules(model: Any, plan: dict[str, str]) -> set[int]:

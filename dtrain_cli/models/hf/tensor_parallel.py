@@ -25,20 +25,12 @@ def tp_replicated(model: nn.Module) -> int:
     """Parameters every tp rank holds whole under the model's tp plan: modules the plan
     does not name (norms, position embeddings) and the biases of row-wise layers (added
     after the all-reduce); 0 without a plan."""
-    plan = tp_patterns(model)
-    if not plan:
-        return 0
-    whole = 0
-    for name, module in model.named_modules():
-        style = tp_style_of(plan, name)
-        for pname, p in module.named_parameters(recurse=False):
-            if style is None or (style.startswith("rowwise") and pname == "bias"):
-                whole += p.numel()
-    return whole
+    return sum(n for _, n in tp_whole_by_place(model))
 
 
 def tp_whole_by_place(model: nn.Module) -> list[tuple[str | int, int]]:
-    """:func:`tp_replicated` by pipeline place (``ModelFacts.tp_replicated_places``)."""
+    """:func:`tp_replicated` by pipeline place (``ModelFacts.tp_replicated_places``; a
+    tied weight at each of its places, as the total has always counted it)."""
     from dtrain_cli.models.spec import whole_by_place
 
     plan = tp_patterns(model)
