@@ -82,9 +82,10 @@ class Run:
         return json.loads((self.run_dir / "summary.json").read_text())
 
 
-WARM_COMMANDS = frozenset({"launch", "resume"})
+WARM_COMMANDS = frozenset({"launch", "resume", "simulate"})
 """Forked from the warm launcher (tests/warm_launcher.py) unless ``fresh=True`` or
-``DTRAIN_TEST_FRESH=1``: the same launch without importing torch twice per test."""
+``DTRAIN_TEST_FRESH=1``: the same launch without importing torch twice per test (a
+simulate's ranks: their fork server forked from it, torch imported)."""
 
 
 def run_dtrain(
@@ -94,10 +95,13 @@ def run_dtrain(
     env: dict | None = None,
     *,
     fresh: bool = False,
+    warm: bool = False,
 ) -> Run:
-    """``python -m dtrain_cli ARGS`` in ``cwd``: its exit code, output and newest run dir."""
+    """``python -m dtrain_cli ARGS`` in ``cwd``: its exit code, output and newest run dir.
+    ``warm=True`` forks another command (``dtrain run``) from the warm launcher too: for the
+    tests of how a script's run ends, not of what a fresh interpreter's script sees."""
     full_env = {**os.environ, "DTRAIN_CACHE": str(cache_dir()), **(env or {})}
-    warm = not fresh and args[:1] and args[0] in WARM_COMMANDS
+    warm = not fresh and (warm or (args[:1] and args[0] in WARM_COMMANDS))
     if warm and os.environ.get("DTRAIN_TEST_FRESH") != "1":
         from tests.warm_launcher import warm_launcher
 

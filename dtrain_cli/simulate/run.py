@@ -1,14 +1,19 @@
-"""Start the simulated ranks: one ``python -m dtrain_cli.runtime.simulate`` per rank, as
-many at once as there are cores. Torch-free (the ranks import torch, not this process).
+"""Start the simulated ranks: one process per rank (what ``python -m
+dtrain_cli.runtime.simulate`` runs), as many at once as there are cores. Torch-free: the
+ranks are forked from multiprocessing's fork server, which imports torch and the
+simulator once for every rank of every layout this command simulates (a sweep, ``advise
+--simulate``), not this process; each rank is a fresh process of its own (its own fake
+process group), its output in ``simulate/rank_<r>.log``.
 
     dtrain simulate recipe=gpt_1b dp=64 tp=8 pp=2 --ranks 0,1023
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+import multiprocessing
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,32 +46,76 @@ def run_ranks(
     ``jobs`` ranks at once (0: as many as there are cores)."""
     out_dir = run_dir / "simulate"
     out_dir.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    context = _fork_server()
     slots = jobs if jobs > 0 else max(1, os.cpu_count() or 1)
     waiting, running, done = list(ranks), {}, {}
-    while waiting or running:
-        while waiting and len(running) < slots:
-            r = waiting.pop(0)
-            cmd = [sys.executable, "-m", "dtrain_cli.runtime.simulate", str(run_dir)]
-            cmd += ["--rank", str(r), "--steps", str(steps), "--compute", compute]
-            cmd += ["--out", str(out_dir / f"rank_{r}.json")]
-            log = open(out_dir / f"rank_{r}.log", "w")  # noqa: SIM115 (closed below)
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-            running[r] = (proc, log, time.monotonic())
-        for r, (proc, log, t0) in list(running.items()):
-            if proc.poll() is None and time.monotonic() - t0 < timeout_s:
-                continue
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
-            done[r] = _result(out_dir / f"rank_{r}.json", r, proc.returncode)
-            del running[r]
-        time.sleep(0.05)
+    try:
+        while waiting or running:
+            while waiting and len(running) < slots:
+                r = waiting.pop(0)
+                argv = [str(run_dir), "--rank", str(r), "--steps", str(steps)]
+                argv += ["--compute", compute, "--out", str(out_dir / f"rank_{r}.json")]
+                proc = context.Process(
+                    target=_rank_main, args=(argv, str(out_dir / f"rank_{r}.log")), daemon=False
+                )
+                proc.start()
+                running[r] = (proc, time.monotonic())
+            for r, (proc, t0) in list(running.items()):
+                if proc.is_alive() and time.monotonic() - t0 < timeout_s:
+                    continue
+                if proc.is_alive():
+                    proc.kill()
+                proc.join()
+                done[r] = _result(out_dir / f"rank_{r}.json", r, proc.exitcode)
+                del running[r]
+            time.sleep(0.05)
+    finally:  # Ctrl-C, or any error here: no rank outlives this command
+        for proc, _ in running.values():
+            proc.kill()
+            proc.join()
     return [done[r] for r in ranks]
 
 
-def _result(path: Path, rank: int, code: int) -> dict[str, Any]:
+RANK_MODULE = "dtrain_cli.runtime.simulate"
+"""What a rank runs (``main(argv)``)."""
+PRELOAD = (RANK_MODULE, "dtrain_cli.runtime.trainer")
+"""Imported once by the fork server: the simulator and the worker's trainer it runs."""
+
+
+def _fork_server() -> Any:
+    """multiprocessing's fork server, preloading :data:`PRELOAD` (started on first use, one
+    for this process); the ranks run one intra-op thread each."""
+    from multiprocessing import forkserver
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"  # the server's environment, the ranks' too
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = before
+    return context
+
+
+def _rank_main(argv: list[str], log: str) -> None:
+    """A rank's process: its output to its log, then the simulator's ``main``."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for target in (1, 2):
+        os.dup2(fd, target)
+    os.close(fd)
+    try:
+        code = importlib.import_module(RANK_MODULE).main(argv)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    sys.exit(code)
+
+
+def _result(path: Path, rank: int, code: int | None) -> dict[str, Any]:
     if path.exists():
         return json.loads(path.read_text())
     why = f"the process ended with code {code} before writing its result"

@@ -174,6 +174,7 @@ def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
         tmp_path,
         timeout=180,
         env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+        warm=True,
     )
     assert run.returncode == code, run.stdout + run.stderr
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
@@ -193,6 +194,7 @@ def test_rank_that_never_arrives_is_named_after_the_rendezvous_timeout(tmp_path)
         tmp_path,
         timeout=180,
         env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+        warm=True,
     )
     assert run.returncode == 1, run.stdout + run.stderr
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
@@ -209,6 +211,7 @@ def test_restart_after_a_killed_rank(tmp_path):
         tmp_path,
         timeout=240,
         env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+        warm=True,
     )
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads((tmp_path / "out" / "result.json").read_text())
@@ -433,6 +436,7 @@ def test_every_way_a_script_ends_gives_its_exit_code(tmp_path, start, mode, code
         ["run", "dp=1", f"launcher.start_method={start}", "--", str(ENDS), mode],
         tmp_path,
         timeout=120,
+        warm=True,
     )
     assert run.returncode == code, run.stdout + run.stderr
     assert says in run.stdout + run.stderr
@@ -444,7 +448,7 @@ def test_every_way_a_script_ends_gives_its_exit_code(tmp_path, start, mode, code
 def test_rank_that_exits_3_while_its_peer_waits_is_named_with_its_code(tmp_path, start):
     """The agent's SIGTERM to the waiting rank is no cause; rank 1's exit code is ours."""
     args = ["run", "dp=2", f"launcher.start_method={start}", "--", str(ENDS)]
-    run = run_dtrain([*args, "exit3_in_barrier"], tmp_path, timeout=120)
+    run = run_dtrain([*args, "exit3_in_barrier"], tmp_path, timeout=120, warm=True)
     assert run.returncode == 3, run.stdout + run.stderr
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
     assert first.startswith("error: rank 1 exited with code 3"), first
@@ -453,7 +457,7 @@ def test_rank_that_exits_3_while_its_peer_waits_is_named_with_its_code(tmp_path,
 
 @pytest.mark.multiproc
 def test_lines_of_ranks_never_splice(tmp_path):
-    run = run_dtrain(["run", "dp=2", "--", str(ENDS), "lines"], tmp_path, timeout=120)
+    run = run_dtrain(["run", "dp=2", "--", str(ENDS), "lines"], tmp_path, timeout=120, warm=True)
     assert run.returncode == 0, run.stderr
     whole = re.compile(r"\[rank [01]\] line \d{3} x{40}")
     lines = [line for line in run.stdout.splitlines() if line.startswith("[rank")]

@@ -11,16 +11,19 @@ from tests.conftest import REPO, run_dtrain
 pytestmark = pytest.mark.multiproc
 
 
-def _simulate(tmp_path, *args: str, timeout: float = 240) -> list[dict]:
-    run = run_dtrain(["simulate", *args, "--json"], tmp_path, timeout=timeout)
+def _simulate(tmp_path, *args: str, timeout: float = 240, fresh: bool = False) -> list[dict]:
+    run = run_dtrain(["simulate", *args, "--json"], tmp_path, timeout=timeout, fresh=fresh)
     assert run.returncode == 0, run.stderr[-2000:]
     return json.loads(run.stdout)
 
 
 def test_gpt_1b_world_1024_rank_holds_its_exact_shard(tmp_path):
+    """As a user starts it: a fresh ``python -m dtrain_cli``, its ranks' fork server a
+    fresh interpreter too (the other tests fork them from the warm launcher)."""
     (doc,) = _simulate(
-        tmp_path, "recipe=gpt_1b", "dp=64", "tp=8", "pp=2", "parallel.nnodes=128", "--ranks", "0"
-    )
+        tmp_path, "recipe=gpt_1b", "dp=64", "tp=8", "pp=2", "parallel.nnodes=128", "--ranks", "0",
+        fresh=True,
+    )  # fmt: skip
     (rank,) = doc["ranks"]
     assert doc["world_size"] == 1024 and rank["compute"] == "fake"
     assert rank["params_count"] == rank["params_count_exact"] == 92_738_560
@@ -257,7 +260,7 @@ def test_tensor_parallel_all_reduces_per_block(tmp_path, recipe):
     one, the Llama's gate and up another), as the step-time estimate charges; plus the
     vocabulary-split embedding's output and the LM head's input gradient. (Each column-wise
     linear all-reducing its own input gradient made it 6 a GPT block, 7 a Llama layer.)"""
-    (doc,) = _simulate(tmp_path, f"recipe={recipe}", "dp=2", "tp=2", "--ranks", "0")
+    (doc,) = _simulate(tmp_path, f"recipe={recipe}", "dp=2", "tp=2", "--ranks", "0", "--steps", "1")
     counts = {(c["op"], c["axis"]): c["count"] for c in doc["ranks"][0]["collectives"]}
     assert counts[("all_reduce", "tp")] == 4 * 4 + 2  # both recipes: 4 blocks
     # what a rank keeps: its heads' and its MLP slice's tensors, the residual stream and its
@@ -269,7 +272,9 @@ def test_gpt_1b_plain_ddp_world_1024_on_fake_tensors(tmp_path):
     """The 1.3B model replicated on every rank (5.4 GB of fp32 parameters, as much again of
     gradients, twice that of AdamW state): --compute auto picks fake tensors, nothing of
     that size is allocated here."""
-    (doc,) = _simulate(tmp_path, "recipe=gpt_1b", "dp=1024", "parallel.nnodes=128", "--ranks", "0")
+    (doc,) = _simulate(
+        tmp_path, "recipe=gpt_1b", "dp=1024", "parallel.nnodes=128", "--ranks", "0", "--steps", "1"
+    )
     (rank,) = doc["ranks"]
     assert rank["compute"] == "fake"
     assert rank["params_count"] == rank["params_count_exact"] == doc["estimates"]["num_params"]
