@@ -168,7 +168,9 @@ def run_live(req: Any, rdzv_id: str | None, timeout: float, sizes: list[int]) ->
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from dtrain_cli.launch.preload import CLUSTER_CHECK_ENTRY, entry_point
+    from dtrain_cli.launch.rendezvous_events import name_events_cheaply
 
+    name_events_cheaply()
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     run_id = rdzv_id or f"dtrain-validate-{uuid.uuid4().hex[:12]}"

@@ -84,8 +84,10 @@ def launch_local(
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
     from torch.distributed.launcher.api import elastic_launch
 
+    from dtrain_cli.launch.rendezvous_events import name_events_cheaply
     from dtrain_cli.launch.script import script_entry
 
+    name_events_cheaply()  # most of a second of the rendezvous' CPU (see the module)
     milestones = {**(launcher_milestones or {}), "agent_ready": time.time()}
     if plan.script is None:  # your own script needs neither the trainer nor the corpus
         from dtrain_cli.corpus.prepare import prepare_corpus
