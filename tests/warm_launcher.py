@@ -54,6 +54,12 @@ WARM_MODULES = (
     "dtrain_cli.cli.app",
     "dtrain_cli.runtime.worker",
     "dtrain_cli.runtime.parallel.pipeline",
+    # the HF models' (what their fork server is told to import: HFSpec.worker_modules)
+    "transformers",
+    "transformers.masking_utils",
+    "transformers.models.llama.modeling_llama",
+    "transformers.models.gpt2.modeling_gpt2",
+    "dtrain_cli.models.hf.net",
 )
 """What the launcher and the workers import before the first step, here once."""
 FORKSERVER_MAIN = "from multiprocessing.forkserver import main"

@@ -155,7 +155,7 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
     prepare_data(cfg)
     run_dir = materialize(cfg, plan, _simulate_dir(new_run_dir(cfg), out, cfg.run.name))
     spec, mode = model_spec(cfg), layout.compute
-    results = run_ranks(run_dir, ranks, steps, mode, jobs=jobs)
+    results = run_ranks(run_dir, ranks, steps, mode, jobs=jobs, model_modules=spec.worker_modules())
     layout = " x ".join(
         f"{n}={s}" for n, s in zip(plan.mesh.dim_names, plan.mesh.shape, strict=True)
     )

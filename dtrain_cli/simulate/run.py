@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,14 @@ def run_ranks(
     compute: str,
     timeout_s: float = 900.0,
     jobs: int = 0,
+    model_modules: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """Each rank's result (``ok``, measurements or ``error``), in the order asked;
-    ``jobs`` ranks at once (0: as many as there are cores)."""
+    ``jobs`` ranks at once (0: as many as there are cores). ``model_modules``: what the
+    model's build imports, for the fork server to import once (the first call's count)."""
     out_dir = run_dir / "simulate"
     out_dir.mkdir(parents=True, exist_ok=True)
-    context = _fork_server()
+    context = _fork_server(model_modules)
     slots = jobs if jobs > 0 else max(1, os.cpu_count() or 1)
     waiting, running, done = list(ranks), {}, {}
     try:
@@ -78,26 +81,32 @@ def run_ranks(
 
 RANK_MODULE = "dtrain_cli.runtime.simulate"
 """What a rank runs (``main(argv)``)."""
-PRELOAD = (RANK_MODULE, "dtrain_cli.runtime.trainer")
-"""Imported once by the fork server: the simulator and the worker's trainer it runs."""
+PRELOAD = (RANK_MODULE, "dtrain_cli.runtime.trainer", "dtrain_cli.simulate.server_preload")
+"""Imported once by the fork server: the simulator, the worker's trainer it runs, and the
+model's modules (:mod:`.server_preload`)."""
 
 
-def _fork_server() -> Any:
+def _fork_server(model_modules: Sequence[str]) -> Any:
     """multiprocessing's fork server, preloading :data:`PRELOAD` (started on first use, one
     for this process); the ranks run one intra-op thread each."""
     from multiprocessing import forkserver
 
+    from dtrain_cli.simulate.server_preload import ENV
+
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))
-    before = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"  # the server's environment, the ranks' too
+    # the server's environment (the ranks' too), while it starts
+    server_env = {"OMP_NUM_THREADS": "1", ENV: ",".join(model_modules)}
+    before = {key: os.environ.get(key) for key in server_env}
+    os.environ.update(server_env)
     try:
         forkserver.ensure_running()
     finally:
-        if before is None:
-            del os.environ["OMP_NUM_THREADS"]
-        else:
-            os.environ["OMP_NUM_THREADS"] = before
+        for key, value in before.items():
+            if value is None:
+                del os.environ[key]
+            else:
+                os.environ[key] = value
     return context
 
 

@@ -1,0 +1,17 @@
+"""Imported by the fork server of the simulated ranks (:mod:`dtrain_cli.simulate.run`):
+the modules named in ``DTRAIN_SIMULATE_PRELOAD`` (the model's: ``transformers`` for a
+Hugging Face model), each optional. multiprocessing's own preload lets only an
+``ImportError`` pass; here any failure is left to the ranks, which import it again and
+report it as a rank's error. Imports nothing when the variable is unset."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+
+ENV = "DTRAIN_SIMULATE_PRELOAD"
+
+for _name in filter(None, os.environ.get(ENV, "").split(",")):
+    with contextlib.suppress(Exception):
+        importlib.import_module(_name)
