@@ -46,7 +46,8 @@ def run_ranks(
 ) -> list[dict[str, Any]]:
     """Each rank's result (``ok``, measurements or ``error``), in the order asked;
     ``jobs`` ranks at once (0: as many as there are cores). ``model_modules``: what the
-    model's build imports, for the fork server to import once (the first call's count)."""
+    model's build imports, for the fork server to import once (the server starts once per
+    process: the first call's modules; a sweep's layouts share their model)."""
     out_dir = run_dir / "simulate"
     out_dir.mkdir(parents=True, exist_ok=True)
     context = _fork_server(model_modules)
