@@ -85,6 +85,9 @@ RANK_MODULE = "dtrain_cli.runtime.simulate"
 PRELOAD = (RANK_MODULE, "dtrain_cli.runtime.trainer", "dtrain_cli.simulate.server_preload")
 """Imported once by the fork server: the simulator, the worker's trainer it runs, and the
 model's modules (:mod:`.server_preload`)."""
+PRELOAD_ENV = "DTRAIN_SIMULATE_PRELOAD"
+"""The model's modules for :mod:`.server_preload`, comma-separated, in the server's
+environment while it starts."""
 
 
 def _fork_server(model_modules: Sequence[str]) -> Any:
@@ -92,12 +95,10 @@ def _fork_server(model_modules: Sequence[str]) -> Any:
     for this process); the ranks run one intra-op thread each."""
     from multiprocessing import forkserver
 
-    from dtrain_cli.simulate.server_preload import ENV
-
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))
     # the server's environment (the ranks' too), while it starts
-    server_env = {"OMP_NUM_THREADS": "1", ENV: ",".join(model_modules)}
+    server_env = {"OMP_NUM_THREADS": "1", PRELOAD_ENV: ",".join(model_modules)}
     before = {key: os.environ.get(key) for key in server_env}
     os.environ.update(server_env)
     try:

@@ -2,7 +2,7 @@
 the modules named in ``DTRAIN_SIMULATE_PRELOAD`` (the model's: ``transformers`` for a
 Hugging Face model), each optional. multiprocessing's own preload lets only an
 ``ImportError`` pass; here any failure is left to the ranks, which import it again and
-report it as a rank's error. Imports nothing when the variable is unset."""
+report it as a rank's error. Only the server imports this module."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import contextlib
 import importlib
 import os
 
-ENV = "DTRAIN_SIMULATE_PRELOAD"
+from dtrain_cli.simulate.run import PRELOAD_ENV
 
-for _name in filter(None, os.environ.get(ENV, "").split(",")):
+for _name in filter(None, os.environ.get(PRELOAD_ENV, "").split(",")):
     with contextlib.suppress(Exception):
         importlib.import_module(_name)
