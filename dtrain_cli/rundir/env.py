@@ -33,6 +33,9 @@ VALIDATE_HANG_RANK = "DTRAIN_VALIDATE_HANG_RANK"
 PRELOAD_FILE = "DTRAIN_PRELOAD_FILE"
 PRELOAD_LAUNCHER_PID = "DTRAIN_PRELOAD_LAUNCHER_PID"
 PRELOAD_FIRST = "DTRAIN_PRELOAD_FIRST"
+SIMULATE_PRELOAD = "DTRAIN_SIMULATE_PRELOAD"
+"""The model's modules, ``,``-separated, for the simulated ranks' fork server to import (set
+while it starts: simulate/run.py -> simulate/server_preload.py)."""
 WARM_POOL = "DTRAIN_WARM_POOL"
 """``0`` (or ``off``): no warm worker pool; each launch starts its own fork server."""
 WARM_POOL_IDLE_S = "DTRAIN_WARM_POOL_IDLE_S"
@@ -110,6 +113,10 @@ def fault_spec() -> str:
 def validate_hang_rank() -> int | None:
     value = os.environ.get(VALIDATE_HANG_RANK, "")
     return int(value) if value.lstrip("-").isdigit() else None
+
+
+def simulate_preload() -> list[str]:
+    return [name for name in os.environ.get(SIMULATE_PRELOAD, "").split(",") if name]
 
 
 # -- the fork server's hand-off (launch/worker_server.py -> launch/server_preload.py) --------

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir import env
 
 FAKE_FLOPS = 2e11
 """Above this many FLOPs per rank and step, ``--compute auto`` runs the steps on fake
@@ -85,9 +86,6 @@ RANK_MODULE = "dtrain_cli.runtime.simulate"
 PRELOAD = (RANK_MODULE, "dtrain_cli.runtime.trainer", "dtrain_cli.simulate.server_preload")
 """Imported once by the fork server: the simulator, the worker's trainer it runs, and the
 model's modules (:mod:`.server_preload`)."""
-PRELOAD_ENV = "DTRAIN_SIMULATE_PRELOAD"
-"""The model's modules for :mod:`.server_preload`, comma-separated, in the server's
-environment while it starts."""
 
 
 def _fork_server(model_modules: Sequence[str]) -> Any:
@@ -98,7 +96,7 @@ def _fork_server(model_modules: Sequence[str]) -> Any:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))
     # the server's environment (the ranks' too), while it starts
-    server_env = {"OMP_NUM_THREADS": "1", PRELOAD_ENV: ",".join(model_modules)}
+    server_env = {"OMP_NUM_THREADS": "1", env.SIMULATE_PRELOAD: ",".join(model_modules)}
     before = {key: os.environ.get(key) for key in server_env}
     os.environ.update(server_env)
     try:
