@@ -69,6 +69,7 @@ FORKSERVER_MAIN = "from multiprocessing.forkserver import main"
 def serve(path: str) -> None:
     """Import once, then fork a launcher per request until the test session ends."""
     import ctypes
+    import gc
     import importlib
 
     # this server ends with the test session that started it, however that ends
@@ -77,6 +78,7 @@ def serve(path: str) -> None:
         return
     for name in WARM_MODULES:
         importlib.import_module(name)
+    gc.freeze()  # as dtrain's fork servers do: each launcher's GC leaves these alone
     base_path = [p for p in sys.path if p and p not in _pythonpath(os.environ)]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)

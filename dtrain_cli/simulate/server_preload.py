@@ -7,6 +7,7 @@ import it again and report it as a rank's error. Only the server imports this mo
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 
 from dtrain_cli.rundir import env
@@ -14,3 +15,5 @@ from dtrain_cli.rundir import env
 for _name in env.simulate_preload():
     with contextlib.suppress(Exception):
         importlib.import_module(_name)
+
+gc.freeze()  # every rank forked from here keeps what the server imported: never walked by its GC

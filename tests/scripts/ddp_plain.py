@@ -5,11 +5,13 @@
 
 Rank 0 writes the final parameters (and when its first step finished) to --out; with
 --dump DIR every rank writes what it saw (environment, argv, __name__, __file__,
-sys.path[0], a value imported from the module next to it). Used by tests/launch/test_script_run.py
+sys.path[0], a value imported from the module next to it, how many objects
+the garbage collector tracks). Used by tests/launch/test_script_run.py
 and bench/script_bench.py.
 """
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -41,6 +43,7 @@ def main() -> None:
             "path0": sys.path[0],
             "imported": ddp_data.MARKER,
             "main_is_module": sys.modules["__main__"].__dict__ is globals(),
+            "gc_scanned": len(gc.get_objects()),  # what a full collection walks
         }
         with open(os.path.join(args.dump, f"rank_{rank}.json"), "w") as f:
             json.dump(seen, f)
