@@ -7,6 +7,7 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,7 @@ from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.launch.local import LaunchResult
     from dtrain_cli.plan.plan import Plan
 
 
@@ -211,7 +213,15 @@ def start_workers(
         from dtrain_cli.launch.local import launch_local, prepare_workers  # imports torch
 
         prepare_workers(run_dir, cfg, plan)
-        result = launch_local(run_dir, cfg, plan, node_rank, milestones, join=join)
+        result = launch_local(
+            run_dir,
+            cfg,
+            plan,
+            node_rank,
+            milestones,
+            join=join,
+            report=partial(report_failure, run_dir=run_dir, fresh=fresh, fresh_root=fresh_root),
+        )
     except FileNotFoundError as exc:
         remove_if_untrained(run_dir, fresh, fresh_root)
         fail([str(exc)])
@@ -224,27 +234,31 @@ def start_workers(
     finally:
         worker_server.stop()
     if not result.ok:
-        if console.is_terminal:  # the progress bar's line may be unfinished
-            console.line()
-        removed = result.exit_code != EXIT_PREEMPTED and remove_if_untrained(
-            run_dir, fresh, fresh_root
-        )
-        err_console.print(
-            f"[bold red]error:[/] {escape(result.message)}",
-            highlight=False,
-            markup=True,
-            soft_wrap=True,
-        )
-        if removed:
-            err_console.print(
-                f"removed {run_dir}: the run failed before its first step",
-                highlight=False,
-                soft_wrap=True,
-            )
-        else:
-            err_console.print(f"logs: {run_dir / 'logs'}", highlight=False, soft_wrap=True)
+        report_failure(result, run_dir=run_dir, fresh=fresh, fresh_root=fresh_root)
         raise typer.Exit(result.exit_code)
     console.print(f"[green]done[/]: {run_dir}", highlight=False, soft_wrap=True)
+
+
+def report_failure(result: LaunchResult, *, run_dir: Path, fresh: bool, fresh_root: bool) -> None:
+    """A launch that did not succeed: its one-line error, then where its logs are (or that
+    its run dir was removed: nothing was trained)."""
+    if console.is_terminal:  # the progress bar's line may be unfinished
+        console.line()
+    removed = result.exit_code != EXIT_PREEMPTED and remove_if_untrained(run_dir, fresh, fresh_root)
+    err_console.print(
+        f"[bold red]error:[/] {escape(result.message)}",
+        highlight=False,
+        markup=True,
+        soft_wrap=True,
+    )
+    if removed:
+        err_console.print(
+            f"removed {run_dir}: the run failed before its first step",
+            highlight=False,
+            soft_wrap=True,
+        )
+    else:
+        err_console.print(f"logs: {run_dir / 'logs'}", highlight=False, soft_wrap=True)
 
 
 def remove_if_untrained(run_dir: Path, fresh: bool, fresh_root: bool = False) -> bool:

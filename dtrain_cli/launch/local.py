@@ -12,18 +12,24 @@ as an argument, for the start-up breakdown of the run summary.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
 import shlex
+import signal
+import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.launch import failures, hang_report
+from dtrain_cli.launch.exit_barrier import end_when_signalled_at_exit_barrier
 from dtrain_cli.launch.hang_guard import reap_frozen_ranks
 from dtrain_cli.launch.preload import WORKER_ENTRY, entry_point, worker_modules
 from dtrain_cli.launch.signals import (
@@ -74,11 +80,14 @@ def launch_local(
     node_rank: int | None = None,
     launcher_milestones: dict[str, float] | None = None,
     join: bool = False,
+    report: Callable[[LaunchResult], None] | None = None,
 ) -> LaunchResult:
     """Start this node's workers. Multi-node: every node's agent meets at
     ``launcher.rdzv_endpoint`` under ``launcher.rdzv_id``; ``node_rank`` 0 hosts the
     rendezvous store (worker ranks are assigned by the rendezvous, as with torchrun);
-    a node that ``join``s a running elastic run never hosts it."""
+    a node that ``join``s a running elastic run never hosts it. ``report``: how the caller
+    shows an outcome, for the one this process ends with by itself: a termination signal
+    while its agent waits at torch's exit barrier (:mod:`.exit_barrier`)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
@@ -123,6 +132,7 @@ def launch_local(
             pool_follows_job_control(),
             no_orphans(plan.script is not None),
             reap_frozen_ranks(run_dir, plan.world_size),  # a stopped rank ends the run too
+            end_when_signalled_at_exit_barrier(partial(_end_at_barrier, run_dir, report)),
         ):
             elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick
@@ -203,6 +213,33 @@ def failed_result(exc: Any, run_dir: Path, plan: Plan, since: float) -> LaunchRe
     else:
         code, text = failures.describe(failed)
     return LaunchResult(ok=False, exit_code=code, message=text)
+
+
+def _end_at_barrier(
+    run_dir: Path, report: Callable[[LaunchResult], None] | None, signum: int
+) -> NoReturn:
+    """The launch's outcome when a termination signal found its agent at the exit barrier,
+    its workers ended: reported, then this process ends with its exit code."""
+    if (marker := protocol.read_preempted(RunDir(run_dir))) is not None:
+        result = preempted_result(marker, run_dir)
+    else:
+        name = signal.Signals(signum).name
+        result = LaunchResult(
+            ok=False,
+            exit_code=128 + signum,
+            message=f"stopped by {name} while waiting for the other nodes' agents at the "
+            "end (this node's workers had ended)",
+        )
+    if report is not None:
+        report(result)
+    from multiprocessing import util
+
+    with contextlib.suppress(Exception):  # what its exit handler would unlink first: the
+        util._run_finalizers(0)  # agent's queues' semaphores (else the tracker warns)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(result.exit_code)
 
 
 def preempted_result(marker: dict, run_dir: Path) -> LaunchResult:
