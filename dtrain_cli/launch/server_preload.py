@@ -5,7 +5,7 @@ launcher to name the modules the run needs before the first step
 (:func:`dtrain_cli.launch.worker_server.announce`: one list or more, the last marked),
 imports them as each list comes, and returns after the last; the server
 then serves the agent's requests for workers, with what it imported frozen out of the
-garbage collector's reach (:func:`gc.freeze`). Everything here is a speed-up: a module
+garbage collector's reach (:mod:`dtrain_cli.import_gc`). Everything here is a speed-up: a module
 that fails to import is left to the worker, and a launcher that exits stops the wait.
 
 The server also ignores the signals a scheduler sends to every process of a job step
@@ -18,7 +18,6 @@ installing their own handlers.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import os
 import signal
@@ -28,6 +27,7 @@ from dtrain_cli.rundir import env
 if env.preload_pending():  # the fork server: a Ctrl-C during the imports below is the
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # launcher's; prepare_server's handler next
 
+from dtrain_cli.import_gc import imports_without_collection
 from dtrain_cli.launch.preload import WORKER_FIRST  # after the shield
 from dtrain_cli.launch.preload_lists import import_announced_modules
 from dtrain_cli.rundir.protocol import STEP_SIGNALS
@@ -65,15 +65,13 @@ def prepare_server() -> list[str]:
     _SERVER_PID = os.getpid()
     shield_server_from_step_signals()
     file, launcher, first = env.take_preload(WORKER_FIRST)
-    # while the launcher composes: the worker entry point (dtrain's, or your script's)
-    for name in first:
-        importlib.import_module(name)
-    imported = [*first, *import_announced_modules(file, launcher)]
-    # every worker forked from here keeps these objects to its end: frozen, its garbage
-    # collector's full passes no longer walk them (~300k objects, 0.2-0.3 s a pass on this
-    # machine, once or more a run), nor write to their pages (Python's advice for forking)
-    gc.freeze()
-    return imported
+    # every worker forked from here keeps what these make to its end: frozen, a worker's
+    # full collections never walk it (~300k objects, 0.2-0.3 s a pass here)
+    with imports_without_collection():
+        # while the launcher composes: the worker entry point (dtrain's, or your script's)
+        for name in first:
+            importlib.import_module(name)
+        return [*first, *import_announced_modules(file, launcher)]
 
 
 if env.preload_pending():  # imported as the fork server's preload module

@@ -34,8 +34,8 @@ PRELOAD_FILE = "DTRAIN_PRELOAD_FILE"
 PRELOAD_LAUNCHER_PID = "DTRAIN_PRELOAD_LAUNCHER_PID"
 PRELOAD_FIRST = "DTRAIN_PRELOAD_FIRST"
 SIMULATE_PRELOAD = "DTRAIN_SIMULATE_PRELOAD"
-"""The model's modules, ``,``-separated, for the simulated ranks' fork server to import (set
-while it starts: simulate/run.py -> simulate/server_preload.py)."""
+"""The simulator's and the model's modules, ``,``-separated, for the simulated ranks' fork
+server to import (set while it starts: simulate/run.py -> simulate/server_preload.py)."""
 WARM_POOL = "DTRAIN_WARM_POOL"
 """``0`` (or ``off``): no warm worker pool; each launch starts its own fork server."""
 WARM_POOL_IDLE_S = "DTRAIN_WARM_POOL_IDLE_S"

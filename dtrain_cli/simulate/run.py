@@ -83,9 +83,9 @@ def run_ranks(
 
 RANK_MODULE = "dtrain_cli.runtime.simulate"
 """What a rank runs (``main(argv)``)."""
-PRELOAD = (RANK_MODULE, "dtrain_cli.runtime.trainer", "dtrain_cli.simulate.server_preload")
-"""Imported once by the fork server: the simulator, the worker's trainer it runs, and the
-model's modules (:mod:`.server_preload`)."""
+PRELOAD = (RANK_MODULE, "dtrain_cli.runtime.trainer")
+"""Imported once by the fork server (:mod:`.server_preload`, collection paused): the
+simulator and the worker's trainer it runs, then the model's modules."""
 
 
 def _fork_server(model_modules: Sequence[str]) -> Any:
@@ -94,9 +94,10 @@ def _fork_server(model_modules: Sequence[str]) -> Any:
     from multiprocessing import forkserver
 
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(list(PRELOAD))
+    context.set_forkserver_preload(["dtrain_cli.simulate.server_preload"])
     # the server's environment (the ranks' too), while it starts
-    server_env = {"OMP_NUM_THREADS": "1", env.SIMULATE_PRELOAD: ",".join(model_modules)}
+    modules = ",".join([*PRELOAD, *model_modules])
+    server_env = {"OMP_NUM_THREADS": "1", env.SIMULATE_PRELOAD: modules}
     before = {key: os.environ.get(key) for key in server_env}
     os.environ.update(server_env)
     try:
