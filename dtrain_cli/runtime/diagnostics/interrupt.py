@@ -6,7 +6,7 @@ Python runs a signal handler only between two bytecodes of the main thread: a ra
 in a C call (a c10d store wait in ``init_process_group`` for a peer that already left, a
 collective) would run its ``KeyboardInterrupt`` only when that call returns, so the agent
 waited its 30 s grace before killing it. Here the C-level signal trampoline's wakeup fd
-(``signal.set_wakeup_fd``) wakes a thread: if the rank's own SIGINT handler has not run
+wakes a thread (:mod:`dtrain_cli.signal_wakeup`): if the rank's own SIGINT handler has not run
 ``grace_s`` later, the main thread is stuck, and the rank exits with 130 at once. A handler
 that did run (a script saving its state on ``KeyboardInterrupt``) is left alone, unless
 ``finish_s`` bounds it too (dtrain's own workers: they only close their logs).
@@ -19,12 +19,12 @@ import contextlib
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from types import FrameType
 
 from dtrain_cli.rundir.protocol import EXIT_INTERRUPTED, STEP_SIGNALS
+from dtrain_cli.signal_wakeup import watch_signals
 
 
 def restore_default_signals() -> None:
@@ -53,24 +53,12 @@ class InterruptGuard:
 
         self._handler = handler
         signal.signal(signal.SIGINT, handler)
-        read_end, write_end = os.pipe()
-        os.set_blocking(write_end, False)
-        try:
-            signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-        except ValueError:  # not the main thread: nothing to guard
-            return
-        threading.Thread(target=self._watch, args=(read_end,), daemon=True).start()
+        watch_signals(self._on_signals)  # not the main thread: nothing to guard
 
-    def _watch(self, read_end: int) -> None:
-        while True:
-            try:
-                data = os.read(read_end, 64)
-            except OSError:
-                return
-            if not data:
-                return
-            if signal.SIGINT in data and self._owns_sigint():
-                self._bound_the_exit(time.monotonic())
+    def _on_signals(self, numbers: frozenset[int]) -> bool:
+        if signal.SIGINT in numbers and self._owns_sigint():
+            self._bound_the_exit(time.monotonic())
+        return False  # for the whole run
 
     def _owns_sigint(self) -> bool:
         """False once the code running here installed its own SIGINT handler."""
