@@ -24,7 +24,6 @@ from dtrain_cli.cli.common import (
     fail,
 )
 from dtrain_cli.errors import ConfigError
-from dtrain_cli.import_gc import imports_without_collection
 from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
@@ -211,8 +210,7 @@ def start_workers(
             highlight=False,
             soft_wrap=True,
         )
-        with imports_without_collection():  # the agent's torch: the start-up's critical path
-            from dtrain_cli.launch.local import launch_local, prepare_workers
+        from dtrain_cli.launch.local import launch_local, prepare_workers  # torch: in these
 
         prepare_workers(run_dir, cfg, plan)
         result = launch_local(

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.import_gc import imports_without_collection
 from dtrain_cli.launch import failures, hang_report
 from dtrain_cli.launch.exit_barrier import end_when_signalled_at_exit_barrier
 from dtrain_cli.launch.hang_guard import reap_frozen_ranks
@@ -56,8 +57,9 @@ def prepare_workers(run_dir: Path, cfg: DtrainConfig, plan: Plan) -> None:
         return
     worker_server.stop()
     if plan.start_method == "fork":
-        for name in worker_modules(run_dir, cfg, plan):
-            importlib.import_module(name)
+        with imports_without_collection():  # the forked workers keep them: frozen
+            for name in worker_modules(run_dir, cfg, plan):
+                importlib.import_module(name)
 
 
 @dataclass(kw_only=True)
@@ -88,10 +90,11 @@ def launch_local(
     a node that ``join``s a running elastic run never hosts it. ``report``: how the caller
     shows an outcome, for the one this process ends with by itself: a termination signal
     while its agent waits at torch's exit barrier (:mod:`.exit_barrier`)."""
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
-    from torch.distributed.launcher.api import elastic_launch
+    with imports_without_collection():  # torch, for the agent: the start-up's critical path
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+        from torch.distributed.launcher.api import elastic_launch
 
     from dtrain_cli.launch.rendezvous_events import name_events_cheaply
     from dtrain_cli.launch.script import script_entry
