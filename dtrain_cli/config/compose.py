@@ -15,11 +15,9 @@ import re
 from collections.abc import Sequence
 from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
-
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING
 
 from dtrain_cli.config import compose_cache
-from dtrain_cli.config.kinds import kind_keys
 from dtrain_cli.config.overrides import (
     SHORTHANDS,
     Override,
@@ -37,6 +35,12 @@ from dtrain_cli.config.search import (
 )
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.targets import import_roots
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+# OmegaConf (and Hydra) are imported where a composition needs them, not here: a repeated
+# command reads its typed config back from the cache without them (compose_cache.py).
 
 
 def expand_shorthands(overrides: Sequence[str]) -> list[str]:
@@ -84,23 +88,45 @@ def compose_config(
     """Compose and (unless the caller validates with the plan) check values. Raises
     ConfigError naming every problem found; when only some overrides were wrong, the error
     carries the config composed without them (``exc.config``) so that the caller can add
-    the other problems (root causes, all of them)."""
+    the other problems (root causes, all of them). A composition made before from the same
+    inputs is read back typed (no OmegaConf import, compose_cache.py)."""
     from dtrain_cli.config.validate import config_problems
 
-    try:
-        typed = to_dataclass(compose_dictconfig(recipe, overrides, config_dirs))
-    except ConfigError as exc:
-        if validate and exc.config is not None:
-            raise ConfigError(exc.problems + config_problems(exc.config)) from None
-        raise
+    key = _typed_key(recipe, overrides, config_dirs)
+    typed = compose_cache.load_typed(key)
+    if typed is None:
+        try:
+            cfg = compose_dictconfig(recipe, overrides, config_dirs)
+            typed = to_dataclass(cfg)
+        except ConfigError as exc:
+            if validate and exc.config is not None:
+                raise ConfigError(exc.problems + config_problems(exc.config)) from None
+            raise
+        if not compose_cache.interpolates(cfg):  # kept resolved, it would not follow $ENV
+            compose_cache.store_typed(key, typed)
     if validate and (problems := config_problems(typed)):
         raise ConfigError(problems)
     return typed
 
 
+def _typed_key(
+    recipe: str, overrides: Sequence[str], config_dirs: Sequence[str | Path]
+) -> str | None:
+    """The typed entry's key: the composition's inputs and what is set on it after
+    (the recipe's name, whether one was named, where ``_target_`` modules import from)."""
+    recipes = list_recipes(config_dirs)
+    if recipe not in recipes:
+        return None  # the error is compose_dictconfig's
+    set_after = [str(recipe), not isinstance(recipe, DefaultRecipe), import_roots(config_dirs)]
+    search = search_path(config_dirs)
+    return compose_cache.key_for(recipes[recipe], overrides, search, "typed", set_after)
+
+
 def compose_dictconfig(
     recipe: str, overrides: Sequence[str] = (), config_dirs: Sequence[str | Path] = ()
 ) -> DictConfig:
+    from omegaconf import OmegaConf
+
     recipes = list_recipes(config_dirs)
     if recipe not in recipes:
         hint = did_you_mean(recipe, list(recipes))
@@ -132,6 +158,10 @@ def _compose_checked(
 ) -> tuple[DictConfig, list[str]]:
     """Check the overrides, compose, check what only the composition shows: the config
     (composed without the overrides found wrong) and every problem found."""
+    from omegaconf import OmegaConf
+
+    from dtrain_cli.config.kinds import kind_keys
+
     kind = kind_keys(recipe_path, overrides, search)
     checked, problems = check_overrides(overrides, group_options(config_dirs), **kind)
     cfg = _compose(recipe_path, config_dirs, checked)
@@ -199,7 +229,7 @@ def interpolation_problems(
 ) -> dict[str, str]:
     """key -> problem, for each interpolated override that does not resolve, or resolves to
     a value of the wrong type."""
-    from omegaconf import DictConfig, ListConfig
+    from omegaconf import DictConfig, ListConfig, OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     containers = {"list": (list, ListConfig), "dict": (dict, DictConfig)}
@@ -228,13 +258,18 @@ class _writable:
         self.cfg = cfg
 
     def __enter__(self) -> None:
+        from omegaconf import OmegaConf
+
         OmegaConf.set_struct(self.cfg, False)
 
     def __exit__(self, *exc: object) -> None:
+        from omegaconf import OmegaConf
+
         OmegaConf.set_struct(self.cfg, True)
 
 
 def to_dataclass(cfg: DictConfig) -> DtrainConfig:
+    from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from dtrain_cli.models import UnknownModelKind, typed_model_config
@@ -257,6 +292,8 @@ def _fold_data_kwargs(cfg: DictConfig) -> None:
     """``data=custom``: extra ``data.*`` keys (``++data.n=100``, or a recipe's) are the
     dataset's keyword arguments; they are copied under ``data.kwargs`` (the typed
     config drops keys it does not declare)."""
+    from omegaconf import DictConfig
+
     data = cfg.get("data")
     if not isinstance(data, DictConfig):
         return
@@ -271,16 +308,22 @@ def _fold_data_kwargs(cfg: DictConfig) -> None:
 
 def config_from_yaml(path: str | Path) -> DtrainConfig:
     """Read a resolved ``config.yaml`` back into the typed config (workers, resume)."""
+    from omegaconf import OmegaConf
+
     schema = OmegaConf.structured(DtrainConfig)
     return to_dataclass(OmegaConf.merge(schema, OmegaConf.load(path)))
 
 
 def config_to_yaml(cfg: DtrainConfig) -> str:
+    from omegaconf import OmegaConf
+
     return OmegaConf.to_yaml(config_container(cfg))
 
 
 def config_container(cfg: DtrainConfig) -> dict:
     """The config as plain data, the model as its kind writes it (``config.yaml``)."""
+    from omegaconf import OmegaConf
+
     from dtrain_cli.models import model_spec
 
     data = OmegaConf.to_container(OmegaConf.structured(replace(cfg, model=None)))

@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import MISSING
-
 from dtrain_cli.config.site_schema import ClusterConfig, HardwareConfig
+
+MISSING = "???"  # OmegaConf's mark of a required value (omegaconf.MISSING), not imported
 
 SCHEMA_NAME = "dtrain_schema"
 

@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from dtrain_cli.mesh.dims import MESH_DIM_NAMES, ParallelDims
 from dtrain_cli.sync_modes.base import ServerPlan, SyncPlan
 
@@ -301,6 +299,8 @@ class Plan:
         return d
 
     def to_yaml(self) -> str:
+        import yaml  # here, not at import: ``dtrain plan``'s table needs none
+
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def save(self, path: str | Path) -> None:
@@ -342,4 +342,6 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
+        import yaml
+
         return cls.from_dict(yaml.safe_load(Path(path).read_text()))

@@ -229,3 +229,24 @@ def test_resume_checks_the_checkpoint_path_before_starting_anything(tmp_path, mo
     assert result.exit_code == 2, result.output
     assert "runs/nope: no such file or folder" in result.output
     assert started == [] and not (tmp_path / "runs").exists()
+
+
+def test_a_repeated_plan_imports_neither_hydra_nor_omegaconf(tmp_path):
+    """The typed composition kept on disk (dtrain_cli/config/compose_cache.py): ``dtrain
+    plan`` run again prints the same plan without importing Hydra, OmegaConf or YAML."""
+    probe = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('LOADED', sorted({m.split('.')[0] for m in sys.modules}"
+        " & {'omegaconf', 'hydra', 'yaml', 'antlr4', 'torch'})))\n"
+        "sys.argv = ['dtrain', 'plan', 'recipe=gpt_small', 'dp=4', 'pp=2']\n"
+        "from dtrain_cli.cli.entry import main\nmain()\n"
+    )
+    env = {**os.environ, "DTRAIN_CACHE": str(tmp_path / "cache")}
+    runs = [
+        subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+        for _ in range(2)
+    ]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr
+    assert "LOADED ['antlr4', 'hydra', 'omegaconf', 'yaml']" in runs[0].stdout  # composed
+    assert "LOADED []" in runs[1].stdout
+    assert runs[0].stdout.split("LOADED")[0] == runs[1].stdout.split("LOADED")[0]

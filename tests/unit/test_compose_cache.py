@@ -135,3 +135,43 @@ def test_other_values_compose_no_groups_again(cache, monkeypatch):
     compose._COMPOSED.clear()
     assert compose_config("gpt_tiny", ["dp=4"]).model.n_layer == 4  # the recipe's own model
     assert merged == [[]]
+
+
+def test_a_repeat_reads_the_typed_config_back(cache, monkeypatch):
+    first = compose_config("gpt_tiny", OVERRIDES)
+    (entry,) = cache.glob("typed-*.pkl")
+    compose._COMPOSED.clear()  # as in a new process
+    monkeypatch.setattr(compose, "compose_dictconfig", lambda *a: pytest.fail("composed"))
+    again = compose_config("gpt_tiny", OVERRIDES)
+    assert again == first and again is not first
+    again.train.steps = 1  # the caller's own copy: the next read is as composed
+    assert compose_config("gpt_tiny", OVERRIDES).train.steps == 7
+    entry.write_bytes(b"not a pickle")  # unreadable: composed again, not an error
+    monkeypatch.undo()
+    monkeypatch.setenv("DTRAIN_CACHE", str(cache.parent))
+    assert compose_config("gpt_tiny", OVERRIDES) == first
+
+
+def test_what_is_set_after_composing_is_part_of_the_typed_key(cache, monkeypatch, tmp_path):
+    named = compose_config("gpt_tiny", ["dp=2"])
+    default = compose_config(compose.DefaultRecipe("gpt_tiny"), ["dp=2"])
+    assert named.run.recipe_named and not default.run.recipe_named
+    monkeypatch.chdir(tmp_path)  # _target_ modules import from another folder
+    moved = compose_config("gpt_tiny", ["dp=2"])
+    assert moved.run.import_roots[0] == str(tmp_path.resolve())
+    assert named.run.import_roots[0] != moved.run.import_roots[0]
+    assert len(list(cache.glob("typed-*.pkl"))) == 3
+
+
+def test_a_recipe_that_interpolates_is_not_kept_typed(cache, monkeypatch, tmp_path):
+    """A value resolved from the environment follows the environment on every command."""
+    conf = tmp_path / "conf"
+    (conf / "recipes").mkdir(parents=True)
+    (conf / "recipes" / "envy.yaml").write_text(
+        "defaults:\n  - base\n  - _self_\ntrain:\n  steps: ${oc.env:ENVY_STEPS}\n"
+    )
+    monkeypatch.setenv("ENVY_STEPS", "3")
+    assert compose_config("envy", [], [conf]).train.steps == 3
+    monkeypatch.setenv("ENVY_STEPS", "4")
+    assert compose_config("envy", [], [conf]).train.steps == 4
+    assert list(cache.glob("typed-*.pkl")) == []
