@@ -71,6 +71,8 @@ def cli_latency(ws: Workspace) -> Section:
     walls: dict[str, list[float]] = {p.label: [] for p in PROBES}
     clean: dict[str, list[bool]] = {p.label: [] for p in PROBES}
     by_label = {p.label: p for p in PROBES}
+    for probe in PROBES:  # a warm-up, not counted: the rows say "run again" (caches filled)
+        run_guarded(Cmd(probe.argv_for(-1), shown_env=dict(probe.env)), ws, probe.label)
     for round_, label in interleaved(reps, list(walls)):
         probe = by_label[label]
         cmd = Cmd(probe.argv_for(round_), shown_env=dict(probe.env))
@@ -94,15 +96,17 @@ def cli_latency(ws: Workspace) -> Section:
         title="2. CLI latency",
         what=(
             "Wall seconds from starting the process to its exit (subprocess, output to a "
-            "file), the commands interleaved round-robin with the order reversed every "
+            "file), after one uncounted run of each command (it fills the caches below), "
+            "the commands interleaved round-robin with the order reversed every "
             "round. `python -c 'import torch'` and `torchrun --help` show the cost of "
             "importing torch, which `dtrain --help` and `dtrain plan` must avoid. `dtrain "
             "--help` run again prints the page Typer rendered the first time (`help/`, "
             "keyed by the words asked for, dtrain's code, the installed Typer, click and "
             "rich, and the terminal's size and settings) without importing Typer; the row "
             "below it renders the page every time. `dtrain "
-            "plan` run again finds its composition in the cache (`composed/`, keyed by "
-            "recipe, overrides, config files and dtrain's code); the row below it is the "
+            "plan` run again finds its typed config in the cache (`composed/`, keyed by "
+            "recipe, overrides, config files and dtrain's code) and imports neither Hydra "
+            "nor OmegaConf; the row below it is the "
             "same command composed every time (`DTRAIN_CACHE=/dev/null` keeps nothing), and "
             "the next the same layout with a value no earlier round used (`train.seed`): "
             "Hydra's merge of the recipe and its group options is read back and the values "
