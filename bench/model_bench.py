@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from harness import EN_DASH, REPO, Section, Workspace, markdown_table, spread
 from programs import Workload
-from throughput import Rounds, _commands, _fmt_ratio, _fmt_tps, measure
+from throughput import CPU_NOTE, Rounds, _commands, _fmt_ratio, _fmt_tps, cpu_table, measure
 
 OWN_MODEL = REPO / "bench" / "own_model"
 HEADERS = [
@@ -80,9 +80,10 @@ def _versus_plain(
     ws: Workspace, recipe: str, overrides: tuple[str, ...], title: str, what: str
 ) -> Section:
     """The recipe under dtrain against the plain loop on the same model: one table row."""
-    steps, rounds = (20, 2) if ws.quick else (60, 3)
+    steps, rounds = (20, 2) if ws.quick else (60, 5)  # 5 rounds: as section 1's gpt_tiny
     res = measure(ws, Workload(recipe, recipe, steps, 10, 10, overrides), rounds)
     table = markdown_table(HEADERS, [_row(res)])
+    table += f"\n\nThe same runs in CPU time: {CPU_NOTE}\n\n{cpu_table([res])}"
     return Section(title=title, what=what, table=table, commands=_commands([res]))
 
 

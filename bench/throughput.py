@@ -108,6 +108,22 @@ class Rounds:
         return "yes, bitwise" if worst == 0 else f"rel. diff {worst:.1e}"
 
 
+def cpu_table(results: list[Rounds]) -> str:
+    """The same rounds in CPU time per step, one row per workload."""
+    headers = ["workload", "rounds", "dtrain CPU ms/step", "plain CPU ms/step"]
+    rows = [
+        [
+            res.work.label,
+            str(len(res.dtrain_cpu_ms)),
+            spread(res.dtrain_cpu_ms, _fmt_ms),
+            spread(res.plain_cpu_ms, _fmt_ms),
+            spread([1 / r for r in res.cpu_ratios()], _fmt_ratio),
+        ]
+        for res in results
+    ]
+    return markdown_table([*headers, "plain CPU / dtrain CPU"], rows)
+
+
 def _per_step_ms(cpu_s: float | None, work: Workload) -> float:
     return float("nan") if cpu_s is None else 1000 * cpu_s / work.timed_steps
 
@@ -187,23 +203,6 @@ def framework_overhead(ws: Workspace) -> Section:
         "dtrain's own summary tokens_per_s",
         "same final params",
     ]
-    cpu_rows = [
-        [
-            res.work.label,
-            str(len(res.dtrain_cpu_ms)),
-            spread(res.dtrain_cpu_ms, _fmt_ms),
-            spread(res.plain_cpu_ms, _fmt_ms),
-            spread([1 / r for r in res.cpu_ratios()], _fmt_ratio),
-        ]
-        for res in results
-    ]
-    cpu_headers = [
-        "workload",
-        "rounds",
-        "dtrain CPU ms/step",
-        "plain CPU ms/step",
-        "plain CPU / dtrain CPU",
-    ]
     return Section(
         title="1. Framework overhead: steady tokens/s, `dtrain launch dp=2` vs torchrun + DDP",
         what=(
@@ -220,7 +219,7 @@ def framework_overhead(ws: Workspace) -> Section:
         + "\n\nThe same runs in CPU time: "
         + CPU_NOTE
         + "\n\n"
-        + markdown_table(cpu_headers, cpu_rows),
+        + cpu_table(results),
         commands=_commands(results),
         notes=[
             "\"same final params\": dtrain's summary `param_sum` against the plain script's "
