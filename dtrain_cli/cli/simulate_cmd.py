@@ -146,7 +146,7 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
     from dtrain_cli.cli.launch_cmd import prepare_data
     from dtrain_cli.launch.rundir import materialize, new_run_dir
     from dtrain_cli.models import model_spec
-    from dtrain_cli.simulate.expect import coords_of, rank_params, server_params
+    from dtrain_cli.simulate.expect import coords_of, rank_params, server_params, stage_share
     from dtrain_cli.simulate.report import compare, compare_server
     from dtrain_cli.simulate.run import run_ranks
 
@@ -167,7 +167,12 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
     rows = [
         compare_server(plan, r, server_params(spec, plan, r["rank"]))
         if "server" in r["coords"]
-        else compare(plan, r, rank_params(spec, plan, r["rank"]).params)
+        else compare(
+            plan,
+            r,
+            rank_params(spec, plan, r["rank"]).params,
+            stage_share(spec, plan, r["rank"]),
+        )
         for r in results
     ]
     title = (

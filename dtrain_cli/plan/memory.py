@@ -49,10 +49,15 @@ def tp_pp_params(facts: ModelFacts, tp: int, pp: int) -> float:
 
 
 def stage_held_params(facts: ModelFacts, tp: int, pipeline: PipelinePlan) -> float:
-    """The parameters the pp rank holding the most holds after tp: its stages' parameters,
-    split over tp but for what every tp rank holds whole there (by place where the kind
-    says, :attr:`ModelFacts.tp_replicated_places`: a first stage holds the position
-    embedding whole; else that stage's share of the whole in proportion)."""
+    """The parameters the pp rank holding the most holds after tp (the one that must fit)."""
+    return max(held_by_pp_rank(facts, tp, pipeline).values())
+
+
+def held_by_pp_rank(facts: ModelFacts, tp: int, pipeline: PipelinePlan) -> dict[int, float]:
+    """pp rank -> the parameters it holds after tp: its stages' parameters, split over tp
+    but for what every tp rank holds whole there (by place where the kind says,
+    :attr:`ModelFacts.tp_replicated_places`: a first stage holds the position embedding
+    whole; else that stage's share of the whole in proportion)."""
     by_place = dict(facts.tp_replicated_places)
     held: dict[int, float] = {}
     for st in pipeline.stages:
@@ -64,7 +69,7 @@ def stage_held_params(facts: ModelFacts, tp: int, pipeline: PipelinePlan) -> flo
         else:
             whole = facts.params_tp_replicated * st.params / max(facts.num_params, 1)
         held[st.pp_rank] = held.get(st.pp_rank, 0.0) + (st.params - whole) / tp + whole
-    return max(held.values())
+    return held
 
 
 def rank_held_params(facts: ModelFacts, tp: int, pp: int, pipeline: PipelinePlan | None) -> float:

@@ -26,6 +26,7 @@ __all__ = [
     "default_ranks",
     "rank_params",
     "server_params",
+    "stage_share",
     "tensor_shapes",
 ]
 
@@ -119,6 +120,18 @@ def rank_params(spec: Any, plan: Plan, rank: int) -> RankCount:
             shape[0] = _chunk_rows(shape[0], shard_n, shard_i)
         total += math.prod(shape)
     return RankCount(params=total, exact=tp_known or tp == 1)
+
+
+def stage_share(spec: Any, plan: Plan, rank: int) -> float:
+    """This rank's pp rank's parameters (after tp) against the pp rank holding the most,
+    whose figures the plan's estimates are (:func:`dtrain_cli.plan.memory.held_by_pp_rank`):
+    1.0 without a pipeline."""
+    from dtrain_cli.plan.memory import held_by_pp_rank
+
+    if plan.pipeline is None or not plan.pipeline.stages:
+        return 1.0
+    held = held_by_pp_rank(spec.facts(), plan.dims.tp, plan.pipeline)
+    return held.get(coords_of(plan, rank).get("pp", 0), 0.0) / max(max(held.values()), 1e-30)
 
 
 def server_params(spec: Any, plan: Plan, rank: int) -> int:

@@ -3,8 +3,10 @@
     dtrain simulate recipe=gpt_1b dp=64 tp=8 pp=2 --json
 
 Each rank's measured bytes (parameters, gradients, optimizer state, activations kept per
-micro-batch, bytes it sent over dp in one step) beside the plan's estimate (made for the
-rank holding the most; activations for this rank's own pipeline stages) and, for
+micro-batch, bytes it sent over dp in one step) beside the plan's estimate for that rank
+(the plan's figures are made for the pp rank holding the most parameters: a lighter
+pipeline stage's are scaled by its share of them; activations for this rank's own
+pipeline stages) and, for
 parameters, the exact count of this rank's shard (:mod:`.expect`); ratio = measured /
 estimate. A parameter server's rank: its shard, gradient, optimizer state and replies
 against the plan's figures for that server (:func:`compare_server`).
@@ -23,15 +25,23 @@ DP_AXES = ("dp", "dp_replicate", "dp_shard", "ps")
 parameter server's workers push their gradients on ``ps``)."""
 
 
-def compare(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, Any]:
-    """One rank's measured / planned figures (what ``--json`` prints per rank)."""
+def compare(
+    plan: Plan, result: dict[str, Any], exact_params: int, stage_share: float = 1.0
+) -> dict[str, Any]:
+    """One rank's measured / planned figures (what ``--json`` prints per rank).
+    ``stage_share``: this rank's pipeline stage's parameters against the stage holding the
+    most, for which the plan's parameter-sized figures are made (:func:`.stage_share`)."""
     est = plan.estimates
+
+    def mine(estimate: int) -> int:
+        return round(estimate * stage_share)
+
     pairs = {
-        "params": (result["params_bytes"], est.bytes_params),
-        "grads": (result["grads_bytes"], est.bytes_grads),
-        "optimizer": (result["optimizer_bytes"], est.bytes_optimizer),
+        "params": (result["params_bytes"], mine(est.bytes_params)),
+        "grads": (result["grads_bytes"], mine(est.bytes_grads)),
+        "optimizer": (result["optimizer_bytes"], mine(est.bytes_optimizer)),
         "activations": (result["activation_bytes"], stage_activations(plan, result["coords"])),
-        "dp_bytes_per_step": (_dp_sent(result), est.comm_bytes_per_step),
+        "dp_bytes_per_step": (_dp_sent(result), mine(est.comm_bytes_per_step)),
     }
     note = None
     if plan.sync is not None and plan.sync.every > 1:  # local SGD, DiLoCo

@@ -323,9 +323,10 @@ def test_fsdp_tp_pp_runs_every_mesh_dimension(tmp_path):
     assert "send" in sent
     # 4 micro-batches: FSDP2 gathers in each forward and once in the pipeline's backward;
     # the plan's figures are the fullest rank's (rank 0: the embeddings, the position one
-    # whole on both tp ranks), and another stage sends in proportion to what it holds
-    for what in ("params", "dp_bytes_per_step"):
-        assert first["bytes"][what]["ratio"] == pytest.approx(1.0, abs=0.005), what
+    # whole on both tp ranks), another stage holds and sends its share of them
+    for rank in (first, last):
+        for what in ("params", "grads", "optimizer", "dp_bytes_per_step"):
+            assert rank["bytes"][what]["ratio"] == pytest.approx(1.0, abs=0.005), what
     sent, held = (
         last["bytes"][w]["measured"] / first["bytes"][w]["measured"]
         for w in ("dp_bytes_per_step", "params")

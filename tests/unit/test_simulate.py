@@ -304,3 +304,35 @@ def test_a_cuda_plan_without_a_node_count_gets_the_nodes_its_world_needs():
     assert "128 nodes x 8 h100_80g" in cuda_notes(layout.cfg, layout.plan)[0]
     said = check_layout(["recipe=gpt_1b", "dp=64", "tp=8", "pp=2", "parallel.nnodes=256"], [], "0")
     assert (said.plan.nnodes, said.plan.nproc_per_node) == (256, 4)
+
+
+def test_a_lighter_stage_is_compared_with_its_own_share_of_the_plan():
+    """The plan's parameter figures are the fullest pp rank's (the one that must fit); a
+    lighter stage's rank is compared with its stage's share of them, which for gpt_1b's
+    second stage (the head, not the embeddings) is its exact count."""
+    from dtrain_cli.simulate.expect import stage_share
+    from dtrain_cli.simulate.report import compare
+
+    cfg, plan = compose_and_plan(GPT_1B_1024, [])
+    spec = model_spec(cfg)
+    second = rank_params(spec, plan, 512).params
+    assert coords_of(plan, 512)["pp"] == 1 and second < plan.estimates.params_per_rank
+    share = stage_share(spec, plan, 512)
+    assert stage_share(spec, plan, 0) == 1.0
+    assert share * plan.estimates.params_per_rank == pytest.approx(second, rel=1e-9)
+    result = {
+        "rank": 512,
+        "coords": coords_of(plan, 512),
+        "compute": "fake",
+        "params_count": second,
+        "wall_s": 1.0,
+        "params_bytes": 4 * second,
+        "grads_bytes": 4 * second,
+        "optimizer_bytes": 8 * second,
+        "activation_bytes": 1,
+        "collectives": [],
+    }
+    rows = compare(plan, result, second, share)["bytes"]
+    assert [rows[w]["ratio"] for w in ("params", "grads", "optimizer")] == [1.0, 1.0, 1.0]
+    unscaled = compare(plan, result, second)["bytes"]["params"]["ratio"]  # as it was
+    assert unscaled == pytest.approx(0.955, abs=1e-3)
