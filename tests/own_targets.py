@@ -85,3 +85,25 @@ class ReadsAValue(AttnLM):
     def __init__(self, **kwargs: int) -> None:
         self.scale = float(torch.ones(1, device="cpu").sum())
         super().__init__(**kwargs)
+
+
+class Pair(nn.Module):
+    """Two attention blocks run one after the other."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.inner = nn.ModuleList(AttnBlock(width, heads) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.inner:
+            x = block(x)
+        return x
+
+
+class PairedLM(AttnLM):
+    """Blocks grouped in pairs: the largest nn.ModuleList holds the pairs, so FSDP and
+    activation checkpointing wrap pairs unless ``parallel.fsdp_units=[AttnBlock]``."""
+
+    def __init__(self, depth: int = 4, heads: int = 2, width: int = 32, **kwargs: int) -> None:
+        super().__init__(depth=depth, heads=heads, width=width, **kwargs)
+        self.blocks = nn.ModuleList(Pair(width, heads) for _ in range(depth // 2))

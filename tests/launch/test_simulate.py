@@ -215,6 +215,23 @@ def test_own_model_activations_are_measured_as_its_run_keeps_them(tmp_path, layo
     assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
 
 
+@pytest.mark.parametrize("units", [["parallel.fsdp_units=[AttnBlock]"], []], ids=["named", "found"])
+def test_own_model_checkpoints_the_fsdp_units_it_names_as_planned(tmp_path, units):
+    """Activation checkpointing wraps what FSDP wraps: the classes ``parallel.fsdp_units``
+    names, else the largest nn.ModuleList's children (tests/own_targets.PairedLM: pairs of
+    attention blocks). The plan counted the pairs either way, so with the blocks named it
+    kept two checkpointed inputs where the run keeps four."""
+    args = ["recipe=gpt_tiny", "model=custom", "model._target_=own_targets.PairedLM"]
+    args += ["model.block_size=32", *units, "dp=2", "parallel.strategy=fsdp"]
+    args += ["parallel.activation_checkpointing=full"]
+    env = {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}
+    run = run_dtrain(["simulate", *args, "--ranks", "0", "--steps", "1", "--json"], tmp_path,
+                     timeout=240, env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    (doc,) = json.loads(run.stdout)
+    assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
+
+
 @pytest.mark.parametrize("blocks", [["pipeline.layers=blocks"], []], ids=["named", "found"])
 def test_own_model_under_tensor_parallel_holds_and_sends_what_the_plan_says(tmp_path, blocks):
     """A model of one's own at dp=2 x tp=2, its MLP split by parallel.tp_plan, its blocks

@@ -289,3 +289,29 @@ def test_an_own_model_s_blocks_are_found_without_pipeline_layers(monkeypatch):
     assert acts(*tp) == acts(*tp, *named) < acts()
     assert acts("parallel.activation_checkpointing=full") < 0.7 * acts()
     assert not model_spec(compose_config("gpt_tiny", [*lm, "pp=2"])).pipeline_splittable()
+
+
+def test_the_blocks_counted_are_the_fsdp_units_named(monkeypatch):
+    """Without pipeline.layers the plan counts what FSDP and activation checkpointing wrap:
+    the classes parallel.fsdp_units names (four attention blocks of tests/own_targets
+    .PairedLM), else the largest nn.ModuleList's children (its two pairs)."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.build import build_plan
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    lm = ["model=custom", "model._target_=own_targets.PairedLM", "model.block_size=32"]
+    lm += ["parallel.strategy=fsdp", "dp=2", "parallel.activation_checkpointing=full"]
+    named = [*lm, "parallel.fsdp_units=[AttnBlock]"]
+    facts = {
+        n: model_spec(compose_config("gpt_tiny", o)).facts()
+        for n, o in (("pairs", lm), ("named", named))
+    }
+    assert (facts["pairs"].num_layers, facts["named"].num_layers) == (2, 4)
+    assert facts["named"].params_per_layer * 2 == facts["pairs"].params_per_layer
+
+    def kept(overrides: list[str]) -> int:
+        return build_plan(compose_config("gpt_tiny", overrides)).estimates.bytes_activations
+
+    assert kept(named) > kept(lm)  # four checkpointed inputs kept, not two

@@ -4,6 +4,7 @@ source file or argument is a miss, and the checks that need the model still run 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import textwrap
@@ -92,7 +93,11 @@ def test_a_recorded_plan_is_the_measured_one_and_builds_nothing(own, monkeypatch
 
 
 def test_the_checks_that_need_the_model_run_on_a_hit(own, monkeypatch):
-    build_plan(_cfg(own))
+    """``parallel.fsdp_units`` is in the key (the blocks the plan counts when no layer
+    list is named): each choice is measured once, and checked again on every hit."""
+    for units in ("[Unit]", "[Block]"):
+        with contextlib.suppress(ConfigError):
+            build_plan(_cfg(own, "parallel.strategy=fsdp", f"parallel.fsdp_units={units}"))
     _new_process(monkeypatch)
     build_plan(_cfg(own, "parallel.strategy=fsdp", "parallel.fsdp_units=[Unit]"))
     with pytest.raises(ConfigError) as err:

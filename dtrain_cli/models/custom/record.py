@@ -10,7 +10,8 @@ the bytes one sample's forward and loss save for backward (fp32, and bf16 under 
 modules (what ``parallel.fsdp_units`` is checked against); the plan's checks run again on
 it each time. Its key is everything those depend on: the target and its arguments, the data
 source and loss, the pipeline's layer list and ends, the tp plan, the import roots, the
-installed torch and the source of dtrain's counting code. Your code is not in the key but
+installed torch and the source of dtrain's counting code, and `parallel.fsdp_units` (the
+blocks counted when no layer list is named). Your code is not in the key but
 in the record: the size and modification time of every loaded module file of the packages
 your targets (model, nested targets, loss) come from, installed or not, and of every other module
 loaded from the import roots (the standard library, other installed packages and dtrain

@@ -156,6 +156,7 @@ class CustomSpec(ModelSpec):
         options = [self.cfg.target, self.cfg.kwargs, run.data.source, run.train.loss]
         options.append(sorted(self._tp_plan().items()))
         options += [pipe.layers, list(pipe.first or []), list(pipe.last or [])]
+        options.append(list(run.parallel.fsdp_units or []))  # the blocks when no layers named
         return record_key([*options, list(run.run.import_roots)])
 
     @functools.cached_property
@@ -356,12 +357,10 @@ class CustomSpec(ModelSpec):
 
     def _blocks(self, model: Any) -> list[Any]:
         """The repeated blocks the plan counts, checkpoints and splits activations by: the
-        pipeline's layer list where there is one, else the largest ``nn.ModuleList``'s
-        children (what FSDP and activation checkpointing wrap unless
-        ``parallel.fsdp_units`` names other classes)."""
-        from dtrain_cli.models.units import largest_module_list
-
-        return self._layer_list(model) or largest_module_list(model)
+        pipeline's layer list where there is one, else what FSDP and activation
+        checkpointing wrap (:meth:`fsdp_units`: the modules of the classes
+        ``parallel.fsdp_units`` names, else the largest ``nn.ModuleList``'s children)."""
+        return self._layer_list(model) or self.fsdp_units(model)
 
     def _layer_list(self, model: Any) -> list[Any]:
         """The layers pipeline stages split: ``pipeline.layers`` or an ``nn.Sequential``'s."""
