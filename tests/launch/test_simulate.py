@@ -215,6 +215,16 @@ def test_own_model_activations_are_measured_as_its_run_keeps_them(tmp_path, layo
     assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
 
 
+def _simulate_own_target(tmp_path, args: list[str]) -> dict:
+    """Rank 0 of a one-step simulation of a model from tests/own_targets.py."""
+    env = {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}
+    run = run_dtrain(["simulate", *args, "--ranks", "0", "--steps", "1", "--json"], tmp_path,
+                     timeout=240, env=env)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    (doc,) = json.loads(run.stdout)
+    return doc
+
+
 @pytest.mark.parametrize("units", [["parallel.fsdp_units=[AttnBlock]"], []], ids=["named", "found"])
 def test_own_model_checkpoints_the_fsdp_units_it_names_as_planned(tmp_path, units):
     """Activation checkpointing wraps what FSDP wraps: the classes ``parallel.fsdp_units``
@@ -224,11 +234,7 @@ def test_own_model_checkpoints_the_fsdp_units_it_names_as_planned(tmp_path, unit
     args = ["recipe=gpt_tiny", "model=custom", "model._target_=own_targets.PairedLM"]
     args += ["model.block_size=32", *units, "dp=2", "parallel.strategy=fsdp"]
     args += ["parallel.activation_checkpointing=full"]
-    env = {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}
-    run = run_dtrain(["simulate", *args, "--ranks", "0", "--steps", "1", "--json"], tmp_path,
-                     timeout=240, env=env)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    (doc,) = json.loads(run.stdout)
+    doc = _simulate_own_target(tmp_path, args)
     assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
 
 
@@ -242,11 +248,7 @@ def test_own_model_under_tensor_parallel_holds_and_sends_what_the_plan_says(tmp_
     args = ["recipe=gpt_tiny", "model=custom", "model._target_=own_targets.TinyLM"]
     args += ["model.block_size=32", *blocks, "dp=2", "tp=2"]
     args += ["parallel.tp_plan={blocks.*.up:colwise,blocks.*.down:rowwise}"]
-    env = {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}
-    run = run_dtrain(["simulate", *args, "--ranks", "0", "--steps", "1", "--json"], tmp_path,
-                     timeout=240, env=env)  # fmt: skip
-    assert run.returncode == 0, run.stderr[-2000:]
-    (doc,) = json.loads(run.stdout)
+    doc = _simulate_own_target(tmp_path, args)
     measured = doc["ranks"][0]["bytes"]
     for what in ("params", "grads", "activations", "dp_bytes_per_step"):
         assert measured[what]["ratio"] == pytest.approx(1.0, abs=0.01), what
