@@ -69,16 +69,17 @@ FORKSERVER_MAIN = "from multiprocessing.forkserver import main"
 def serve(path: str) -> None:
     """Import once, then fork a launcher per request until the test session ends."""
     import ctypes
-    import gc
     import importlib
 
     # this server ends with the test session that started it, however that ends
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() == 1:
         return
-    for name in WARM_MODULES:
-        importlib.import_module(name)
-    gc.freeze()  # as dtrain's fork servers do: each launcher's GC leaves these alone
+    from dtrain_cli.import_gc import imports_without_collection
+
+    with imports_without_collection():  # as dtrain's fork servers: imported, then frozen
+        for name in WARM_MODULES:
+            importlib.import_module(name)
     base_path = [p for p in sys.path if p and p not in _pythonpath(os.environ)]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
