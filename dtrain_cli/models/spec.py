@@ -176,6 +176,12 @@ class ModelSpec(ABC):
         (the loss included): what autograd saves, as ``SavedTensorMeter`` measures it."""
         return 0.0, 0.0
 
+    def first_stage_bytes(self, micro_batch: int) -> float:
+        """Of :meth:`activation_bytes`' bytes outside the blocks, those a pipeline's first
+        stage keeps (the embedding's input); the last stage keeps the rest. Default 0: a
+        kind that does not say books them all on the last."""
+        return 0.0
+
     def autocast_extra_bytes(self, micro_batch: int, tp: int) -> tuple[float, float]:
         """(per block, outside) bytes that autocast over fp32 parameters (DDP, ZeRO-1 at
         bf16/fp16) keeps beyond :meth:`activation_bytes` at 2 bytes a value: the residual

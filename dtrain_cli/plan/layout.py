@@ -157,7 +157,7 @@ def pipeline_layout(
         params = (hi - lo) * facts.params_per_layer
         params += facts.params_first if first else 0
         params += facts.params_last if last else 0
-        act, _ = part_activations(cfg, spec, batch.micro_batch_size, lo, hi, last)
+        act, _ = part_activations(cfg, spec, batch.micro_batch_size, lo, hi, first, last)
         stages.append(
             StagePlan(
                 stage=i,
@@ -230,12 +230,19 @@ def checkpointed_layers(lo: int, hi: int, mode: str) -> list[int]:
 
 
 def part_activations(
-    cfg: DtrainConfig, spec: ModelSpec, micro_batch: int, lo: int, hi: int, outside: bool
+    cfg: DtrainConfig,
+    spec: ModelSpec,
+    micro_batch: int,
+    lo: int,
+    hi: int,
+    first: bool,
+    last: bool,
 ) -> tuple[int, int]:
     """(kept for backward, recomputation peak) bytes of one micro-batch on a model part
-    holding blocks [lo, hi) (and the parts outside the blocks if ``outside``): a
-    checkpointed block keeps its input only, and recomputing one in backward brings one
-    block's activations back for a while."""
+    holding blocks [lo, hi), with what the first stage keeps outside the blocks if
+    ``first`` (the embedding's input) and the rest outside them if ``last`` (the head and
+    the loss): a checkpointed block keeps its input only, and recomputing one in backward
+    brings one block's activations back for a while."""
     bpv, tp = BYTES_PER_ACTIVATION[cfg.precision.name], max(cfg.parallel.tp, 1)
     per_block, other = spec.activation_bytes(micro_batch, bpv, tp)
     if bpv < 4 and strategy_for(cfg.parallel.strategy).holds_replicas:  # fp32 parameters
@@ -244,7 +251,8 @@ def part_activations(
     chosen = checkpointed_layers(lo, hi, cfg.parallel.activation_checkpointing)
     kept_block = min(per_block, spec.checkpoint_bytes(micro_batch, bpv, tp))
     kept = per_block * (hi - lo - len(chosen)) + kept_block * len(chosen)
-    kept += other if outside else 0
+    on_first = min(spec.first_stage_bytes(micro_batch), other)
+    kept += (on_first if first else 0) + (other - on_first if last else 0)
     return int(kept), int(per_block if chosen else 0)
 
 

@@ -220,11 +220,13 @@ def rank_activations(
     most: the whole model, or the pp rank whose stages keep the most."""
     micro = batch.micro_batch_size
     if pipeline is None or not pipeline.stages:
-        return part_activations(cfg, spec, micro, 0, facts.num_layers, True)
+        return part_activations(cfg, spec, micro, 0, facts.num_layers, True, True)
     kept: dict[int, int] = {}
     recompute = 0
     for st in pipeline.stages:
-        k, r = part_activations(cfg, spec, micro, st.layers[0], st.layers[1], st.head)
+        k, r = part_activations(
+            cfg, spec, micro, st.layers[0], st.layers[1], st.embeddings, st.head
+        )
         kept[st.pp_rank] = kept.get(st.pp_rank, 0) + k
         recompute = max(recompute, r)
     return max(kept.values()), recompute

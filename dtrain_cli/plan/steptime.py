@@ -181,7 +181,9 @@ def peak_memory(cfg: DtrainConfig, spec: ModelSpec, plan: Plan, hw: HardwareConf
     if pipe is not None and pipe.stages:
         per_rank: dict[int, float] = {}
         for st in pipe.stages:
-            kept, _ = part_activations(cfg, spec, b.micro_batch_size, *st.layers, st.head)
+            kept, _ = part_activations(
+                cfg, spec, b.micro_batch_size, *st.layers, st.embeddings, st.head
+            )
             n = inflight_microbatches(
                 pipe.schedule, par.pp, pipe.virtual_stages, pipe.microbatches, st.pp_rank
             )

@@ -75,7 +75,7 @@ def test_saved_activation_bytes_match_the_estimate(mode, attention):
     cfg, spec, model = _model(mode, f"model.attention={attention}")
     x, y = _batch(cfg)
     measured, _ = _measure(model, spec.blocks(model), x, y)
-    kept, _ = part_activations(cfg, spec, MICRO, 0, cfg.model.n_layer, True)
+    kept, _ = part_activations(cfg, spec, MICRO, 0, cfg.model.n_layer, True, True)
     assert measured == pytest.approx(kept, rel=TOLERANCE)
     plan = build_plan(cfg, CPU)  # the plan reports the same number
     assert plan.estimates.bytes_activations == kept
@@ -86,7 +86,7 @@ def test_checkpointing_drops_saved_bytes_as_estimated():
     for mode in ("none", "selective", "full"):
         cfg, spec, model = _model(mode)
         got[mode], _ = _measure(model, spec.blocks(model), *_batch(cfg))
-        want[mode] = part_activations(cfg, spec, MICRO, 0, cfg.model.n_layer, True)[0]
+        want[mode] = part_activations(cfg, spec, MICRO, 0, cfg.model.n_layer, True, True)[0]
     for mode in ("selective", "full"):
         assert got[mode] / got["none"] == pytest.approx(want[mode] / want["none"], abs=0.02)
     assert got["full"] < got["selective"] < got["none"]
@@ -151,12 +151,12 @@ def test_bf16_autocast_activations_match_the_estimate(strategy, param_dtype, att
     x, y = _batch(cfg)
     with SavedBytesMeter() as meter, torch.autocast("cpu", dtype=torch.bfloat16):
         cross_entropy(model(x), y).backward()
-    kept, _ = part_activations(cfg, spec, MICRO, 0, cfg.model.n_layer, True)
+    kept, _ = part_activations(cfg, spec, MICRO, 0, cfg.model.n_layer, True, True)
     assert meter.peak_step_bytes == pytest.approx(kept, rel=TOLERANCE)  # 25 % apart
     if strategy == "ddp":  # ZeRO-1 shards the optimizer only: the same fp32 parameters
         zero1 = compose_config("gpt_tiny", _overrides("none", "precision=bf16",
                                "parallel.strategy=zero1"), validate=False)  # fmt: skip
-        assert part_activations(zero1, spec, MICRO, 0, cfg.model.n_layer, True)[0] == kept
+        assert part_activations(zero1, spec, MICRO, 0, cfg.model.n_layer, True, True)[0] == kept
 
 
 def test_math_attention_computes_what_sdpa_computes():

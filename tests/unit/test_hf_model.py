@@ -259,7 +259,7 @@ def test_checkpointing_saves_and_tp_keeps_norms_whole_in_the_estimates():
             precision=SimpleNamespace(name="fp32"),
             parallel=SimpleNamespace(tp=1, activation_checkpointing=mode),
         )
-        return part_activations(c, spec, 4, 0, LLAMA["num_hidden_layers"], True)[0]
+        return part_activations(c, spec, 4, 0, LLAMA["num_hidden_layers"], True, True)[0]
 
     assert kept("full") < kept("selective") < kept("none")
 

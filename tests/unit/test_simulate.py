@@ -336,3 +336,21 @@ def test_a_lighter_stage_is_compared_with_its_own_share_of_the_plan():
     assert [rows[w]["ratio"] for w in ("params", "grads", "optimizer")] == [1.0, 1.0, 1.0]
     unscaled = compare(plan, result, second)["bytes"]["params"]["ratio"]  # as it was
     assert unscaled == pytest.approx(0.955, abs=1e-3)
+
+
+def test_the_stages_book_every_activation_once():
+    """Split over pipeline stages, the activations outside the blocks are booked once: the
+    embedding's input on the first stage, the rest on the last, summing to the whole
+    model's (gpt_tiny at pp=2 and pp=4)."""
+    from dtrain_cli.plan.layout import part_activations
+
+    for pp in (2, 4):
+        cfg, plan = compose_and_plan(["recipe=gpt_tiny", f"pp={pp}"], [])
+        spec, micro = model_spec(cfg), plan.batch.micro_batch_size
+        whole, _ = part_activations(cfg, spec, micro, 0, spec.facts().num_layers, True, True)
+        stages = plan.pipeline.stages
+        assert sum(st.activation_bytes for st in stages) == whole
+        inputs = spec.first_stage_bytes(micro)
+        assert inputs == micro * cfg.model.block_size * 8 + cfg.model.block_size * 8
+        if pp == 4:  # one block a stage: the first holds a middle one's and the inputs
+            assert stages[0].activation_bytes == stages[1].activation_bytes + inputs

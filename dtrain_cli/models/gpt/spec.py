@@ -109,6 +109,11 @@ class GPTSpec(ModelSpec):
         outside = 2 * bsd + 2 * b * s * 4 + b * s * v * 4 + 2 * b * s * 8 + s * 8
         return float(per_layer), float(outside)
 
+    def first_stage_bytes(self, micro_batch: int) -> float:
+        """The token ids (int64) and the positions the embeddings keep for backward."""
+        s = self.cfg.block_size
+        return float(micro_batch * s * 8 + s * 8)
+
     def autocast_extra_bytes(self, micro_batch: int, tp: int) -> tuple[float, float]:
         """Autocast over fp32 parameters: the block input and the MLP input (the residual
         stream) stay fp32 (+2 bytes each a value), and q, k and v each save their own bf16
