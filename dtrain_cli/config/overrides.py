@@ -94,6 +94,12 @@ def did_you_mean(word: str, candidates: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def not_allowed(key: str, value: object, choices: Sequence[str]) -> str:
+    """``key=value: not allowed (did you mean 'x'?); choose one of a, b, c``."""
+    hint = did_you_mean(str(value), [str(c) for c in choices])
+    return f"{key}={value}: not allowed{hint}; choose one of {', '.join(map(str, choices))}"
+
+
 REMOVED_KEYS = {
     "launcher.collective_timeout_s": (
         "removed: debug.collective_timeout_s is the one collective timeout (the process "

@@ -12,6 +12,7 @@ import math
 import operator
 
 from dtrain_cli.config.k8s_fields import k8s_field_problems
+from dtrain_cli.config.overrides import not_allowed
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.errors import ConfigError
 
@@ -186,7 +187,7 @@ def range_problems(cfg: DtrainConfig) -> list[str]:
     for key, allowed in CHOICES.items():
         value = get_key(cfg, key)
         if value not in allowed:
-            problems.append(f"{key}={value}: not allowed; choose one of {', '.join(allowed)}")
+            problems.append(not_allowed(key, value, allowed))
     for key, (low, inclusive) in POSITIVE.items():
         value = get_key(cfg, key)
         bad = not value >= low if inclusive else not value > low  # type: ignore[operator]

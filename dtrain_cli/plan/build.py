@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.data_checks import model_vocab_warnings
+from dtrain_cli.config.overrides import not_allowed
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import config_problems
 from dtrain_cli.errors import ConfigError
@@ -187,7 +188,7 @@ def registry_problems(cfg: DtrainConfig) -> list[str]:
         ("sync.mode", cfg.sync.mode, mode_names()),
     ):
         if value not in choices:
-            problems.append(f"{key}={value}: not allowed; choose one of {', '.join(choices)}")
+            problems.append(not_allowed(key, value, choices))
     return problems
 
 

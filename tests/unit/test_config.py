@@ -133,6 +133,10 @@ BAD = [
     (["precision=fp16"], ["precision=fp16", "CUDA", "bf16"]),
     (["optim.lr_scaling=cubic"], ["optim.lr_scaling=cubic", "none, linear, sqrt"]),
     (["optim.name=lamb"], ["optim.name=lamb", "adamw, sgd"]),
+    # a near miss of a choice names the closest one, for fixed choices and registered ones
+    (["train.on_nan=skp"], ["train.on_nan=skp: not allowed (did you mean 'skip'?); choose"]),
+    (["parallel.strategy=fsdpp"], ["strategy=fsdpp: not allowed (did you mean 'fsdp'?)"]),
+    (["sync.mode=diloko"], ["sync.mode=diloko: not allowed (did you mean 'diloco'?)"]),
 ]
 
 
