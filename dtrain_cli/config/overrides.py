@@ -94,6 +94,23 @@ def did_you_mean(word: str, candidates: Sequence[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def did_you_mean_key(key: str, known: Sequence[str]) -> str:
+    """As :func:`did_you_mean`, and also the key sharing the most of its words (weighted by
+    length) where that is another: ``train.checkpoint_every`` names ``train.eval_every``
+    (spelling) and ``checkpoint.every_steps`` (words)."""
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
+    words = set(re.split(r"[._]", key.lstrip("+~")))
+
+    def shared(candidate: str) -> float:
+        theirs = set(re.split(r"[._]", candidate))
+        union = sum(map(len, words | theirs))
+        return sum(map(len, words & theirs)) / union if union else 0.0
+
+    best = max(known, key=shared, default=None)
+    names = [*close, *([best] if best and shared(best) >= 0.5 and best not in close else [])]
+    return f" (did you mean {' or '.join(map(repr, names))}?)" if names else ""
+
+
 def not_allowed(key: str, value: object, choices: Sequence[str]) -> str:
     """``key=value: not allowed (did you mean 'x'?); choose one of a, b, c``."""
     hint = did_you_mean(str(value), [str(c) for c in choices])
@@ -118,7 +135,7 @@ def unknown_key(key: str) -> str:
         return f"{key.lstrip('+~')}: {REMOVED_KEYS[key.lstrip('+~')]}"
     known = [*schema_fields(), *SHORTHANDS]
     return (
-        f"unknown key {key!r}{did_you_mean(key, known)}; "
+        f"unknown key {key!r}{did_you_mean_key(key, known)}; "
         "see `dtrain plan --show-config` for all keys"
     )
 

@@ -119,6 +119,11 @@ BAD = [
     # (overrides, text every message must contain)
     (["optim.bogus_lr=1"], ["unknown key 'optim.bogus_lr'", "did you mean 'optim.base_lr'"]),
     (["optim.lrr=1"], ["unknown key 'optim.lrr'"]),
+    # a key put in the wrong section: the spelling's match and the one sharing its words
+    (
+        ["train.checkpoint_every=3"],
+        ["did you mean 'train.eval_every' or 'checkpoint.every_steps'?"],
+    ),
     (["train.steps=abc"], ["train.steps", "'abc'", "integer"]),
     (["parallel.nproc_per_node=3", "dp=2"], ["dp*tp*pp", "3"]),
     (
