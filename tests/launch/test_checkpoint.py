@@ -206,6 +206,25 @@ def test_verify_exits_nonzero_on_corruption_with_the_whole_path(straight, tmp_pa
     assert quick.returncode == 1 and f"error: {shard}: truncated" in quick.stderr
 
 
+def test_a_checkpoint_before_the_first_logged_loss_says_none(tmp_path):
+    """A save before any logging window has no loss to record: meta.json says null (it
+    wrote NaN, which is not JSON) and `dtrain checkpoints` shows '-' (it showed 'nan')."""
+    run = run_dtrain(
+        ["launch", *CK, "train.steps=4", "logging.every=3", "checkpoint.every_steps=2"],
+        tmp_path,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+
+    def meta(step: int) -> dict:
+        path = catalog.checkpoints_dir(run.run_dir) / f"step_{step:06d}" / "meta.json"
+        return json.loads(path.read_text(), parse_constant=pytest.fail)  # NaN: not JSON
+
+    assert meta(2)["loss"] is None
+    assert meta(4)["loss"] == pytest.approx(run.metrics()[-1]["loss"], rel=1e-6)
+    table = run_dtrain(["checkpoints", str(run.run_dir)], tmp_path)
+    assert table.returncode == 0 and "nan" not in table.stdout.lower(), table.stdout
+
+
 def test_export_round_trip(straight, tmp_path):
     import torch
     from safetensors.torch import load_model

@@ -16,6 +16,7 @@ log and in ``metrics.jsonl`` (``stragglers``); ``summary.json`` has per-rank med
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,7 +98,7 @@ class TrainMetrics:
         self._after_warmup: tuple[float, int] | None = None  # (clock, steps since)
         self.warmup_window_tps: float | None = None
         self.busy_s = self.step_wall_s = 0.0
-        self.last_loss = float("nan")
+        self.last_loss: float | None = None  # until the first logging window
         self._wall0 = self._cpu0 = 0.0
         self.measures_bubble = plan.pipeline is not None and ctx.device.type == "cpu"
         """A pipeline's idle share from CPU busy vs wall time per step (:meth:`bubble_report`);
@@ -175,9 +176,8 @@ class TrainMetrics:
             norm = torch.tensor(values.pop() / self.plan.batch.dp)
         loss_sum, save_votes, stop_votes = values[:NUM_VOTES]
         ranks = values[NUM_VOTES : NUM_VOTES + len(slots)]
-        self.last_loss = (
-            loss_sum / (self.loss_steps * self.plan.batch.dp) if self.loss_steps else float("nan")
-        )
+        loss = loss_sum / (self.loss_steps * self.plan.batch.dp) if self.loss_steps else math.nan
+        self.last_loss = loss
         stragglers = self.note_ranks(step, ranks) if self.rank_times else []
         per_rank = {f"rank_{n}": ranks[i::k] for i, n in enumerate(RANK_SLOTS)} if ranks else {}
         now = time.perf_counter()
@@ -214,7 +214,7 @@ class TrainMetrics:
         self.window_steps, self.loss_steps, self.window_start = 0, 0, now
         self._wait0 = self.batches.wait_s
         return Reduced(
-            self.last_loss,
+            loss,
             save_votes > 0,
             stop_votes > 0 and step < self.plan.steps,
             values[NUM_VOTES + len(slots) :],
