@@ -190,6 +190,23 @@ def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
 
 
 @pytest.mark.multiproc
+def test_a_script_asking_for_nccl_without_cuda_is_told_what_works(tmp_path):
+    """torch says only "Distributed package doesn't have NCCL built in"; the error line
+    adds why (no CUDA here) and what runs on both CPU and GPU."""
+    run = run_dtrain(
+        ["run", "dp=2", "-m", "probepkg.probe", "nccl", str(tmp_path / "out")],
+        tmp_path,
+        timeout=180,
+        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
+        warm=True,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert "NCCL" in first and "backend='nccl', which needs CUDA GPUs" in first, first
+    assert "leave backend unset (torch picks gloo on CPU, nccl on CUDA)" in first, first
+
+
+@pytest.mark.multiproc
 def test_rank_that_never_arrives_is_named_after_the_rendezvous_timeout(tmp_path):
     start = time.time()
     run = run_dtrain(

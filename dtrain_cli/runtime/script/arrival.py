@@ -59,11 +59,33 @@ def install(timeout_s: float) -> None:
                     given["rank"] = int(os.environ["RANK"])
                 if given.get("world_size", -1) == -1:
                     given["world_size"] = int(os.environ["WORLD_SIZE"])
-        return real(*bound.args, **bound.kwargs)
+        try:
+            return real(*bound.args, **bound.kwargs)
+        except RuntimeError as exc:
+            hint = nccl_hint(given.get("backend"))
+            if hint:
+                raise RuntimeError(f"{exc}: {hint}") from exc
+            raise
 
     init_process_group._dtrain_arrival = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
     dist.distributed_c10d.init_process_group = init_process_group
+
+
+def nccl_hint(backend: object) -> str | None:
+    """Why ``backend="nccl"`` failed where there is no CUDA (a script written for GPUs, run
+    on a laptop), and what works on both; None for anything else."""
+    import torch
+
+    if not isinstance(backend, str) or backend.lower() != "nccl":
+        return None
+    if torch.cuda.is_available() and torch.distributed.is_nccl_available():
+        return None
+    return (
+        "the script asks for backend='nccl', which needs CUDA GPUs and this machine has "
+        "none; leave backend unset (torch picks gloo on CPU, nccl on CUDA) or pass "
+        "'gloo' here"
+    )
 
 
 def attempt_store(timeout_s: float) -> Any:

@@ -4,7 +4,8 @@
 
 Modes: dump (what it was given), raise / exit3 (rank 1 fails), kill_once (rank 1 dies on
 the first attempt), late (rank 1 never calls init_process_group), hang (waits to be
-stopped, with a child process of its own), preempt (saves on USR1, exits 75).
+stopped, with a child process of its own), preempt (saves on USR1, exits 75), nccl (asks
+for NCCL, as a script written for GPUs does).
 """
 
 import json
@@ -95,6 +96,10 @@ elif MODE == "late":  # rank 1 never reaches init_process_group
     if RANK == 1:
         time.sleep(120)
     dist.init_process_group("gloo")
+elif MODE == "nccl":  # a script written for GPUs
+    import torch.distributed as dist
+
+    dist.init_process_group(backend="nccl")
 elif MODE == "preempt" and os.environ.get("SLURM_RESTART_COUNT", "0") != "0":
     write(f"resumed_rank_{RANK}", {"restart": os.environ["SLURM_RESTART_COUNT"]})
 elif MODE == "preempt" and os.path.exists(os.path.join(OUT, f"checkpoint_rank_{RANK}")):
