@@ -74,7 +74,33 @@ def parse_args(description: str) -> argparse.Namespace:
     add("--compile", action="store_true", help="torch.compile each block, as dtrain does")
     add("--hf-model", default=None, help="JSON {model_type, config}: a transformers model")
     add("--custom-model", default=None, help="JSON {_target_, kwargs, import_roots}: your own")
+    add("--profile-steps", type=int, nargs=2, default=None, help="FIRST LAST (1-based)")
+    add("--profile-out", default=None, help="rank 0's torch.profiler trace of those steps")
     return p.parse_args()
+
+
+class StepProfiler:
+    """``--profile-steps A B``: a torch.profiler trace (CPU) of steps A..B on rank 0, as
+    dtrain's ``debug.profile_steps=[A,B]`` takes one (bench/op_bench.py compares them)."""
+
+    def __init__(self, args: argparse.Namespace, rank: int) -> None:
+        on = args.profile_steps and args.profile_out and rank == 0
+        self.first, self.last = args.profile_steps if on else (0, -1)
+        self.out, self.prof = args.profile_out, None
+
+    def step_begins(self, step: int) -> None:
+        """``step``: 1-based."""
+        if step == self.first:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU])
+            self.prof.__enter__()
+
+    def step_ends(self, step: int) -> None:
+        if self.prof is not None and step == self.last:
+            self.prof.__exit__(None, None, None)
+            self.prof.export_chrome_trace(self.out)
+            self.prof = None
 
 
 def lr_factor(step: int, args: argparse.Namespace) -> float:

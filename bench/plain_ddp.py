@@ -20,7 +20,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from loop_common import Timings, Workload, make_optimizer, make_scheduler, parse_args, result_record
+from loop_common import (
+    StepProfiler,
+    Timings,
+    Workload,
+    make_optimizer,
+    make_scheduler,
+    parse_args,
+    result_record,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -49,7 +57,9 @@ def train(args: Any, times: Timings) -> dict[str, Any]:
     sched = make_scheduler(opt, args)
     times.model_ready = time.time()
     loss = torch.zeros(())
+    profiler = StepProfiler(args, rank)
     for step in range(args.steps):
+        profiler.step_begins(step + 1)
         for k in range(args.grad_accum):
             last = k == args.grad_accum - 1
             with contextlib.nullcontext() if last or world == 1 else ddp.no_sync():
@@ -60,6 +70,7 @@ def train(args: Any, times: Timings) -> dict[str, Any]:
         opt.zero_grad(set_to_none=True)
         sched.step()
         times.step_done(step, args, loss, log=rank == 0)
+        profiler.step_ends(step + 1)
         if step + 1 == args.timed_from and work.device.type == "cuda":
             torch.cuda.synchronize()
             times.timed_start = time.perf_counter()

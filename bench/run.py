@@ -29,6 +29,7 @@ from elastic_bench import elastic_bench
 from harness import REPO, Section, Workspace, load_average, log, machine_lines
 from layout_bench import pipeline_bench, strategy_bench
 from model_bench import custom_overhead, hf_overhead
+from op_bench import op_bench
 from peers import peers_bench
 from programs import Pair, Workload
 from script_bench import script_vs_torchrun
@@ -39,6 +40,7 @@ from throughput import fixed_cost, framework_overhead
 BENCHMARKS: dict[str, Callable[[Workspace], Section]] = {
     "overhead": framework_overhead,
     "fixed_cost": fixed_cost,
+    "ops": op_bench,
     "cli": cli_latency,
     "startup": time_to_first_step,
     "peers": peers_bench,
