@@ -23,7 +23,6 @@ from dtrain_cli.config.overrides import (
     Override,
     apply_values,
     check_overrides,
-    did_you_mean,
     schema_fields,
     unknown_key,
 )
@@ -33,6 +32,7 @@ from dtrain_cli.config.search import (
     list_recipes,
     search_path,
 )
+from dtrain_cli.config.suggest import did_you_mean
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.targets import import_roots
 

@@ -13,13 +13,13 @@ or one entry (``cluster.env.X=abc``); both are applied after composition.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.config.suggest import did_you_mean, did_you_mean_key
 
 # Shorthands users type most; each maps to its full key (group selections such as
 # precision=bf16 are already Hydra group overrides and need no mapping).
@@ -87,34 +87,6 @@ def schema_fields(node: type = DtrainConfig, prefix: str = "") -> dict[str, Fiel
 
 def sections() -> list[str]:
     return [f.name for f in fields(DtrainConfig)]
-
-
-def did_you_mean(word: str, candidates: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def did_you_mean_key(key: str, known: Sequence[str]) -> str:
-    """As :func:`did_you_mean`, and also the key sharing the most of its words (weighted by
-    length) where that is another: ``train.checkpoint_every`` names ``train.eval_every``
-    (spelling) and ``checkpoint.every_steps`` (words)."""
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    words = set(re.split(r"[._]", key.lstrip("+~")))
-
-    def shared(candidate: str) -> float:
-        theirs = set(re.split(r"[._]", candidate))
-        union = sum(map(len, words | theirs))
-        return sum(map(len, words & theirs)) / union if union else 0.0
-
-    best = max(known, key=shared, default=None)
-    names = [*close, *([best] if best and shared(best) >= 0.5 and best not in close else [])]
-    return f" (did you mean {' or '.join(map(repr, names))}?)" if names else ""
-
-
-def not_allowed(key: str, value: object, choices: Sequence[str]) -> str:
-    """``key=value: not allowed (did you mean 'x'?); choose one of a, b, c``."""
-    hint = did_you_mean(str(value), [str(c) for c in choices])
-    return f"{key}={value}: not allowed{hint}; choose one of {', '.join(map(str, choices))}"
 
 
 REMOVED_KEYS = {

@@ -12,8 +12,8 @@ import math
 import operator
 
 from dtrain_cli.config.k8s_fields import k8s_field_problems
-from dtrain_cli.config.overrides import not_allowed
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.config.suggest import not_allowed
 from dtrain_cli.errors import ConfigError
 
 BUILTIN_LOSSES = ("cross_entropy", "mse", "model")  # dtrain_cli.models.losses (torch)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.data_checks import model_vocab_warnings
-from dtrain_cli.config.overrides import not_allowed
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.config.suggest import not_allowed
 from dtrain_cli.config.validate import config_problems
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.mesh.dims import MESH_DIM_NAMES, ParallelDims
