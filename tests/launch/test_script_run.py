@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DTRAIN, REPO, run_dtrain, run_reference
+from tests.conftest import DTRAIN, REPO, Run, run_dtrain, run_reference
 
 SCRIPTS = REPO / "tests" / "scripts"
 DDP = SCRIPTS / "ddp_plain.py"
@@ -163,6 +163,13 @@ def test_module_form_under_spawn_sees_python_m_and_the_plan(module_run):
         assert seen["run_dir"] == str(run.run_dir)
 
 
+def run_probe(tmp_path: Path, *args: str, timeout: int = 180) -> Run:
+    """``dtrain run dp=2 [overrides] -m probepkg.probe MODE OUT``, workers from the warm
+    launcher (tests/scripts on the path)."""
+    env = {"PYTHONPATH": f"{REPO}:{SCRIPTS}"}
+    return run_dtrain(["run", "dp=2", *args], tmp_path, timeout=timeout, env=env, warm=True)
+
+
 @pytest.mark.multiproc
 @pytest.mark.parametrize(
     ("mode", "code", "shown"),
@@ -172,13 +179,7 @@ def test_module_form_under_spawn_sees_python_m_and_the_plan(module_run):
     ],
 )
 def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
-    run = run_dtrain(
-        ["run", "dp=2", "-m", "probepkg.probe", mode, str(tmp_path / "out")],
-        tmp_path,
-        timeout=180,
-        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
-        warm=True,
-    )
+    run = run_probe(tmp_path, "-m", "probepkg.probe", mode, str(tmp_path / "out"))
     assert run.returncode == code, run.stdout + run.stderr
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
     said = f"failed (exit code {code}): {shown[-1]}" if mode == "raise" else shown[-1]
@@ -193,13 +194,7 @@ def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
 def test_a_script_asking_for_nccl_without_cuda_is_told_what_works(tmp_path):
     """torch says only "Distributed package doesn't have NCCL built in"; the error line
     adds why (no CUDA here) and what runs on both CPU and GPU."""
-    run = run_dtrain(
-        ["run", "dp=2", "-m", "probepkg.probe", "nccl", str(tmp_path / "out")],
-        tmp_path,
-        timeout=180,
-        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
-        warm=True,
-    )
+    run = run_probe(tmp_path, "-m", "probepkg.probe", "nccl", str(tmp_path / "out"))
     assert run.returncode == 1, run.stdout + run.stderr
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
     assert "NCCL" in first and "backend='nccl', which needs CUDA GPUs" in first, first
@@ -209,13 +204,7 @@ def test_a_script_asking_for_nccl_without_cuda_is_told_what_works(tmp_path):
 @pytest.mark.multiproc
 def test_rank_that_never_arrives_is_named_after_the_rendezvous_timeout(tmp_path):
     start = time.time()
-    run = run_dtrain(
-        ["run", "dp=2", "launcher.rdzv_timeout_s=6", "-m", "probepkg.probe", "late", "out"],
-        tmp_path,
-        timeout=180,
-        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
-        warm=True,
-    )
+    run = run_probe(tmp_path, "launcher.rdzv_timeout_s=6", "-m", "probepkg.probe", "late", "out")
     assert run.returncode == 1, run.stdout + run.stderr
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
     assert first.startswith("error: rank 1 stopped answering"), first  # the late one
@@ -226,12 +215,8 @@ def test_rank_that_never_arrives_is_named_after_the_rendezvous_timeout(tmp_path)
 
 @pytest.mark.multiproc
 def test_restart_after_a_killed_rank(tmp_path):
-    run = run_dtrain(
-        ["run", "dp=2", "launcher.max_restarts=1", "-m", "probepkg.probe", "kill_once", "out"],
-        tmp_path,
-        timeout=240,
-        env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},
-        warm=True,
+    run = run_probe(
+        tmp_path, "launcher.max_restarts=1", "-m", "probepkg.probe", "kill_once", "out", timeout=240
     )
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads((tmp_path / "out" / "result.json").read_text())
