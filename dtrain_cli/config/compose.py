@@ -92,18 +92,19 @@ def compose_config(
     inputs is read back typed (no OmegaConf import, compose_cache.py)."""
     from dtrain_cli.config.validate import config_problems
 
-    key = _typed_key(recipe, overrides, config_dirs)
-    typed = compose_cache.load_typed(key)
-    if typed is None:
-        try:
-            cfg = compose_dictconfig(recipe, overrides, config_dirs)
-            typed = to_dataclass(cfg)
-        except ConfigError as exc:
-            if validate and exc.config is not None:
-                raise ConfigError(exc.problems + config_problems(exc.config)) from None
-            raise
-        if not compose_cache.interpolates(cfg):  # kept resolved, it would not follow $ENV
-            compose_cache.store_typed(key, typed)
+    with compose_cache.one_reading():  # the keys below stat the same files once
+        key = _typed_key(recipe, overrides, config_dirs)
+        typed = compose_cache.load_typed(key)
+        if typed is None:
+            try:
+                cfg = compose_dictconfig(recipe, overrides, config_dirs)
+                typed = to_dataclass(cfg)
+            except ConfigError as exc:
+                if validate and exc.config is not None:
+                    raise ConfigError(exc.problems + config_problems(exc.config)) from None
+                raise
+            if not compose_cache.interpolates(cfg):  # kept resolved, would not follow $ENV
+                compose_cache.store_typed(key, typed)
     if validate and (problems := config_problems(typed)):
         raise ConfigError(problems)
     return typed

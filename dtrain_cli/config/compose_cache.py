@@ -29,7 +29,8 @@ from __future__ import annotations
 import hashlib
 import pickle
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,19 @@ if TYPE_CHECKING:
 
 FOLDER = "composed"
 KEEP = 256  # entries; the oldest go first (one is about 16 KB)
+_READINGS: list[dict[tuple[object, ...], list[tuple[str, int, int]]]] = []
+
+
+@contextmanager
+def one_reading() -> Iterator[None]:
+    """Inside, the files a key names are stat'ed once: the keys of one composition (typed,
+    composed, groups: each about 4.5 ms of stats on 2 cores) name the same files, as they
+    stand when the command starts."""
+    _READINGS.append({})
+    try:
+        yield
+    finally:
+        _READINGS.pop()
 
 
 def cache_dir() -> Path:
@@ -65,10 +79,19 @@ def key_for(
         return None
     parts: list[object] = [part, sys.version, str(recipe_path), list(overrides), *set_after]
     parts.append(list(map(str, search)))
-    parts += stats(_yaml_files([recipe_path.parent, *search]))
-    parts += stats(code_files())
-    parts += stats(package_files(("hydra", "omegaconf")))
+    parts += _file_stats(recipe_path.parent, search)
     return f"{part}-{hashlib.sha256(repr(parts).encode()).hexdigest()}"
+
+
+def _file_stats(recipe_dir: Path, search: Sequence[Path]) -> list[tuple[str, int, int]]:
+    """(path, size, mtime) of the YAML files, dtrain's code and Hydra and OmegaConf; read
+    once per :func:`one_reading`."""
+    reading = _READINGS[-1] if _READINGS else {}
+    key = (recipe_dir, *search)
+    if key not in reading:
+        reading[key] = stats(_yaml_files([recipe_dir, *search]))
+        reading[key] += stats(code_files()) + stats(package_files(("hydra", "omegaconf")))
+    return reading[key]
 
 
 def load(key: str | None) -> DictConfig | None:
