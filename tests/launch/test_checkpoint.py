@@ -221,8 +221,13 @@ def test_a_checkpoint_before_the_first_logged_loss_says_none(tmp_path):
 
     assert meta(2)["loss"] is None
     assert meta(4)["loss"] == pytest.approx(run.metrics()[-1]["loss"], rel=1e-6)
-    table = run_dtrain(["checkpoints", str(run.run_dir)], tmp_path)
+    table = run_dtrain(["checkpoints", str(run.run_dir)], tmp_path, env={"COLUMNS": "200"})
     assert table.returncode == 0 and "nan" not in table.stdout.lower(), table.stdout
+    lines = table.stdout.splitlines()
+    header = [cell.strip() for cell in next(x for x in lines if "┃ step" in x).split("┃")]
+    rows = {cells[1].strip(): cells for cells in (x.split("│") for x in lines) if len(cells) > 2}
+    loss = header.index("loss")
+    assert rows["2"][loss].strip() == "-" and rows["4"][loss].strip() != "-", table.stdout
 
 
 def test_export_round_trip(straight, tmp_path):

@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from dtrain_cli.rundir import strict_json
 from dtrain_cli.rundir.layout import RunDir
 
 log = logging.getLogger("dtrain")
@@ -140,20 +141,9 @@ class MetricsSink:
         self.jsonl.close()
 
 
-def finite_json(value: Any) -> Any:
-    """``value`` with every NaN or infinity as None: JSON that any parser reads."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value
-
-
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """``summary.json``: strict JSON (a value not measured is null, never NaN)."""
-    text = json.dumps(finite_json(summary), indent=2, allow_nan=False)
+    text = strict_json.dumps(summary, indent=2)
     RunDir(run_dir).summary.write_text(text)
 
 
