@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from dtrain_cli.cli.common import CKPT_HELP, console, err_console, fail
+from dtrain_cli.config.suggest import not_allowed
 
 
 def export(
@@ -28,7 +29,7 @@ def export(
     from dtrain_cli.checkpoint.export import FORMATS
 
     if fmt not in FORMATS:
-        fail([f"--format {fmt}: not allowed; choose one of {', '.join(FORMATS)}"])
+        fail([not_allowed("--format", fmt, FORMATS)])
 
     def warn(msg: str) -> None:
         err_console.print(f"[yellow]warning:[/] {msg}", highlight=False)

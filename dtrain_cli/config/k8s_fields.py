@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from dtrain_cli.config.schema import ClusterConfig
+from dtrain_cli.config.suggest import not_allowed
 
 K8S_KINDS = ("jobset", "trainjob")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -39,9 +40,7 @@ def k8s_field_problems(c: ClusterConfig) -> list[str]:
     """The Kubernetes values that are set, checked for their form (exit 2 in the CLI)."""
     problems = []
     if c.k8s_kind not in K8S_KINDS:
-        problems.append(
-            f"cluster.k8s_kind={c.k8s_kind}: not allowed; choose one of jobset, trainjob"
-        )
+        problems.append(not_allowed("cluster.k8s_kind", c.k8s_kind, K8S_KINDS))
     if c.image is not None and (len(c.image) > 255 or not IMAGE.match(c.image)):
         problems.append(
             f"cluster.image={c.image!r}: not an image reference; use REGISTRY/PATH:TAG, "

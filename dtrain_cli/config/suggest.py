@@ -14,19 +14,23 @@ def did_you_mean(word: str, candidates: Sequence[str]) -> str:
 
 
 def did_you_mean_key(key: str, known: Sequence[str]) -> str:
-    """As :func:`did_you_mean`, and also the key sharing the most of its words (weighted by
-    length) where that is another: ``train.checkpoint_every`` names ``train.eval_every``
-    (spelling) and ``checkpoint.every_steps`` (words)."""
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.6)
-    words = set(re.split(r"[._]", key.lstrip("+~")))
+    """As :func:`did_you_mean`, and also the key of *another section* that shares the most
+    of its words (weighted by length), for a key put in the wrong section:
+    ``train.checkpoint_every`` names ``train.eval_every`` (spelling) and
+    ``checkpoint.every_steps`` (words)."""
+    bare = key.lstrip("+~")
+    close = difflib.get_close_matches(bare, list(known), n=1, cutoff=0.6)
+    words = set(re.split(r"[._]", bare))
+    section = bare.split(".")[0]
 
     def shared(candidate: str) -> float:
         theirs = set(re.split(r"[._]", candidate))
         union = sum(map(len, words | theirs))
         return sum(map(len, words & theirs)) / union if union else 0.0
 
-    best = max(known, key=shared, default=None)
-    names = [*close, *([best] if best and shared(best) >= 0.5 and best not in close else [])]
+    elsewhere = [k for k in known if k.split(".")[0] != section and k not in close]
+    best = max(elsewhere, key=shared, default=None)
+    names = [*close, *([best] if best is not None and shared(best) >= 0.5 else [])]
     return f" (did you mean {' or '.join(map(repr, names))}?)" if names else ""
 
 

@@ -289,10 +289,8 @@ def config_problems(cfg: DtrainConfig) -> list[str]:
         )
     loss = cfg.train.loss
     if loss not in ("auto", *BUILTIN_LOSSES) and "." not in loss:
-        problems.append(
-            f"train.loss={loss}: not allowed; choose one of auto, {', '.join(BUILTIN_LOSSES)} "
-            f"or a dotted path to a callable (outputs, targets) -> loss"
-        )
+        choices = not_allowed("train.loss", loss, ("auto", *BUILTIN_LOSSES))
+        problems.append(f"{choices} or a dotted path to a callable (outputs, targets) -> loss")
     problems += rollback_problems(cfg)
     if cfg.data.source in ("text", "tokens", "hf") and not cfg.data.path:
         problems.append(f"data.path is required for data.source={cfg.data.source}")

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dtrain_cli.config.schema import ClusterConfig, DtrainConfig
+from dtrain_cli.config.suggest import not_allowed
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.protocol import SIGNAL_NAMES
@@ -92,9 +93,7 @@ def cluster_problems(c: ClusterConfig) -> list[str]:
             f"cluster.time={c.time!r}: not a SLURM time; use MM, HH:MM:SS or D-HH:MM:SS"
         )
     if c.signal.upper().removeprefix("SIG") not in SIGNAL_NAMES:
-        problems.append(
-            f"cluster.signal={c.signal!r}: not allowed; choose one of {', '.join(SIGNAL_NAMES)}"
-        )
+        problems.append(not_allowed("cluster.signal", repr(c.signal), SIGNAL_NAMES))
     for key, value, low in (
         ("gpus_per_node", c.gpus_per_node, 0),
         ("signal_lead_s", c.signal_lead_s, 1),

@@ -1,0 +1,41 @@
+"""The suggestions in config errors (dtrain_cli/config/suggest.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtrain_cli.config.overrides import SHORTHANDS, schema_fields
+from dtrain_cli.config.suggest import did_you_mean_key, not_allowed
+
+KNOWN = [*schema_fields(), *SHORTHANDS]
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("train.stepz", " (did you mean 'train.steps'?)"),
+        ("+train.stepz", " (did you mean 'train.steps'?)"),  # an add names the same key
+        # the wrong section: the spelling's match, and the key whose words it shares
+        (
+            "train.checkpoint_every",
+            " (did you mean 'train.eval_every' or 'checkpoint.every_steps'?)",
+        ),
+        # the right section: its own words are no reason to name a sibling key
+        ("checkpoint.keepp", " (did you mean 'checkpoint.keep_last'?)"),
+        ("zzz.qqq", ""),
+    ],
+)
+def test_an_unknown_key_names_the_closest(key, hint):
+    assert did_you_mean_key(key, KNOWN) == hint
+
+
+@pytest.mark.parametrize("key", ["", "~", ".", "a..b", "+", "~bar", "....x"])
+def test_odd_keys_get_no_suggestion_and_no_error(key):
+    assert isinstance(did_you_mean_key(key, KNOWN), str)
+
+
+def test_not_allowed_names_the_choices_and_the_closest():
+    assert not_allowed("optim.name", "adamm", ("adamw", "sgd")) == (
+        "optim.name=adamm: not allowed (did you mean 'adamw'?); choose one of adamw, sgd"
+    )
+    assert not_allowed("x", 3, (1, 2)) == "x=3: not allowed; choose one of 1, 2"
