@@ -62,30 +62,34 @@ def install(timeout_s: float) -> None:
         try:
             return real(*bound.args, **bound.kwargs)
         except RuntimeError as exc:
-            hint = nccl_hint(given.get("backend"))
-            if hint:
-                raise RuntimeError(f"{exc}: {hint}") from exc
-            raise
+            hint = nccl_hint(given.get("backend"), str(exc))
+            if hint is None:
+                raise
+            try:  # the same kind of error (DistBackendError ...), the hint at its end
+                hinted = type(exc)(f"{exc}: {hint}")
+            except Exception:
+                hinted = RuntimeError(f"{exc}: {hint}")
+            raise hinted from exc
 
     init_process_group._dtrain_arrival = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
     dist.distributed_c10d.init_process_group = init_process_group
 
 
-def nccl_hint(backend: object) -> str | None:
-    """Why ``backend="nccl"`` failed where there is no CUDA (a script written for GPUs, run
-    on a laptop), and what works on both; None for anything else."""
+def nccl_hint(backend: object, error: str) -> str | None:
+    """Why ``backend="nccl"`` failed (a script written for GPUs, run where there are none or
+    where torch has no NCCL), and what works on both; None for any other error."""
     import torch
 
-    if not isinstance(backend, str) or backend.lower() != "nccl":
+    if not isinstance(backend, str) or backend.lower() != "nccl" or "nccl" not in error.lower():
         return None
-    if torch.cuda.is_available() and torch.distributed.is_nccl_available():
-        return None
-    return (
-        "the script asks for backend='nccl', which needs CUDA GPUs and this machine has "
-        "none; leave backend unset (torch picks gloo on CPU, nccl on CUDA) or pass "
-        "'gloo' here"
-    )
+    asks = "the script asks for backend='nccl'"
+    fix = "leave backend unset (torch picks gloo on CPU, nccl on CUDA) or pass 'gloo' here"
+    if not torch.cuda.is_available():
+        return f"{asks}, which needs CUDA GPUs and this machine has none; {fix}"
+    if not torch.distributed.is_nccl_available():
+        return f"{asks} and this torch is built without NCCL; {fix}"
+    return None
 
 
 def attempt_store(timeout_s: float) -> Any:
