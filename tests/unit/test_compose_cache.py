@@ -177,10 +177,10 @@ def test_a_recipe_that_interpolates_is_not_kept_typed(cache, monkeypatch, tmp_pa
     assert list(cache.glob("typed-*.pkl")) == []
 
 
-def test_one_composition_reads_the_files_stats_once(cache, monkeypatch):
+def test_one_composition_reads_the_files_stats_once(cache, monkeypatch, tmp_path):
     """A miss computes three keys (typed, composed, groups) over the same files: their stats
-    are read once (each reading is about 4.5 ms on 2 cores), and a later command reads
-    them again (an edit in between is seen)."""
+    are read once (each reading is about 4.5 ms on 2 cores). The next composition reads
+    them again, so an edit made in between is seen; one that fails leaves no reading."""
     walks: list[int] = []
     real = compose_cache.code_files
     monkeypatch.setattr(compose_cache, "code_files", lambda: walks.append(1) or real())
@@ -188,3 +188,10 @@ def test_one_composition_reads_the_files_stats_once(cache, monkeypatch):
     assert len(list(cache.glob("*.pkl"))) == 3 and len(walks) == 1
     compose_config("gpt_tiny", ["train.seed=12"])  # typed and composed miss, groups hit
     assert len(walks) == 2
+    mine = user_dir(tmp_path / "user", steps=5)
+    assert compose_config("mine", [], [mine]).train.steps == 5
+    user_dir(tmp_path / "user", steps=6)  # edited between two commands
+    assert compose_config("mine", [], [mine]).train.steps == 6
+    with pytest.raises(ConfigError):
+        compose_config("gpt_tiny", ["train.stepz=1"])
+    assert compose_cache._READINGS == []
