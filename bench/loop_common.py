@@ -17,6 +17,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -75,32 +76,27 @@ def parse_args(description: str) -> argparse.Namespace:
     add("--hf-model", default=None, help="JSON {model_type, config}: a transformers model")
     add("--custom-model", default=None, help="JSON {_target_, kwargs, import_roots}: your own")
     add("--profile-steps", type=int, nargs=2, default=None, help="FIRST LAST (1-based)")
-    add("--profile-out", default=None, help="rank 0's torch.profiler trace of those steps")
+    add("--profile-out", default=None, help="a folder: each rank's torch.profiler trace")
     return p.parse_args()
 
 
-class StepProfiler:
-    """``--profile-steps A B``: a torch.profiler trace (CPU) of steps A..B on rank 0, as
-    dtrain's ``debug.profile_steps=[A,B]`` takes one (bench/op_bench.py compares them)."""
+def step_profiler(args: argparse.Namespace, rank: int, device: torch.device) -> Any:
+    """``--profile-steps A B --profile-out DIR``: dtrain's own profiler component (a
+    torch.profiler trace of steps A..B in ``DIR/profile/rank_<k>.trace.json``), imported
+    only then, so that no other run pays for the import; else a stand-in that does nothing."""
+    if not (args.profile_steps and args.profile_out):
+        return _NoProfiler()
+    from dtrain_cli.runtime.components.profiling import Profiler
 
-    def __init__(self, args: argparse.Namespace, rank: int) -> None:
-        on = args.profile_steps and args.profile_out and rank == 0
-        self.first, self.last = args.profile_steps if on else (0, -1)
-        self.out, self.prof = args.profile_out, None
+    return Profiler(list(args.profile_steps), Path(args.profile_out), rank, device)
 
+
+class _NoProfiler:
     def step_begins(self, step: int) -> None:
-        """``step``: 1-based."""
-        if step == self.first:
-            from torch.profiler import ProfilerActivity, profile
-
-            self.prof = profile(activities=[ProfilerActivity.CPU])
-            self.prof.__enter__()
+        pass
 
     def step_ends(self, step: int) -> None:
-        if self.prof is not None and step == self.last:
-            self.prof.__exit__(None, None, None)
-            self.prof.export_chrome_trace(self.out)
-            self.prof = None
+        pass
 
 
 def lr_factor(step: int, args: argparse.Namespace) -> float:

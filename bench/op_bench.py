@@ -75,12 +75,13 @@ def measure(
     work = Workload(recipe, recipe, LAST + 2, 10, 10, (*overrides, *profile))
     pair = Pair(ws, work)
     run = pair.dtrain()
-    plain_trace = ws.root / f"{ws.next_name('ops-plain')}.trace.json"
+    plain_dir = ws.root / ws.next_name("ops-plain")
     assert pair.plain_args is not None
-    flags = ["--profile-steps", str(FIRST), str(LAST), "--profile-out", str(plain_trace)]
+    flags = ["--profile-steps", str(FIRST), str(LAST), "--profile-out", str(plain_dir)]
     cmd, _ = run_plain(ws, work, [*pair.plain_args, *flags])
     pair.commands["plain"] = cmd.shown(ws)
     dtrain_trace = run.run_dir / "profile" / "rank_0.trace.json"
+    plain_trace = plain_dir / "profile" / "rank_0.trace.json"  # dtrain's profiler, both
     row = compare(label, op_counts(dtrain_trace), op_counts(plain_trace))
     log(f"ops {label}: {row[1:4]}")
     return row, pair.commands

@@ -21,13 +21,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from loop_common import (
-    StepProfiler,
     Timings,
     Workload,
     make_optimizer,
     make_scheduler,
     parse_args,
     result_record,
+    step_profiler,
 )
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -57,7 +57,7 @@ def train(args: Any, times: Timings) -> dict[str, Any]:
     sched = make_scheduler(opt, args)
     times.model_ready = time.time()
     loss = torch.zeros(())
-    profiler = StepProfiler(args, rank)
+    profiler = step_profiler(args, rank, work.device)
     for step in range(args.steps):
         profiler.step_begins(step + 1)
         for k in range(args.grad_accum):
