@@ -79,7 +79,7 @@ def simulate(
                 console.print(f"note: {note}", soft_wrap=True)
         points.append(doc)
     if len(runs) > 1:
-        _sweep_plot(points, out, as_json)
+        _sweep_plot([label for label, _ in runs], points, out, as_json)
     if as_json:
         sys.stdout.write(json.dumps([_public(d) for d in docs], indent=1) + "\n")
 
@@ -239,10 +239,12 @@ def _public(doc: dict) -> dict:
     }
 
 
-def _sweep_plot(docs: list[dict], out: Path | None, quiet: bool) -> None:
-    from dtrain_cli.simulate.report import plot_sweep, sweep_point
+def _sweep_plot(labels: list[str], docs: list[dict], out: Path | None, quiet: bool) -> None:
+    from dtrain_cli.simulate.report import plot_sweep, sweep_point, sweep_table
 
     points = [sweep_point(d["plan"], d["ranks"][0]) for d in docs]
+    if not quiet:
+        console.print(sweep_table(labels, points))
     folder = out or Path(docs[-1]["run_dir"])
     folder.mkdir(parents=True, exist_ok=True)
     path = plot_sweep(points, folder / "simulate_sweep.png")

@@ -134,6 +134,28 @@ def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:
     return table
 
 
+def sweep_table(labels: list[str], points: list[dict[str, Any]]) -> Any:
+    """The sweep in one table: per value, the first rank simulated's parameters, gradients
+    and optimizer state and the bytes it sends over dp in a step, measured beside the plan
+    (what the plot draws)."""
+    from rich.table import Table
+
+    from dtrain_cli.plan.render import bytes_text
+
+    table = Table(title="sweep: the first rank simulated, per value", title_justify="left")
+    heads = ("value", "world", "params+grads+optim", "plan", "ratio", "dp bytes/step", "plan")
+    for col in (*heads, "ratio"):
+        table.add_column(col, justify="left" if col == "value" else "right")
+    for label, p in zip(labels, points, strict=True):
+        row = [label, f"{p['world_size']:,}"]
+        for what in ("memory", "dp_bytes"):
+            measured, estimate = p[f"{what}_measured"], p[f"{what}_estimate"]
+            ratio = f"{measured / estimate:.2f}" if estimate else "-"
+            row += [bytes_text(measured), bytes_text(estimate), ratio]
+        table.add_row(*row)
+    return table
+
+
 def plot_sweep(points: list[dict[str, Any]], out: Path) -> Path:
     """Per-rank memory and bytes sent per step against world size (measured and plan)."""
     import matplotlib

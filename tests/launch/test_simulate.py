@@ -386,3 +386,23 @@ def test_each_pipeline_stage_keeps_the_activations_booked_on_it(tmp_path):
     for rank in (first, last):
         acts = rank["bytes"]["activations"]
         assert abs(acts["measured"] - acts["estimate"]) <= 8, acts  # a scalar loss at most
+
+
+def test_a_sweep_prints_one_table_of_every_value_and_draws_the_plot(tmp_path):
+    """``dp=2,4`` simulates each value, then one table (a row per value: the rank's
+    parameters, gradients and optimizer state and its dp bytes per step against the plan)
+    and the plot of the same figures."""
+    run = run_dtrain(
+        ["simulate", "recipe=gpt_tiny", "parallel.strategy=fsdp", "dp=2,4", "--ranks", "0",
+         "--out", str(tmp_path / "sweep")],
+        tmp_path, timeout=240, env={"COLUMNS": "160"},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [line.split("│")[1:-1] for line in run.stdout.splitlines() if "│ dp=" in line]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [("dp=2", "2"), ("dp=4", "4")]
+    for r in rows:  # FSDP shards the state by dp: measured as planned, both figures
+        assert r[4].strip() == "1.00" and r[7].strip() == "1.00", rows
+    state = [float(r[2].split()[0]) for r in rows]
+    assert state[1] == pytest.approx(state[0] / 2, rel=0.05)  # half the shard at dp=4
+    plot = tmp_path / "sweep" / "simulate_sweep.png"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
