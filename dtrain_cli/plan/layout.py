@@ -53,6 +53,16 @@ def largest_divisor(n: int, at_most: int) -> int:
     return max(divisors(n, min(at_most, 1024)))
 
 
+def default_microbatches(share: int, pp: int, stages: int) -> int:
+    """Pipeline micro-batches for a rank's ``share`` of samples when none are set: the most
+    up to two per stage that divide it, or, when those are fewer than ``pp`` (a 1F1B
+    pipeline needs one per stage), the fewest that are not (a prime share of 5 at pp=2: 5
+    of 1, not 1 of 5)."""
+    most = largest_divisor(share, 2 * stages)
+    enough = [d for d in divisors(share, 1024) if d >= pp]
+    return most if most >= pp or not enough else min(enough)
+
+
 def batch_layout(cfg: DtrainConfig, facts: ModelFacts) -> tuple[BatchPlan, list[str]]:
     """global = micro * grad_accum * dp. An unset micro batch takes the whole per-rank share
     (no accumulation) or, with pp > 1, splits it into pipeline micro-batches."""
@@ -76,7 +86,7 @@ def batch_layout(cfg: DtrainConfig, facts: ModelFacts) -> tuple[BatchPlan, list[
             wanted = 1
             if par.pp > 1:
                 stages = par.pp * cfg.pipeline.virtual_stages
-                wanted = cfg.pipeline.microbatches or largest_divisor(share, 2 * stages)
+                wanted = cfg.pipeline.microbatches or default_microbatches(share, par.pp, stages)
                 if share % wanted and not global_batch % dp:
                     problems.append(
                         f"pipeline.microbatches={wanted}: must divide the {share} samples each "

@@ -244,10 +244,24 @@ def test_root_causes_only_all_of_them(args, expected):
         assert "multiple of -" not in line and "at most -" not in line and "=?" not in line
 
 
-def test_default_pipeline_microbatches_fit_the_batch():
-    result = runner.invoke(app, ["plan", "recipe=gpt_tiny", "pp=2", "train.global_batch_size=10"])
+@pytest.mark.parametrize(
+    ("pp", "global_batch", "microbatches"),
+    [
+        (2, 10, 2),
+        # a prime share: 1F1B needs a micro-batch per stage, so one of each sample, not one
+        # of all (the plan refused the batch with 'lower train.micro_batch_size', unset)
+        (2, 5, 5),
+        (4, 9, 9),
+        (4, 16, 8),  # as before: the most up to two per stage
+    ],
+)
+def test_default_pipeline_microbatches_fit_the_batch(pp, global_batch, microbatches):
+    args = ["plan", "recipe=gpt_tiny", f"pp={pp}", f"train.global_batch_size={global_batch}"]
+    if pp == 4:
+        args.append("model.n_layer=4")
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert "2 micro-batches x 1 call(s)" in result.output
+    assert f"{microbatches} micro-batches x 1 call(s)" in result.output
 
 
 @pytest.mark.parametrize(
