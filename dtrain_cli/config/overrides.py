@@ -19,7 +19,7 @@ from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any
 
 from dtrain_cli.config.schema import DtrainConfig
-from dtrain_cli.config.suggest import did_you_mean, did_you_mean_key
+from dtrain_cli.config.suggest import did_you_mean, did_you_mean_key, selector_hint
 
 # Shorthands users type most; each maps to its full key (group selections such as
 # precision=bf16 are already Hydra group overrides and need no mapping).
@@ -329,9 +329,12 @@ def _group(
     if prefix == "~":
         return [f"~{group}: a config group cannot be unset; choose one of {', '.join(options)}"]
     if option not in options:
+        from dtrain_cli.config.validate import CHOICES
+
+        plain = selector_hint(group, option, schema_fields(), CHOICES)
         return [
             f"{group}={option}: no such option{did_you_mean(option, options)}; "
-            f"allowed: {', '.join(options)}"
+            f"allowed: {', '.join(options)}{plain}"
         ]
     good.append(Override(text=tok, key=group, value=option, kind="group"))
     return []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 
 def did_you_mean(word: str, candidates: Sequence[str]) -> str:
@@ -38,3 +38,20 @@ def not_allowed(key: str, value: object, choices: Sequence[str]) -> str:
     """``key=value: not allowed (did you mean 'x'?); choose one of a, b, c``."""
     hint = did_you_mean(str(value), [str(c) for c in choices])
     return f"{key}={value}: not allowed{hint}; choose one of {', '.join(map(str, choices))}"
+
+
+SELECTORS = ("strategy", "mode", "name", "source", "schedule")
+"""The key of a section that picks its kind: ``sync=diloco`` meant ``sync.mode=diloco``."""
+
+
+def selector_hint(
+    group: str, option: str, keys: Collection[str], choices: Mapping[str, Sequence[str]]
+) -> str:
+    """`` (or the key sync.mode=diloco?)`` for a config group given an option it lacks, where
+    the section has a key that picks its kind (``keys``: every schema key) and ``option``
+    may be one of its values (``choices``: the fixed ones, where it has them; registered
+    strategies and sync modes are checked with the plan)."""
+    key = next((f"{group}.{k}" for k in SELECTORS if f"{group}.{k}" in keys), None)
+    if key is None or option not in choices.get(key, (option,)):
+        return ""
+    return f" (or the key {key}={option}?)"

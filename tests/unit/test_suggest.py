@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from dtrain_cli.config.compose import compose_config
 from dtrain_cli.config.overrides import SHORTHANDS, schema_fields
 from dtrain_cli.config.suggest import did_you_mean_key, not_allowed
+from dtrain_cli.errors import ConfigError
 
 KNOWN = [*schema_fields(), *SHORTHANDS]
 
@@ -39,3 +41,19 @@ def test_not_allowed_names_the_choices_and_the_closest():
         "optim.name=adamm: not allowed (did you mean 'adamw'?); choose one of adamw, sgd"
     )
     assert not_allowed("x", 3, (1, 2)) == "x=3: not allowed; choose one of 1, 2"
+
+
+@pytest.mark.parametrize(
+    ("override", "hint"),
+    [
+        ("sync=diloco", "allowed: default (or the key sync.mode=diloco?)"),
+        ("parallel=hsdp", "allowed: ddp, fsdp, zero1 (or the key parallel.strategy=hsdp?)"),
+        ("pipeline=zbv", "(or the key pipeline.schedule=zbv?)"),
+        ("precision=bf61", "allowed: bf16, fp16, fp32"),  # not a precision.name either
+    ],
+)
+def test_a_group_given_a_value_of_its_selecting_key_names_that_key(override, hint):
+    with pytest.raises(ConfigError) as info:
+        compose_config("gpt_tiny", [override])
+    (problem,) = info.value.problems
+    assert problem.endswith(hint), problem
