@@ -40,8 +40,10 @@ def not_allowed(key: str, value: object, choices: Sequence[str]) -> str:
     return f"{key}={value}: not allowed{hint}; choose one of {', '.join(map(str, choices))}"
 
 
-SELECTORS = ("strategy", "mode", "name", "source", "schedule")
-"""The key of a section that picks its kind: ``sync=diloco`` meant ``sync.mode=diloco``."""
+SELECTORS = ("strategy", "mode", "source", "schedule")
+"""The key of a section that picks its kind: ``sync=diloco`` meant ``sync.mode=diloco``.
+Not ``name``: ``cluster.name``, ``model.name`` and ``hardware.name`` are labels (and the
+``name`` keys that pick a kind, ``optim.name`` and ``precision.name``, are groups' own)."""
 
 
 def selector_hint(

@@ -50,6 +50,7 @@ def test_not_allowed_names_the_choices_and_the_closest():
         ("parallel=hsdp", "allowed: ddp, fsdp, zero1 (or the key parallel.strategy=hsdp?)"),
         ("pipeline=zbv", "(or the key pipeline.schedule=zbv?)"),
         ("precision=bf61", "allowed: bf16, fp16, fp32"),  # not a precision.name either
+        ("cluster=mysite", "allowed: example_gpu, example_k8s, local"),  # cluster.name: a label
     ],
 )
 def test_a_group_given_a_value_of_its_selecting_key_names_that_key(override, hint):
