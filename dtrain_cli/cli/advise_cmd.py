@@ -96,19 +96,15 @@ def advise(
     if as_json:
         typer.echo(json.dumps(_json(advice, checked), indent=2))
         return
-    from rich.console import Console
-
-    from dtrain_cli.cli.common import is_tty
-    from dtrain_cli.plan.advise_render import natural_width, render_advice
+    from dtrain_cli.cli.common import is_tty, print_whole
+    from dtrain_cli.plan.advise_render import render_advice
 
     width = console.width if is_tty() else None  # piped: whole lines, never wrapped
-    shown = render_advice(advice, top, console, width)
-    out = console if width else Console(width=max(80, natural_width(console, shown)))
-    out.print(shown)
+    print_whole(render_advice(advice, top, console, width))
     if checked is not None:
         from dtrain_cli.cli.advise_simulate import render
 
-        out.print(render(checked))
+        print_whole(render(checked))
 
 
 def _kept(overrides: list[str], recipe: str) -> list[str]:

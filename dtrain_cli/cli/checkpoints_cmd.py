@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dtrain_cli.cli.common import console, err_console, fail
+from dtrain_cli.cli.common import err_console, fail, print_whole
 
 
 def checkpoints(
@@ -60,7 +60,7 @@ def checkpoints(
             str(meta.get("world_size", "-")),
             "latest" if info.path.name == latest else "",
         )
-    console.print(table)
+    print_whole(table)
     lines = list(problems.values())  # each names the whole path of the bad file
     if latest and (latest in problems or not (latest_file.parent / latest).is_dir()):
         good = [i.path.name for i in reversed(infos) if i.path.name not in problems]

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import typer
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
+from rich.measure import Measurement
 
 from dtrain_cli.errors import ConfigError
 
@@ -126,3 +127,14 @@ def _names_nodes(overrides: Sequence[str]) -> bool:
 
 def is_tty() -> bool:
     return sys.stdout.isatty()
+
+
+def print_whole(renderable: RenderableType) -> None:
+    """A table as rich fits it to the terminal; piped (``| grep``, ``> file``) at the width
+    where no cell wraps or is cut, where rich's 80-column default would end paths in '…'."""
+    if is_tty():
+        console.print(renderable)
+        return
+    wide = console.options.update(width=10**4)
+    width = Measurement.get(console, wide, renderable).maximum
+    Console(width=max(80, width)).print(renderable)

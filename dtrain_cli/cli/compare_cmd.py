@@ -20,7 +20,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from dtrain_cli.report.runs import Comparison
 
-from dtrain_cli.cli.common import console, fail
+from dtrain_cli.cli.common import console, fail, print_whole
 
 HEAD_WIDTH = 24  # a run's name as a column head; longer or alike names get a letter
 
@@ -79,7 +79,7 @@ def compare(
     heads, legend = column_heads([str(p) for p in runs])
     for line in legend:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
-    console.print(loss_table(result, heads, tol, rows))
+    print_whole(loss_table(result, heads, tol, rows))
     if result.merged:
         console.print(
             "logged at different steps: each loss above is the mean over the steps since "

@@ -13,6 +13,7 @@ from dtrain_cli.cli.common import (
     compose_and_plan,
     console,
     fail,
+    print_whole,
 )
 
 FORMATS = ("table", "yaml", "json")
@@ -63,10 +64,10 @@ def plan(
 
     if the_plan.script is not None:
         lc = cfg.launcher
-        console.print(render_script(the_plan, lc.rdzv_endpoint, lc.rdzv_timeout_s))
+        print_whole(render_script(the_plan, lc.rdzv_endpoint, lc.rdzv_timeout_s))
     from dtrain_cli.plan.naming import borrows_defaults
 
-    console.print(render_plan(the_plan, recipe_named=not borrows_defaults(cfg)))
+    print_whole(render_plan(the_plan, recipe_named=not borrows_defaults(cfg)))
     if the_plan.script is None:  # a script's step time is its own business
         console.print(step_line(cfg, the_plan), highlight=False)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from dtrain_cli.cli.common import CONFIG_DIR_HELP, console, fail
+from dtrain_cli.cli.common import CONFIG_DIR_HELP, fail, print_whole
 from dtrain_cli.errors import ConfigError
 
 
@@ -30,4 +30,4 @@ def recipes(
     table.add_column("file")
     for name, path in found.items():
         table.add_row(name, recipe_description(path), str(path))
-    console.print(table)
+    print_whole(table)

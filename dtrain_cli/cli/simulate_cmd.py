@@ -13,7 +13,14 @@ from typing import Any
 
 import typer
 
-from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, compose_and_plan, console, fail
+from dtrain_cli.cli.common import (
+    CONFIG_DIR_HELP,
+    OVERRIDES_HELP,
+    compose_and_plan,
+    console,
+    fail,
+    print_whole,
+)
 
 
 def simulate(
@@ -74,7 +81,7 @@ def simulate(
         if not as_json:
             from dtrain_cli.simulate.report import render
 
-            console.print(render(doc["plan"], doc["ranks"], doc["title"]))
+            print_whole(render(doc["plan"], doc["ranks"], doc["title"]))
             for note in doc["notes"]:
                 console.print(f"note: {note}", soft_wrap=True)
         points.append(doc)
@@ -244,7 +251,7 @@ def _sweep_plot(labels: list[str], docs: list[dict], out: Path | None, quiet: bo
 
     points = [sweep_point(d["plan"], d["ranks"][0]) for d in docs]
     if not quiet:
-        console.print(sweep_table(labels, points))
+        print_whole(sweep_table(labels, points))
     folder = out or Path(docs[-1]["run_dir"])
     folder.mkdir(parents=True, exist_ok=True)
     path = plot_sweep(points, folder / "simulate_sweep.png")

@@ -21,7 +21,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from dtrain_cli.cli.common import console, fail
+from dtrain_cli.cli.common import console, fail, print_whole
 from dtrain_cli.rundir import env
 
 STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[bold red]fail[/]"}
@@ -230,7 +230,7 @@ def show(report: dict[str, Any]) -> None:
     live = report["live"] or {}
     for c in report["static"] + live.get("checks", []):
         table.add_row(c["name"], STYLE[c["status"]], c["detail"], c.get("fix", ""))
-    console.print(table)
+    print_whole(table)
     if live.get("skipped"):
         console.print(f"live check skipped: {live['skipped']}", highlight=False)
     rows = live.get("bandwidth") or []
@@ -245,7 +245,7 @@ def show(report: dict[str, Any]) -> None:
                 f"{r['algbw_GBps']:.3f}",
                 f"{r['busbw_GBps']:.3f}",
             )
-        console.print(bw)
+        print_whole(bw)
     verdict = "[green]ok[/]" if report["ok"] else "[bold red]FAILED[/]"
     console.print(f"validate-cluster: {verdict}", highlight=False)
 

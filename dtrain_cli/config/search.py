@@ -56,14 +56,35 @@ def list_recipes(extra: Sequence[str | Path] = ()) -> dict[str, Path]:
 
 
 def recipe_description(path: Path) -> str:
-    """The recipe's first header comment that is neither its command nor an example."""
+    """The first sentence of the recipe's header comment, after its command and examples
+    (a sentence may run on over the next comment lines)."""
+    words: list[str] = []
     for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        text = line.lstrip("#").strip()
-        if text and not text.startswith(("dtrain ", "e.g.", "@package")):
-            return text
-    return ""
+        text = line.lstrip("#").strip() if line.startswith("#") else ""
+        if not text:
+            if words or not line.startswith("#"):
+                break
+            continue
+        if not words and text.startswith(("dtrain ", "e.g.", "@package")):
+            continue
+        words.append(text)
+        joined = " ".join(words)
+        end = _sentence_end(joined)
+        if end:
+            return joined[:end]
+    return " ".join(words)
+
+
+def _sentence_end(text: str) -> int:
+    """Where the first sentence of ``text`` ends (after its '.'), or 0 if it goes on."""
+    for i, ch in enumerate(text):
+        if (
+            ch == "."
+            and (i + 1 == len(text) or text[i + 1] == " ")
+            and not text[:i].endswith("e.g")
+        ):
+            return i + 1
+    return 0
 
 
 def search_path(config_dirs: Sequence[str | Path] = ()) -> list[Path]:

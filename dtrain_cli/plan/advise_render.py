@@ -143,8 +143,3 @@ def render_advice(advice: Advice, top: int, console: Console, width: int | None)
     if advice.reference_why:
         why.add_row("given", advice.reference_why)
     return Group(table, why, rejected_table(advice))
-
-
-def natural_width(console: Console, group: Group) -> int:
-    """The width at which nothing in ``group`` wraps (for piped output)."""
-    return Measurement.get(console, console.options.update(width=10**4), group).maximum

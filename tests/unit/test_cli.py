@@ -23,6 +23,20 @@ def test_recipes_table():
     assert "stdlib" in result.output  # the one-line description
 
 
+def test_piped_tables_keep_every_cell_whole():
+    """Piped (CliRunner's stdout is no terminal, like ``| grep`` or ``> file``), a table is
+    as wide as its longest cell: rich's 80-column default ended every recipe's path in '…'
+    and wrapped gpt_1b's description over four lines."""
+    from dtrain_cli.config.search import list_recipes, recipe_description
+
+    result = runner.invoke(app, ["recipes"])
+    assert result.exit_code == 0
+    assert "…" not in result.output
+    for path in list_recipes().values():
+        assert str(path) in result.output
+        assert recipe_description(path) in result.output
+
+
 def test_plan_prints_the_resolved_plan():
     result = runner.invoke(app, ["plan", "recipe=gpt_small", "dp=2", "optim.base_lr=3e-4"])
     assert result.exit_code == 0, result.output

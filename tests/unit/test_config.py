@@ -45,6 +45,27 @@ def test_every_recipe_documents_its_command():
         assert recipe_description(path)
 
 
+def test_a_recipe_description_is_its_first_whole_sentence(tmp_path):
+    """A sentence that runs on over two comment lines is read to its end (gpt_1b's stopped
+    at '... context 2048) in'); an 'e.g.' or a '0.8M' does not end it."""
+    recipe = tmp_path / "mine.yaml"
+    recipe.write_text(
+        "# @package _global_\n"
+        "# dtrain launch recipe=mine dp=2\n"
+        "# e.g.  dtrain launch recipe=mine dp=4\n"
+        "#\n"
+        "# A 0.8M-parameter model (e.g. for tests) on a\n"
+        "# dataset of my own. More about it here.\n"
+        "model: {}\n"
+    )
+    expected = "A 0.8M-parameter model (e.g. for tests) on a dataset of my own."
+    assert recipe_description(recipe) == expected
+    recipe.write_text("# dtrain launch recipe=mine\n# No full stop at all\nmodel: {}\n")
+    assert recipe_description(recipe) == "No full stop at all"
+    recipe.write_text("model: {}\n")
+    assert recipe_description(recipe) == ""
+
+
 @pytest.mark.parametrize(
     ("recipe", "group"), list(itertools.product(["gpt_tiny", "gpt_small", "cnn_bn"], GROUPS))
 )
