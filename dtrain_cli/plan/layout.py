@@ -63,6 +63,13 @@ def default_microbatches(share: int, pp: int, stages: int) -> int:
     return most if most >= pp or not enough else min(enough)
 
 
+def nearest_multiples(n: int, k: int) -> str:
+    """' (15 or 18)': the multiples of ``k`` either side of ``n``, for an error message
+    (nothing where ``n`` is below ``k``: the multiple is then the one named)."""
+    below = n // k * k
+    return f" ({below} or {below + k})" if below > 0 else ""
+
+
 def batch_layout(cfg: DtrainConfig, facts: ModelFacts) -> tuple[BatchPlan, list[str]]:
     """global = micro * grad_accum * dp. An unset micro batch takes the whole per-rank share
     (no accumulation) or, with pp > 1, splits it into pipeline micro-batches."""
@@ -81,7 +88,7 @@ def batch_layout(cfg: DtrainConfig, facts: ModelFacts) -> tuple[BatchPlan, list[
             if global_batch % dp:
                 problems.append(
                     f"train.global_batch_size={global_batch}: not divisible by dp={dp}; "
-                    f"use a multiple of {dp}"
+                    f"use a multiple of {dp}{nearest_multiples(global_batch, dp)}"
                 )
             wanted = 1
             if par.pp > 1:
@@ -99,6 +106,7 @@ def batch_layout(cfg: DtrainConfig, facts: ModelFacts) -> tuple[BatchPlan, list[
             problems.append(
                 f"train.global_batch_size={global_batch}: not divisible by micro_batch_size*dp "
                 f"= {micro}*{dp} = {per_step}; use a multiple of {per_step}"
+                f"{nearest_multiples(global_batch, per_step)}"
             )
         accum = max(1, global_batch // per_step)
     seq = facts.tokens_per_sample

@@ -214,7 +214,10 @@ def test_numeric_ranges_before_arithmetic(key, value):
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["dp=3"], ["train.global_batch_size=16: not divisible by dp=3; use a multiple of 3"]),
+        (
+            ["dp=3"],
+            ["train.global_batch_size=16: not divisible by dp=3; use a multiple of 3 (15 or 18)"],
+        ),
         (["dp=-3"], ["parallel.dp=-3: must be >= 1"]),
         (["train.steps=-5"], ["train.steps=-5: must be >= 1"]),
         (["model.attention=flash"], ["model.attention=flash: choose one of sdpa, math"]),
