@@ -42,6 +42,7 @@ def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> 
                 f"data._target_={data._target_}: only read by data=custom (data.source="
                 f"{data.source}); add data=custom"
             )
+    problems += _unread_problems(data)
     if data.source == "text":
         problems += _path_problems(data)
     elif data.source == "tokens":
@@ -50,6 +51,26 @@ def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> 
         problems += hf_problems(data, getattr(cfg.model, "vocab_size", None))
     elif data.source == "custom":
         problems += target_problems(data, import_roots(config_dirs))
+    return problems
+
+
+READS_PATH = ("text", "tokens", "hf")
+
+
+def _unread_problems(data: DataConfig) -> list[str]:
+    """A path or tokenizer the chosen source would never read: without this, ``data.path=
+    my.txt`` alone trained on the built-in corpus and said nothing."""
+    problems = []
+    if data.path is not None and data.source not in READS_PATH:
+        problems.append(
+            f"data.path={data.path}: only read by data=text, data=tokens or data=hf "
+            f"(data.source={data.source} ignores it); add data=text for a text file or folder"
+        )
+    if data.tokenizer is not None and data.source != "hf":
+        problems.append(
+            f"data.tokenizer={data.tokenizer}: only read by data=hf (data.source="
+            f"{data.source} ignores it); add data=hf"
+        )
     return problems
 
 

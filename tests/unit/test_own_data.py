@@ -170,6 +170,9 @@ BAD = [
         "data.f._target_=os.getcwd: targets in the standard library",
     ),
     (["plan", "++data.n=3"], "only data=custom takes extra keys"),
+    # set, but never read by the source chosen: the run trained on the built-in corpus
+    (["plan", "data.path=CORPUS"], "only read by data=text, data=tokens or data=hf"),
+    (["plan", "data=synthetic", "data.tokenizer=TOK"], "only read by data=hf"),
     (["plan", "data.num_workers=-1"], "data.num_workers=-1: must be >= 0"),
 ]
 # the launch ones (a launch starts the fork server: its own process): tests/launch/test_own_data.py
