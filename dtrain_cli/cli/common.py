@@ -111,9 +111,11 @@ def compose_and_plan(
     if problems:
         fail(problems)
     from dtrain_cli.plan.naming import defaults_note
+    from dtrain_cli.plan.unread import unread_warnings
 
     if note := defaults_note(cfg, rest):
         plan.warnings.insert(0, note)
+    plan.warnings += unread_warnings(cfg, rest)
     return cfg, plan
 
 

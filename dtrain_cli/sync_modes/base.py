@@ -88,6 +88,9 @@ class SyncMode:
     runtime: ClassVar[str]
     """``module:Class`` of the runtime half (a ``SyncRuntime``), imported on a worker."""
     order: ClassVar[int] = 1
+    reads: ClassVar[tuple[str, ...]] = ()
+    """The ``sync.*`` keys this mode reads besides ``mode`` (a key set for another mode is
+    named in the plan's warnings: :mod:`dtrain_cli.plan.unread`)."""
     wraps_data_parallel: ClassVar[bool] = True
     """The strategy's data-parallel wrapper runs (False: the mode moves gradients or
     parameters itself)."""

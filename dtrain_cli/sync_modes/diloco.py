@@ -33,6 +33,7 @@ class DiLoCo(SyncMode):
     name: ClassVar[str] = "diloco"
     summary: ClassVar[str] = "inner steps alone, an outer Nesterov step on the averaged delta"
     runtime: ClassVar[str] = "dtrain_cli.runtime.sync.diloco:DiLoCoSync"
+    reads: ClassVar[tuple[str, ...]] = ("every", "outer_lr", "outer_momentum")
     wraps_data_parallel: ClassVar[bool] = False
 
     def replicas_identical(self, cfg: DtrainConfig) -> bool:

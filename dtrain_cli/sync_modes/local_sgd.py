@@ -32,6 +32,7 @@ class LocalSGD(SyncMode):
     name: ClassVar[str] = "local_sgd"
     summary: ClassVar[str] = "replicas step alone, parameters averaged every sync.every steps"
     runtime: ClassVar[str] = "dtrain_cli.runtime.sync.local_sgd:LocalSGDSync"
+    reads: ClassVar[tuple[str, ...]] = ("every", "warmup_steps")
     ddp_comm_hook: ClassVar[str | None] = "dtrain_cli.runtime.sync.local_sgd:post_local_sgd_hook"
 
     def replicas_identical(self, cfg: DtrainConfig) -> bool:

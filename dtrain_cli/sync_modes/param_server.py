@@ -63,6 +63,7 @@ class ParamServer(SyncMode):
     name: ClassVar[str] = "param_server"
     summary: ClassVar[str] = "servers hold the model; workers push gradients, pull parameters"
     runtime: ClassVar[str] = "dtrain_cli.runtime.sync.param_server_client:ParamServerSync"
+    reads: ClassVar[tuple[str, ...]] = ("servers", "max_staleness")
     wraps_data_parallel: ClassVar[bool] = False
 
     def replicas_identical(self, cfg: DtrainConfig) -> bool:

@@ -1,0 +1,46 @@
+"""Keys the command line sets that this layout never reads, named in the plan's warnings.
+Torch-free.
+
+    dtrain launch recipe=gpt_tiny pipeline.microbatches=4     # pp=1: no pipeline to split
+    dtrain launch recipe=gpt_small dp=4 sync.outer_lr=0.5     # sync.mode=sync: not DiLoCo
+
+Each would otherwise train as if it had not been typed and say nothing. Only what the
+command line sets is named: a recipe may hold a pipeline schedule for when it runs with
+pp > 1. A warning, not an error: the run is what the rest of the config says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.sync_modes import mode_for, names
+
+
+def unread_warnings(cfg: DtrainConfig, overrides: Sequence[str]) -> list[str]:
+    """One line per ``key=value`` of ``overrides`` that the layout of ``cfg`` ignores."""
+    from dtrain_cli.config.compose import expand_shorthands
+
+    out = []
+    for override in expand_shorthands(overrides):
+        key = override.lstrip("+~").split("=", 1)[0]
+        if why := _ignored_because(cfg, key):
+            out.append(f"{override}: {why}; ignored")
+    return out
+
+
+def _ignored_because(cfg: DtrainConfig, key: str) -> str | None:
+    section, _, name = key.partition(".")
+    par = cfg.parallel
+    if section == "pipeline" and par.pp == 1:
+        return "read only with pp > 1 (parallel.pp=1)"
+    if key == "parallel.tp_plan" and par.tp == 1:
+        return "read only with tp > 1 (parallel.tp=1)"
+    if section == "sync" and name and name != "mode":
+        field = name.split(".", 1)[0]
+        if field not in mode_for(cfg.sync.mode).reads:
+            readers = [m for m in names() if field in mode_for(m).reads]
+            if readers:
+                read_by = " or ".join(f"sync.mode={m}" for m in readers)
+                return f"read only by {read_by} (sync.mode={cfg.sync.mode})"
+    return None

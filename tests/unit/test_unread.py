@@ -1,0 +1,71 @@
+"""Keys the command line sets that the layout never reads are named in the plan's warnings
+(dtrain_cli/plan/unread.py); before, `pipeline.microbatches=4` at pp=1 or `sync.outer_lr=0.5`
+without DiLoCo trained as if never typed and said nothing."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from dtrain_cli.cli.app import app
+from dtrain_cli.config.compose import compose_config
+from dtrain_cli.plan.unread import unread_warnings
+
+CASES = [
+    (
+        ["pipeline.schedule=gpipe"],
+        ["pipeline.schedule=gpipe: read only with pp > 1 (parallel.pp=1); ignored"],
+    ),
+    (
+        ["+pipeline.microbatches=4"],
+        ["pipeline.microbatches=4: read only with pp > 1 (parallel.pp=1); ignored"],
+    ),
+    (["pp=2", "pipeline.microbatches=4"], []),
+    (
+        ["parallel.tp_plan={a: colwise}"],
+        ["parallel.tp_plan={a: colwise}: read only with tp > 1 (parallel.tp=1); ignored"],
+    ),
+    (
+        ["dp=2", "sync.outer_lr=0.5"],
+        ["sync.outer_lr=0.5: read only by sync.mode=diloco (sync.mode=sync); ignored"],
+    ),
+    (
+        ["dp=2", "sync.mode=diloco", "sync.every=4", "sync.servers=2"],
+        ["sync.servers=2: read only by sync.mode=param_server (sync.mode=diloco); ignored"],
+    ),
+    (["dp=2", "sync.mode=local_sgd", "sync.every=4", "sync.warmup_steps=2"], []),
+    (["dp=2", "sync.mode=param_server", "sync.max_staleness=1"], []),
+    (["dp=2", "train.steps=3", "optim.base_lr=1e-3"], []),
+]
+
+
+@pytest.mark.parametrize(("overrides", "expected"), CASES, ids=[" ".join(o) for o, _ in CASES])
+def test_a_key_the_layout_never_reads_is_named(overrides, expected):
+    cfg = compose_config("gpt_tiny", overrides, [], validate=False)
+    assert unread_warnings(cfg, overrides) == expected
+
+
+def test_every_sync_key_is_read_by_some_mode():
+    """Each sync.* key belongs to a mode's ``reads`` (a key no mode reads would never warn)."""
+    from dataclasses import fields
+
+    from dtrain_cli.config.schema import SyncConfig
+    from dtrain_cli.sync_modes import mode_for, names
+
+    read = {key for name in names() for key in mode_for(name).reads}
+    assert {f.name for f in fields(SyncConfig)} - {"mode"} == read
+
+
+def test_the_warning_is_printed_by_plan_and_a_recipe_value_is_not_named(tmp_path):
+    result = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "sync.every=4"])
+    assert result.exit_code == 0, result.output
+    assert "warning: sync.every=4: read only by sync.mode=" in result.output
+    conf = tmp_path / "conf" / "recipes"
+    conf.mkdir(parents=True)
+    (conf / "piped.yaml").write_text(
+        "# dtrain launch recipe=piped pp=2\n# A recipe ready for pp=2.\n"
+        "defaults:\n  - base\n  - _self_\npipeline:\n  schedule: gpipe\n"
+    )
+    result = CliRunner().invoke(app, ["plan", "recipe=piped", "-c", str(tmp_path / "conf")])
+    assert result.exit_code == 0, result.output
+    assert "ignored" not in result.output
