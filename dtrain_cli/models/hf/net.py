@@ -322,10 +322,16 @@ def save_pretrained(model: nn.Module, out: Path) -> list[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
     use_cache = model.config.use_cache
     model.config.use_cache = True  # for whoever generates with the export
+    from transformers.utils import logging as hf_logging
+
+    bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # "Writing model shards: 100%" of one file, on stderr
     try:
         model.save_pretrained(str(tmp))
     finally:
         model.config.use_cache = use_cache
+        if bar:
+            hf_logging.enable_progress_bar()
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for f in sorted(tmp.iterdir()):
