@@ -71,6 +71,22 @@ app.command()(env)
 app.command()(pool)
 
 
+def _one_line_summaries(typer_app: typer.Typer) -> None:
+    """Each command's line in a ``--help`` list is its docstring's first paragraph on one
+    line: in rich markup mode Typer keeps the docstring's own line breaks there, which
+    broke a summary mid-sentence ("(+ a JSON model" / "config), or ...")."""
+    for info in typer_app.registered_commands:
+        doc = (info.help or getattr(info.callback, "__doc__", None) or "").strip()
+        if info.short_help is None and doc:
+            info.short_help = " ".join(doc.split("\n\n", 1)[0].split())
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _one_line_summaries(group.typer_instance)
+
+
+_one_line_summaries(app)
+
+
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"dtrain {__version__}")

@@ -52,7 +52,8 @@ def simulate(
 ) -> None:
     """Run the real start-up and training steps of chosen ranks of a plan on this machine,
     on a fake process group; show what each rank holds and sends next to the plan.
-    A comma list on one key (dp=8,64,512) is a sweep: a table per value and a plot.
+    A comma list on one key (dp=8,64,512) is a sweep: a table per value, one row
+    per value at the end, and a plot.
 
     Guide: docs/simulate.md
     """

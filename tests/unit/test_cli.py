@@ -23,6 +23,24 @@ def test_recipes_table():
     assert "stdlib" in result.output  # the one-line description
 
 
+def test_every_command_is_summarized_on_one_line_in_help_lists():
+    """Typer's rich mode keeps a docstring's own line breaks in the command list, which cut
+    `export`'s summary after "(+ a JSON model"; each summary is its first paragraph, joined."""
+    from dtrain_cli.cli.app import app as root
+
+    def commands(typer_app):
+        yield from typer_app.registered_commands
+        for group in typer_app.registered_groups:
+            yield from commands(group.typer_instance)
+
+    found = list(commands(root))
+    assert len(found) > 15
+    for info in found:
+        assert info.short_help and "\n" not in info.short_help, info.callback
+    result = runner.invoke(app, ["--help"], env={"COLUMNS": "200"})
+    assert "one safetensors file (+ a JSON model config), or a Hugging Face folder" in result.output
+
+
 def test_piped_tables_keep_every_cell_whole():
     """Piped (CliRunner's stdout is no terminal, like ``| grep`` or ``> file``), a table is
     as wide as its longest cell: rich's 80-column default ended every recipe's path in '…'
