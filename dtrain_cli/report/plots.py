@@ -74,10 +74,11 @@ def per_rank(run: RunData, out: Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    steps = [r["step"] for r in train]
-    for rank in range(len(train[0]["rank_step_ms"])):
-        own = [r["rank_compute_ms"][rank] + r["rank_data_ms"][rank] for r in train]
-        ax.plot(steps, own, label=f"rank {rank}")
+    # a run resumed at another world size logs more or fewer ranks from there on
+    for rank in range(max(len(r["rank_step_ms"]) for r in train)):
+        rows = [r for r in train if rank < len(r["rank_step_ms"])]
+        own = [r["rank_compute_ms"][rank] + r["rank_data_ms"][rank] for r in rows]
+        ax.plot([r["step"] for r in rows], own, label=f"rank {rank}")
     ax.set_xlabel("step")
     ax.set_ylabel("own time per step, ms (compute + data wait)")
     ax.set_title("per-rank step times (stragglers stand out)")

@@ -1,0 +1,32 @@
+"""`dtrain report` on a run resumed at another world size: its metrics log two ranks' times,
+then one; the per-rank plot ended in an IndexError traceback."""
+
+from __future__ import annotations
+
+from dtrain_cli.report.plots import report_plots
+from dtrain_cli.report.runs import RunData
+
+
+def _row(step: int, world: int) -> dict:
+    return {
+        "kind": "train",
+        "step": step,
+        "loss": 5.0 - step / 10,
+        "lr": 1e-3,
+        "tokens_per_s": 1000.0,
+        "step_time_ms": 100.0,
+        "rank_step_ms": [100.0 + r for r in range(world)],
+        "rank_compute_ms": [90.0 + r for r in range(world)],
+        "rank_data_ms": [1.0] * world,
+    }
+
+
+def test_per_rank_plot_of_a_run_resumed_on_fewer_and_more_ranks(tmp_path):
+    rows = [_row(s, 2) for s in (1, 2, 3)] + [_row(s, 1) for s in (4, 5)]
+    rows += [_row(s, 4) for s in (6, 7)]
+    paths = report_plots(RunData(path=tmp_path, records=rows), tmp_path / "report")
+    names = sorted(p.name for p in paths if p is not None)
+    assert "ranks.png" in names and "step_breakdown.png" in names
+    for p in paths:
+        if p is not None:
+            assert p.stat().st_size > 1000  # a PNG was drawn
