@@ -42,7 +42,7 @@ from dtrain_cli.plan.plan import (
     PrecisionPlan,
     ScriptPlan,
 )
-from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
+from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan, spawn_warning
 from dtrain_cli.plan.sync import num_servers, sync_plan
 from dtrain_cli.strategies import names as strategy_names
 from dtrain_cli.strategies import strategy_for
@@ -313,6 +313,8 @@ def layout_of(
     if pipeline is not None and (w := bubble_warning(pipeline, par.pp)):
         warnings.append(w)
     if script is None and (w := batchnorm_warning(cfg, facts, batch)):
+        warnings.append(w)
+    if script is not None and (w := spawn_warning(script, world.size)):
         warnings.append(w)
     return Layout(batch=batch, pipeline=pipeline, script=script, warnings=warnings), problems
 

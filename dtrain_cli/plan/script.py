@@ -11,6 +11,7 @@ it. Pure apart from reading the script (and importing a module's parent packages
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import os
 import shutil
@@ -164,3 +165,47 @@ def module_file(name: str, cwd: Path) -> str:
         msg = getattr(exc, "msg", None) or getattr(exc, "strerror", None) or str(exc)
         raise ScriptProblem(f"module {name} ({spec.origin}):{where}: {msg}") from None
     return spec.origin
+
+
+SPAWNERS = ("spawn", "start_processes")  # torch.multiprocessing's: mp.spawn(main, nprocs=N)
+
+
+def own_spawn_line(file: str) -> int | None:
+    """The line where the script starts its own ranks with ``torch.multiprocessing.spawn``
+    (or ``start_processes``), the shape of pytorch/examples' DDP tutorial; None if none."""
+    try:
+        tree = ast.parse(Path(file).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    modules, functions = {"torch.multiprocessing"}, set()  # what names them in the script
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname for a in node.names if a.name == "torch.multiprocessing"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch":
+            modules |= {a.asname or a.name for a in node.names if a.name == "multiprocessing"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch.multiprocessing":
+            functions |= {a.asname or a.name for a in node.names if a.name in SPAWNERS}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in SPAWNERS:
+            if ast.unparse(func.value) in modules:
+                return node.lineno
+        elif isinstance(func, ast.Name) and func.id in functions:
+            return node.lineno
+    return None
+
+
+def spawn_warning(script: ScriptPlan, world_size: int) -> str | None:
+    """A script that spawns its own ranks, run on more than one: every rank spawns them
+    again and their process groups collide on one address."""
+    if world_size <= 1 or (line := own_spawn_line(script.file)) is None:
+        return None
+    name = script.path or script.module
+    return (
+        f"script {name} line {line} starts its own processes (mp.spawn): each of the "
+        f"{world_size} ranks dtrain starts would start them again, on one rendezvous address; "
+        f"run it as one process (dtrain run -- {name}), or let dtrain start the ranks: call "
+        "its worker function once, with the rank from RANK (docs/own-script.md)"
+    )

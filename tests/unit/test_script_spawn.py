@@ -1,0 +1,62 @@
+"""A script that starts its own ranks with torch.multiprocessing.spawn, run on more than one
+rank, is named in the plan's warnings (under dp=2 each rank spawned two more on one
+rendezvous address and the run failed with a lost peer)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dtrain_cli.plan.plan import ScriptPlan
+from dtrain_cli.plan.script import own_spawn_line, spawn_warning
+
+MAIN = "def main(rank, world):\n    pass\n\n"
+SPAWNING = [
+    "import torch.multiprocessing as mp\n" + MAIN + "mp.spawn(main, args=(2,), nprocs=2)\n",
+    "import torch.multiprocessing\n" + MAIN + "torch.multiprocessing.spawn(main, (2,), 2)\n",
+    "from torch import multiprocessing as tmp\n" + MAIN + "tmp.start_processes(main, nprocs=2)\n",
+    "from torch.multiprocessing import spawn as go\n" + MAIN + "go(main, nprocs=2)\n",
+    "import torch.multiprocessing as mp\n" + MAIN + "if __name__ == '__main__':\n"
+    "    mp.spawn(main, nprocs=2, join=True)\n",
+]
+NOT_SPAWNING = [
+    MAIN + "main(0, 1)\n",
+    "import multiprocessing as mp\n" + MAIN + "mp.Process(target=main).start()\n",
+    "def spawn(f, nprocs):\n    f(0, 1)\n" + MAIN + "spawn(main, nprocs=2)\n",
+    "import os\nos.spawnl(os.P_WAIT, '/bin/true')\n",
+    "import torch.multiprocessing as mp\nmp.set_start_method('spawn')\n",
+]
+
+
+@pytest.mark.parametrize("source", SPAWNING)
+def test_a_script_that_spawns_its_ranks_is_found(source, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    line = own_spawn_line(str(script))
+    calls = [n for n, text in enumerate(source.splitlines(), 1) if "(main, " in text]
+    assert line == calls[-1]
+    plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
+    warning = spawn_warning(plan, 2)
+    assert warning.startswith(f"script train.py line {line} starts its own processes")
+    assert "dtrain run -- train.py" in warning
+    assert spawn_warning(plan, 1) is None  # one rank: the script's own spawn is the layout
+
+
+@pytest.mark.parametrize("source", NOT_SPAWNING)
+def test_other_scripts_are_left_alone(source, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert own_spawn_line(str(script)) is None
+
+
+def test_the_plan_of_such_a_script_on_two_ranks_warns(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    (tmp_path / "train.py").write_text(SPAWNING[0])
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["plan", "dp=2", "--", "train.py"])
+    assert result.exit_code == 0, result.output
+    assert "warning: script train.py line 5 starts its own processes (mp.spawn)" in result.output
+    one = CliRunner().invoke(app, ["plan", "--", "train.py"])
+    assert one.exit_code == 0 and "starts its own processes" not in one.output
