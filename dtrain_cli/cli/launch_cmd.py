@@ -203,7 +203,10 @@ def start_workers(
     try:
         for w in plan.warnings:  # once, here: the workers read the plan and do not repeat them
             err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
-        what = shlex.join(plan.script.argv()) if plan.script else plan.recipe
+        from dtrain_cli.plan.naming import run_label
+
+        # a model without a recipe is named as its run dir is, not after gpt_tiny's values
+        what = shlex.join(plan.script.argv()) if plan.script else run_label(cfg)
         console.print(
             f"[bold]dtrain[/] {escape(what)}: {plan.world_size} process(es) "
             f"({plan.mesh.label()}) on {plan.device}/{plan.backend} -> {run_dir}",

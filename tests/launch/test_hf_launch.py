@@ -186,3 +186,7 @@ def test_fine_tune_local_pretrained_weights_on_hf_data(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert len(losses(run)) == STEPS
     assert abs(run.summary()["param_sum"] - saved) < 1e-4
+    # named as its run dir is (my-llama-<time>), not after the default recipe's values
+    assert "dtrain my-llama: 1 process(es)" in run.stdout
+    assert run.run_dir.name.startswith("my-llama-")
+    assert "Loading weights" not in run.stdout + run.stderr  # transformers' bar, per rank

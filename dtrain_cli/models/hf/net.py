@@ -57,15 +57,30 @@ for _family in ("mistral", "qwen2", "qwen3"):
     LAYOUTS[_family] = LAYOUTS["llama"]
 
 
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' tqdm bars off inside, as they were after (dtrain reports progress)."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def build(spec: HFSpec, device: torch.device | str) -> nn.Module:
     """The causal LM in fp32: random init from the global RNG, or local pretrained weights."""
     tf = transformers_module()
     conf, m = spec.hf_config, spec.cfg
     kwargs = {"attn_implementation": m.attn_implementation, "dtype": torch.float32}
     if m.pretrained:
-        model = tf.AutoModelForCausalLM.from_pretrained(
-            os.path.expanduser(m.pretrained), config=conf, local_files_only=True, **kwargs
-        )
+        with no_progress_bars():  # "Loading weights: 100%" from every rank, on the console
+            model = tf.AutoModelForCausalLM.from_pretrained(
+                os.path.expanduser(m.pretrained), config=conf, local_files_only=True, **kwargs
+            )
         model = model.to(device)
     else:
         with torch.device(device):
@@ -322,16 +337,11 @@ def save_pretrained(model: nn.Module, out: Path) -> list[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
     use_cache = model.config.use_cache
     model.config.use_cache = True  # for whoever generates with the export
-    from transformers.utils import logging as hf_logging
-
-    bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # "Writing model shards: 100%" of one file, on stderr
     try:
-        model.save_pretrained(str(tmp))
+        with no_progress_bars():  # "Writing model shards: 100%" of one file, on stderr
+            model.save_pretrained(str(tmp))
     finally:
         model.config.use_cache = use_cache
-        if bar:
-            hf_logging.enable_progress_bar()
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for f in sorted(tmp.iterdir()):
