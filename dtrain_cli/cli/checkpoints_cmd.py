@@ -30,8 +30,7 @@ def checkpoints(
     """
     from dtrain_cli.checkpoint import catalog
 
-    if not run_dir.is_dir():
-        fail([f"{run_dir}: no such run directory"])
+    run_dir = _run_dir_of(run_dir)
     infos = catalog.list_checkpoints(run_dir)
     if not infos:
         fail([f"{run_dir}: no checkpoints in {catalog.checkpoints_dir(run_dir)}"], code=1)
@@ -73,3 +72,21 @@ def checkpoints(
         )
     if lines:
         raise typer.Exit(1)
+
+
+def _run_dir_of(path: Path) -> Path:
+    """The run dir of ``path``: itself, or the one above its checkpoints/ or a
+    checkpoints/step_* folder (what ``dtrain resume --ckpt`` takes); exit 2 otherwise."""
+    from dtrain_cli.checkpoint import catalog
+    from dtrain_cli.rundir.layout import RunDir
+
+    if not path.is_dir():
+        fail([f"{path}: no such run directory"])
+    run_dir = path
+    if path.name == "checkpoints":
+        run_dir = path.parent
+    elif catalog.STEP_DIR.match(path.name) and path.parent.name == "checkpoints":
+        run_dir = path.parent.parent
+    if not RunDir(run_dir).plan.is_file():
+        fail([f"{path}: not a run dir (no plan.yaml); give a folder `dtrain launch` made"])
+    return run_dir

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.measure import Measurement
+from rich.table import Table
 
 from dtrain_cli.errors import ConfigError
 
@@ -137,6 +138,8 @@ def print_whole(renderable: RenderableType) -> None:
     if is_tty():
         console.print(renderable)
         return
+    if isinstance(renderable, Table) and renderable.title:  # wrapped to the table's width
+        renderable.min_width = max(renderable.min_width or 0, len(str(renderable.title)))
     wide = console.options.update(width=10**4)
     width = Measurement.get(console, wide, renderable).maximum
     Console(width=max(80, width)).print(renderable)
