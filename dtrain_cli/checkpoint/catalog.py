@@ -182,13 +182,16 @@ def newest_complete(run_dir: Path, warn: Any = None) -> Path | None:
 
 
 def resolve(ckpt: Path, warn: Any = None) -> tuple[Path, Path]:
-    """``--ckpt`` (a run dir or a checkpoint folder) -> (run dir, verified checkpoint)."""
+    """``--ckpt`` (a run dir, its checkpoints/ folder or one checkpoint folder) -> (run dir,
+    verified checkpoint)."""
     ckpt = Path(ckpt)
     if not ckpt.exists():
         raise CheckpointError(f"{ckpt}: no such file or folder")
     if STEP_DIR.match(ckpt.name) and ckpt.parent.name == "checkpoints":
         verify(ckpt)
         return ckpt.parent.parent, ckpt
+    if ckpt.name == "checkpoints" and RunDir(ckpt.parent).plan.is_file():
+        ckpt = ckpt.parent  # the run's checkpoints/ folder: its newest complete one
     if RunDir(ckpt).plan.is_file() or checkpoints_dir(ckpt).is_dir():
         found = newest_complete(ckpt, warn)
         if found is None:

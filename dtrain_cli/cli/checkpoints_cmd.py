@@ -21,7 +21,9 @@ from dtrain_cli.cli.common import err_console, fail, print_whole
 
 
 def checkpoints(
-    run_dir: Path = typer.Argument(..., help="A run directory."),
+    run_dir: Path = typer.Argument(
+        ..., help="A run directory (or its checkpoints/ or a checkpoints/step_* folder)."
+    ),
     verify: bool = typer.Option(False, "--verify", help="Also check every file's sha256."),
 ) -> None:
     """Table of checkpoints: step, time, size, complete?, loss. Exit 1 if one is bad.

@@ -26,7 +26,10 @@ OVERRIDES_HELP = (
     "Hydra overrides: recipe=NAME, key=value, group=option, +key=value, ~key; "
     "shorthands dp=, tp=, pp=, lr=, steps=, lr_scaling=, precision=."
 )
-CKPT_HELP = "A run directory (its newest complete checkpoint) or a checkpoints/step_* folder."
+CKPT_HELP = (
+    "A run directory or its checkpoints/ folder (the newest complete checkpoint), or one "
+    "checkpoints/step_* folder."
+)
 CONFIG_DIR_HELP = "Extra config folder (group folders and recipes/); also $DTRAIN_CONFIG_PATH."
 
 

@@ -32,3 +32,27 @@ def test_a_folder_that_is_no_run_is_bad_input(tmp_path):
     assert result.stderr.strip() == (
         f"error: {tmp_path}: not a run dir (no plan.yaml); give a folder `dtrain launch` made"
     )
+
+
+def _complete(step_dir):
+    from dtrain_cli.checkpoint import catalog
+
+    step_dir.mkdir(parents=True)
+    (step_dir / ".metadata").write_bytes(b"dcp")
+    catalog.write_manifest(step_dir)
+
+
+@pytest.mark.parametrize("given", ["", "checkpoints", "checkpoints/step_000006"])
+def test_resume_and_export_take_a_run_its_checkpoints_or_one_step(tmp_path, given):
+    """--ckpt runs/<run>/checkpoints was 'neither a run directory nor a checkpoints/step_*
+    folder'; it is the run's newest complete checkpoint, as the run dir is."""
+    from dtrain_cli.checkpoint import catalog
+
+    run = tmp_path / "runs" / "r"
+    _complete(run / "checkpoints" / "step_000003")
+    _complete(run / "checkpoints" / "step_000006")
+    (run / "checkpoints" / "step_000009").mkdir()  # a save that never finished
+    (run / "plan.yaml").write_text("world_size: 1\n")
+    assert catalog.resolve(run / given) == (run, run / "checkpoints" / "step_000006")
+    with pytest.raises(catalog.CheckpointError, match="neither a run directory"):
+        catalog.resolve(tmp_path / "runs")
