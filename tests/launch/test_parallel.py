@@ -165,3 +165,4 @@ def test_adamw_steps_with_sharded_parameters(layout, tmp_path):
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert 0 < run.summary()["final_loss"] < 6.0  # finite, near ln(256) = 5.5 after 2 steps
+    assert "warning" not in run.stdout + run.stderr  # e.g. FSDP2's view-output alarm at tp=2

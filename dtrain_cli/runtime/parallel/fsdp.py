@@ -13,6 +13,7 @@ the gradient shards over dp_replicate: hybrid sharding, by the same call.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -46,6 +47,12 @@ class FSDPRuntime(DataParallelRuntime):
         }
         if par.cpu_offload:
             kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=ctx.device.type == "cuda")
+        # torch 2.13 warns when a wrapped module returns a view (tensor parallel's logits:
+        # DTensor.to_local() is one): an in-place op on it would skip FSDP's pre-backward
+        # hook. dtrain's loss reads the logits out of place; the warning only alarms users.
+        warnings.filterwarnings(
+            "ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor"
+        )
         for unit in spec.fsdp_units(model):  # the model's blocks; the rest goes with the root
             fully_shard(unit, **kwargs)
         return fully_shard(model, **kwargs)
