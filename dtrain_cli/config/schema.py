@@ -142,8 +142,9 @@ class PipelineConfig:
     """gpipe | 1f1b | interleaved_1f1b | looped_bfs | interleaved_zb | zbv | dualpipev."""
     microbatches: int | None = None
     """Micro-batches per schedule call; default all of a rank's micro-batches of one step."""
-    virtual_stages: int = 1
-    """Stages per pp rank (interleaved schedules: >= 2; zbv and dualpipev: exactly 2)."""
+    virtual_stages: int | None = None
+    """Stages per pp rank (interleaved schedules: >= 2; zbv and dualpipev: exactly 2);
+    default the schedule's: 2 for zbv and dualpipev, else 1."""
     layers_per_stage: list[int] | None = None
     """Transformer layers of each stage, e.g. [3, 3]; default an even split."""
     layers: str | None = None

@@ -53,7 +53,6 @@ POSITIVE: dict[str, tuple[float, bool]] = {
     "parallel.nnodes": (1, True),
     "launcher.node_timeout_s": (1, True),
     "launcher.last_call_s": (0, True),
-    "pipeline.virtual_stages": (1, True),
     "comm.bucket_mb": (0, False),
     "comm.powersgd_rank": (1, True),
     "comm.powersgd_start_iter": (0, True),
@@ -113,6 +112,7 @@ OPTIONAL_POSITIVE = (
     "train.grad_accum",
     "train.micro_batch_size",
     "pipeline.microbatches",
+    "pipeline.virtual_stages",
     "launcher.threads_per_proc",
     "data.prefetch_factor",
 )

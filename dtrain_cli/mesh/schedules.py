@@ -20,6 +20,13 @@ SINGLE_STAGE = frozenset({"gpipe", "1f1b"})
 """One stage per rank."""
 V_SHAPED = frozenset({"zbv", "dualpipev"})
 """Exactly two stages per rank, placed in a V."""
+
+
+def default_virtual_stages(schedule: str) -> int:
+    """Stages per rank when ``pipeline.virtual_stages`` is unset: a V takes two, else one."""
+    return 2 if schedule in V_SHAPED else 1
+
+
 SPLIT_BACKWARD = frozenset({"interleaved_zb", "zbv", "dualpipev"})
 """Zero-bubble schedules split backward into input and weight passes and set weight
 gradients themselves: DDP's autograd hooks never see them, so dp runs torch's replicate."""

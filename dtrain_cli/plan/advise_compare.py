@@ -15,6 +15,7 @@ from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.plan.advice import Advice, Layout, Verdict
 from dtrain_cli.plan.build import Resources, build_plan
+from dtrain_cli.plan.layout import virtual_stages
 from dtrain_cli.strategies import names as strategy_names
 
 LAYOUT_KEYS = (
@@ -59,7 +60,7 @@ def layout_of(cfg: DtrainConfig) -> Layout:
         micro_batch_size=micro,
         activation_checkpointing=par.activation_checkpointing,
         schedule=pipe.schedule if pp else None,
-        virtual_stages=pipe.virtual_stages if pp else 1,
+        virtual_stages=virtual_stages(cfg) if pp else 1,
     )
 
 

@@ -7,7 +7,12 @@ from __future__ import annotations
 import math
 
 from dtrain_cli.config.schema import DtrainConfig
-from dtrain_cli.mesh.schedules import SINGLE_STAGE, SPLIT_BACKWARD, V_SHAPED
+from dtrain_cli.mesh.schedules import (
+    SINGLE_STAGE,
+    SPLIT_BACKWARD,
+    V_SHAPED,
+    default_virtual_stages,
+)
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
 from dtrain_cli.plan.plan import BatchPlan, PipelinePlan, StagePlan
 from dtrain_cli.strategies import strategy_for
@@ -92,7 +97,7 @@ def batch_layout(cfg: DtrainConfig, facts: ModelFacts) -> tuple[BatchPlan, list[
                 )
             wanted = 1
             if par.pp > 1:
-                stages = par.pp * cfg.pipeline.virtual_stages
+                stages = par.pp * virtual_stages(cfg)
                 wanted = cfg.pipeline.microbatches or default_microbatches(share, par.pp, stages)
                 if share % wanted and not global_batch % dp:
                     problems.append(
@@ -165,7 +170,7 @@ def pipeline_layout(
     facts = spec.facts()
     if not spec.pipeline_splittable():  # the model's own problems() said why
         return None, problems
-    pp, v = cfg.parallel.pp, pipe.virtual_stages
+    pp, v = cfg.parallel.pp, virtual_stages(cfg)
     num_stages = pp * v
     label = spec.layers_label(facts.num_layers)
     ranges, more = stage_layers(facts.num_layers, num_stages, pipe.layers_per_stage, pp, label)
@@ -199,11 +204,16 @@ def pipeline_layout(
     return plan, problems + more
 
 
+def virtual_stages(cfg: DtrainConfig) -> int:
+    """``pipeline.virtual_stages``, or the schedule's default where unset."""
+    return cfg.pipeline.virtual_stages or default_virtual_stages(cfg.pipeline.schedule)
+
+
 def schedule_problems(
     cfg: DtrainConfig, batch: BatchPlan, m_count: int, batch_ok: bool
 ) -> list[str]:
     """What the schedule needs of virtual stages and micro-batches."""
-    name, v, pp = cfg.pipeline.schedule, cfg.pipeline.virtual_stages, cfg.parallel.pp
+    name, v, pp = cfg.pipeline.schedule, virtual_stages(cfg), cfg.parallel.pp
     problems = []
     if name in SINGLE_STAGE and v != 1:
         problems.append(

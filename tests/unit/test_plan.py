@@ -187,6 +187,18 @@ def test_custom_layer_split():
 
 
 @pytest.mark.parametrize(
+    ("schedule", "per_rank"),
+    [("zbv", 2), ("dualpipev", 2), ("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 1)],
+)
+def test_virtual_stages_unset_are_the_schedule_s(schedule, per_rank):
+    """pp=2 pipeline.schedule=zbv alone was refused for a value the user never set
+    (pipeline.virtual_stages=1: schedule zbv needs exactly 2)."""
+    p = plan_for("pp=2", f"pipeline.schedule={schedule}")
+    assert p.pipeline.virtual_stages == per_rank
+    assert p.pipeline.num_stages == 2 * per_rank
+
+
+@pytest.mark.parametrize(
     ("overrides", "expected"),
     [
         (["pp=2", "pipeline.schedule=zerobubble"], "choose one of gpipe, 1f1b, interleaved_1f1b"),
@@ -197,8 +209,12 @@ def test_custom_layer_split():
             "not divisible by pp*virtual_stages=6",
         ),
         (
-            ["pp=2", "pipeline.schedule=zbv"],
+            ["pp=2", "pipeline.schedule=zbv", "pipeline.virtual_stages=1"],
             "pipeline.virtual_stages=1: schedule zbv needs exactly 2",
+        ),
+        (
+            ["pp=2", "pipeline.schedule=gpipe", "pipeline.virtual_stages=2"],
+            "pipeline.virtual_stages=2: schedule gpipe runs one stage per rank",
         ),
         (
             ["pp=4", "train.global_batch_size=8", "train.micro_batch_size=4"],
