@@ -113,6 +113,8 @@ class Trainer:
         """The components, each deciding when it acts."""
         cfg, plan, ctx, run_dir = self.cfg, self.plan, self.ctx, self.run_dir
         self.sync = sync_runtime(cfg, plan, ctx, self.pm)  # the one sync seam
+        if self.sync.replaces_optimizer_step:
+            self.optimizers.step_elsewhere()
         self.checkpointer = Checkpointer(
             cfg=cfg,
             plan=plan,

@@ -56,12 +56,18 @@ class LocalSGD(SyncMode):
         return out
 
     def warnings(self, cfg: DtrainConfig) -> list[str]:
+        out = []
         if cfg.sync.warmup_steps > cfg.train.steps:
-            return [
+            out.append(
                 f"sync.warmup_steps={cfg.sync.warmup_steps} is longer than training "
                 f"(train.steps={cfg.train.steps}): every step is synchronous"
-            ]
-        return []
+            )
+        if cfg.sync.every == 1:  # torch's PeriodicModelAverager says so too, in its words
+            out.append(
+                "sync.every=1: averaging the parameters every step sends no less than "
+                "sync.mode=sync's gradient all-reduce; use sync.mode=sync, or sync.every > 1"
+            )
+        return out
 
     def comm_bytes_per_step(self, cfg: DtrainConfig, facts: ModelFacts, strategy_bytes: int) -> int:
         return amortized_allreduce(cfg, facts)

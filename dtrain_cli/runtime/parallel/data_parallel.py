@@ -75,7 +75,7 @@ class DataParallelRuntime:
 
 def data_parallel_runtime(cfg: DtrainConfig, ctx: DistContext) -> DataParallelRuntime:
     """This run's strategy's runtime half, or the base when no dp wrapper applies."""
-    if ctx.mesh is None or ctx.mesh["dp"].size() == 1:
+    if ctx.mesh is None or ctx.dp_mesh.size() == 1:
         return DataParallelRuntime()
     if not mode_for(cfg.sync.mode).wraps_data_parallel:
         return DataParallelRuntime()  # param_server / diloco move gradients themselves

@@ -156,7 +156,7 @@ class DDPRuntime(DataParallelRuntime):
         if ctx.mesh["tp"].size() > 1 or schedule in SPLIT_BACKWARD:
             from torch.distributed._composable.replicate_with_fsdp import replicate
 
-            return replicate(model, mesh=ctx.mesh["dp"])
+            return replicate(model, mesh=ctx.dp_mesh)
         if ctx.simulated:  # DDP reads its parameters at construction: allocate them first
             from dtrain_cli.runtime.parallel.fake_ddp import RealBookkeeping, keep_bookkeeping_real
             from dtrain_cli.runtime.parallel.materialize import allocate_local

@@ -40,19 +40,28 @@ class DistContext:
     only this rank's shards are allocated (:mod:`.materialize`)."""
 
     @property
+    def dp_mesh(self) -> DeviceMesh:
+        """The dp axis: a dim of the mesh, or (hsdp) its (dp_replicate, dp_shard) dims
+        flattened by :func:`build_mesh` (``_flatten`` returns the one it made; torch
+        deprecates slicing a flattened dim from the root mesh)."""
+        if self.dims.dp_replicate_enabled:
+            return self.mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        return self.mesh["dp"]
+
+    @property
     def dp_rank(self) -> int:
-        return self.mesh["dp"].get_local_rank()
+        return self.dp_mesh.get_local_rank()
 
     @property
     def dp_group(self) -> dist.ProcessGroup:
-        return self.mesh["dp"].get_group()
+        return self.dp_mesh.get_group()
 
     def shard_mesh(self) -> DeviceMesh:
         """The mesh a sharding strategy shards over: dp, or (dp_replicate, dp_shard) when
         dp is split into replicated shard groups (hsdp)."""
         if self.dims.dp_replicate_enabled:
             return self.mesh["dp_replicate", "dp_shard"]
-        return self.mesh["dp"]
+        return self.dp_mesh
 
     @property
     def is_logging_rank(self) -> bool:
@@ -98,7 +107,7 @@ def init_distributed(plan: Plan, timeout_s: float = 300.0) -> DistContext:
 def build_mesh(plan: Plan, device: torch.device) -> DeviceMesh:
     """``init_device_mesh`` over (pp, dp, tp); with dp split (hsdp) over (pp, dp_replicate,
     dp_shard, tp), its two dp axes flattened into ``dp`` as well, so every other part of
-    the runtime reads the same ``mesh["dp"]``."""
+    the runtime reads the same dp axis (:attr:`DistContext.dp_mesh`)."""
     dims = plan.dims
     if not dims.dp_replicate_enabled:
         return init_device_mesh(
@@ -166,7 +175,8 @@ def mesh_coordinates(ctx: DistContext) -> dict[str, int]:
     """This rank's coordinate on each named mesh axis (compared with the plan in tests)."""
     if ctx.mesh is None:  # a parameter server
         return {}
-    return {name: ctx.mesh[name].get_local_rank() for name in MESH_DIM_NAMES}
+    axis = {name: ctx.dp_mesh if name == "dp" else ctx.mesh[name] for name in MESH_DIM_NAMES}
+    return {name: mesh.get_local_rank() for name, mesh in axis.items()}
 
 
 def shutdown_distributed() -> None:

@@ -142,7 +142,7 @@ def parallelize(cfg: DtrainConfig, plan: Plan, ctx: DistContext, loss_fn: Any) -
             apply_activation_checkpointing(
                 part, blocks, cfg.parallel.activation_checkpointing, first
             )
-    if cfg.parallel.sync_batchnorm and ctx.mesh["dp"].size() > 1:
+    if cfg.parallel.sync_batchnorm and ctx.dp_mesh.size() > 1:
         from dtrain_cli.runtime.parallel.sync_batchnorm import apply_sync_batchnorm
 
         parts = [apply_sync_batchnorm(p, ctx.dp_group, ctx.device) for p in parts]

@@ -114,6 +114,14 @@ class Optimizers:
         for s in self.schedulers:
             s.step()
 
+    def step_elsewhere(self) -> None:
+        """The update runs on parameter servers: these optimizers never step, their
+        schedulers still count the LR the servers apply, and torch's warning that a
+        scheduler stepped before its optimizer ("Detected call of lr_scheduler.step()
+        before optimizer.step()") does not apply."""
+        for o in self.optimizers:
+            o._opt_called = True  # type: ignore[attr-defined]  # what LRScheduler reads
+
     @property
     def lr_step(self) -> int:
         return self.schedulers[0].last_epoch

@@ -10,6 +10,7 @@ one model is saved.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +44,11 @@ class LocalSGD:
     def __init__(self, cfg: DtrainConfig, params: list[nn.Parameter], group: Any) -> None:
         from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
-        self.averager = PeriodicModelAverager(
-            period=cfg.sync.every, warmup_steps=cfg.sync.warmup_steps, process_group=group
-        )
+        with warnings.catch_warnings():  # period 1: the plan's warnings said it already
+            warnings.filterwarnings("ignore", message="When period is 1")
+            self.averager = PeriodicModelAverager(
+                period=cfg.sync.every, warmup_steps=cfg.sync.warmup_steps, process_group=group
+            )
         self.params = params
         self.group = group
         self.last_divergence: float | None = None
