@@ -262,6 +262,12 @@ def _parse(key: str, value_text: str, delete: bool) -> tuple[Any, str | None]:
         ov = OverridesParser.create().parse_override(f"{key}={value_text}")
     except Exception as exc:  # Hydra's grammar errors: several types, first line says where
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if re.match(r"""^\{\s*["']""", value_text):  # JSON's or Python's quoted keys
+            unquoted = re.sub(r"""["']([^"']+)["']\s*:""", r"\1:", value_text)
+            return None, (
+                f"{key}={value_text}: cannot parse the value ({why}); a dict's keys go "
+                f"unquoted: '{key}={unquoted}'"
+            )
         return None, (f"{key}={value_text}: cannot parse the value ({why}); quote it: {key}='...'")
     if ov.is_sweep_override():
         return None, (

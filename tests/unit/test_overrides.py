@@ -158,6 +158,11 @@ def test_interpolation_that_resolves_is_fine():
         (["dp=1,2"], "parallel.dp=1,2: one value per key"),
         (["dp"], "'dp': no value; write dp=VALUE"),
         (["train.steps=$(ls)"], "train.steps=$(ls): cannot parse the value"),
+        # JSON's quoted keys: the line gives the override that parses (it was "quote it")
+        (
+            ['cluster.env={"NCCL_DEBUG": "WARN"}'],
+            "a dict's keys go unquoted: 'cluster.env={NCCL_DEBUG: \"WARN\"}'",
+        ),
     ],
 )
 def test_slips_get_a_dtrain_line(args, expected):

@@ -59,7 +59,7 @@ def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
         (["model._target_=own_targets.not_a_module"], "returned dict, not a torch.nn.Module"),
         (["model._target_=my_models.net.Nope"], "has no attribute 'Nope'"),
         (["model.colour=3"], "model._target_=my_models.net.Net"),
-        (["tp=2"], "has no tensor-parallel plan; give one with parallel.tp_plan"),
+        (["tp=2"], "has no tensor-parallel plan; give one over your blocks' Linear layers"),
         (["pp=2"], "name its layer list with pipeline.layers"),
         (["pp=2", "pipeline.layers=body"], "pipeline.layers=body"),
         (["tp=2", "parallel.tp_plan={trunk.*.up:diagonal}"], "unknown style"),
@@ -315,3 +315,17 @@ def test_the_blocks_counted_are_the_fsdp_units_named(monkeypatch):
         return build_plan(compose_config("gpt_tiny", overrides)).estimates.bytes_activations
 
     assert kept(named) > kept(lm)  # four checkpointed inputs kept, not two
+
+
+def test_the_suggested_tp_plan_parses_as_written():
+    """The hint suggested parallel.tp_plan={"blocks.*.fc1": colwise, ...}, which Hydra's
+    override grammar refuses (quoted dict keys); what it suggests now is accepted."""
+    import re
+
+    from dtrain_cli.config.overrides import _parse
+    from dtrain_cli.models.custom.spec import CustomSpec
+
+    hint = CustomSpec.tp_hint(None)  # type: ignore[arg-type]
+    key, value = re.search(r"'(parallel\.tp_plan)=(\{.*\})'", hint).groups()
+    parsed, problem = _parse(key, value, delete=False)
+    assert problem is None and parsed == {"blocks.*.fc1": "colwise", "blocks.*.fc2": "rowwise"}

@@ -129,7 +129,10 @@ class CustomSpec(ModelSpec):
         return bool(self.run and self.run.parallel.tp_plan)
 
     def tp_hint(self) -> str:
-        return '; give one with parallel.tp_plan={"blocks.*.fc1": colwise, "blocks.*.fc2": rowwise}'
+        return (
+            "; give one over your blocks' Linear layers, column-wise the first of a pair and "
+            "row-wise the second: 'parallel.tp_plan={blocks.*.fc1:colwise,blocks.*.fc2:rowwise}'"
+        )
 
     def pp_hint(self) -> str:
         return (
