@@ -142,13 +142,33 @@ def test_tp_pp_estimate_is_the_fullest_stage_s_exact_count(layout):
     the most, what tp leaves whole counted where it sits: the first stage holds the
     position embedding whole on every tp rank. The plan spread the whole parameters over
     the stages in proportion to their size: 0.98 of what rank 0 holds at 64 x 8 x 2. (The
-    exact count knows the tp dims of the built-in GPT only; the HF and custom kinds are
+    exact count knows the tp dims of the built-in GPT and the HF kind; the custom kind is
     measured by tests/launch/test_simulate.py.)"""
     cfg, plan = compose_and_plan(layout, [])
     world = plan.world_size
     firsts = range(0, world, world // cfg.parallel.pp)  # one rank of each pp stage
     exact = max(rank_params(model_spec(cfg), plan, r).params for r in firsts)
     assert plan.estimates.params_per_rank == exact
+
+
+@pytest.mark.parametrize("layout", [["tp=2"], ["tp=2", "pp=2"], ["dp=16", "tp=2", "pp=2"]])
+def test_hf_rank_counts_know_the_tp_split(layout):
+    """The HF kind names the dimension its tp plan splits (transformers' base_model_tp_plan
+    through torch's styles), so the simulation's "exact count" is exact under tp: it was
+    the unsplit count, twice the measured at tp=2 ("shard != exact count"). Checked
+    against the plan's estimate, which counts what tp leaves whole on its own
+    (models/hf/tensor_parallel.tp_whole_by_place)."""
+    extra = ["parallel.strategy=fsdp", "train.global_batch_size=64"] if "dp=16" in layout else []
+    cfg, plan = compose_and_plan(["recipe=llama_tiny_hf", *layout, *extra], [])
+    spec = model_spec(cfg)
+    shapes = spec.tensor_shapes()
+    assert sum(math.prod(t.shape) for t in shapes) == spec.facts().num_params
+    assert {t.tp_dim for t in shapes if t.name.endswith("q_proj.weight")} == {0}
+    assert {t.tp_dim for t in shapes if t.name.endswith("o_proj.weight")} == {1}
+    world = plan.world_size
+    firsts = range(0, world, world // cfg.parallel.pp)
+    exact = max(rank_params(spec, plan, r).params for r in firsts)
+    assert plan.estimates.bytes_params == 4 * exact  # fsdp: rank 0's padded shard
 
 
 @pytest.mark.parametrize("dp", [8, 512])

@@ -325,6 +325,12 @@ class HFSpec(ModelSpec):
 
         return build(self, device)
 
+    def tensor_shapes(self) -> list[Any]:
+        """Every parameter's shape, place and tp split (``dtrain simulate``'s exact count)."""
+        from dtrain_cli.models.hf.tensor_parallel import tensor_shapes
+
+        return tensor_shapes(self.build("meta"))
+
     def loss(self, outputs: Any, targets: Any) -> Any:
         """Cross entropy of the logits against the next tokens (what pipeline stages use)."""
         from dtrain_cli.models.losses import cross_entropy

@@ -44,6 +44,29 @@ def tp_whole_by_place(model: nn.Module) -> list[tuple[str | int, int]]:
     return whole_by_place(model, whole)
 
 
+def tensor_shapes(model: nn.Module) -> list[Any]:
+    """Each parameter's shape and pipeline place, with the dimension the model's tp plan
+    splits: torch's ColwiseParallel shards a Linear's weight and bias on dim 0 and an
+    Embedding's weight on dim 1, RowwiseParallel a Linear's weight on dim 1 (its bias stays
+    whole) and an Embedding's on dim 0 (transformers' ``embedding_rowwise``)."""
+    from dtrain_cli.models.spec import TensorShape, places
+
+    plan, modules = tp_patterns(model), dict(model.named_modules())
+    named = list(model.named_parameters())
+    out = []
+    for (name, p), where in zip(named, places([n for n, _ in named]), strict=True):
+        module, _, pname = name.rpartition(".")
+        style = tp_style_of(plan, module) or ""
+        embedding = isinstance(modules.get(module), nn.Embedding)
+        dim = None
+        if style.startswith("colwise"):
+            dim = 1 if embedding else 0
+        elif style.startswith(("rowwise", "embedding_rowwise")) and pname == "weight":
+            dim = 0 if embedding else 1
+        out.append(TensorShape(name=name, shape=tuple(p.shape), where=where, tp_dim=dim))
+    return out
+
+
 def tp_plan(model: nn.Module) -> dict[str, str]:
     """Full-name patterns -> transformers style names: the model's own merged plan
     (``model.tp_plan``: the config's ``base_model_tp_plan`` under the base model's prefix,
