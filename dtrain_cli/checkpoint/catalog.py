@@ -181,6 +181,17 @@ def newest_complete(run_dir: Path, warn: Any = None) -> Path | None:
     return None
 
 
+def run_dir_of(path: Path) -> Path | None:
+    """The run dir ``path`` names: itself, the one above its checkpoints/ folder or above
+    one of its checkpoints/step_* folders; None when that holds no plan.yaml."""
+    run = path
+    if STEP_DIR.match(path.name) and path.parent.name == "checkpoints":
+        run = path.parent.parent
+    elif path.name == "checkpoints":
+        run = path.parent
+    return run if RunDir(run).plan.is_file() else None
+
+
 def resolve(ckpt: Path, warn: Any = None) -> tuple[Path, Path]:
     """``--ckpt`` (a run dir, its checkpoints/ folder or one checkpoint folder) -> (run dir,
     verified checkpoint)."""
@@ -190,8 +201,8 @@ def resolve(ckpt: Path, warn: Any = None) -> tuple[Path, Path]:
     if STEP_DIR.match(ckpt.name) and ckpt.parent.name == "checkpoints":
         verify(ckpt)
         return ckpt.parent.parent, ckpt
-    if ckpt.name == "checkpoints" and RunDir(ckpt.parent).plan.is_file():
-        ckpt = ckpt.parent  # the run's checkpoints/ folder: its newest complete one
+    if ckpt.name == "checkpoints" and (run := run_dir_of(ckpt)) is not None:
+        ckpt = run  # the run's checkpoints/ folder: its newest complete one
     if RunDir(ckpt).plan.is_file() or checkpoints_dir(ckpt).is_dir():
         found = newest_complete(ckpt, warn)
         if found is None:

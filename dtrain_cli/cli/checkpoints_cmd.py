@@ -80,15 +80,10 @@ def _run_dir_of(path: Path) -> Path:
     """The run dir of ``path``: itself, or the one above its checkpoints/ or a
     checkpoints/step_* folder (what ``dtrain resume --ckpt`` takes); exit 2 otherwise."""
     from dtrain_cli.checkpoint import catalog
-    from dtrain_cli.rundir.layout import RunDir
 
     if not path.is_dir():
         fail([f"{path}: no such run directory"])
-    run_dir = path
-    if path.name == "checkpoints":
-        run_dir = path.parent
-    elif catalog.STEP_DIR.match(path.name) and path.parent.name == "checkpoints":
-        run_dir = path.parent.parent
-    if not RunDir(run_dir).plan.is_file():
+    run_dir = catalog.run_dir_of(path)
+    if run_dir is None:
         fail([f"{path}: not a run dir (no plan.yaml); give a folder `dtrain launch` made"])
     return run_dir
