@@ -325,7 +325,24 @@ def test_the_suggested_tp_plan_parses_as_written():
     from dtrain_cli.config.overrides import _parse
     from dtrain_cli.models.custom.spec import CustomSpec
 
-    hint = CustomSpec.tp_hint(None)  # type: ignore[arg-type]
+    hint = CustomSpec.tp_hint(None)  # type: ignore[arg-type]  # no model: placeholders
     key, value = re.search(r"'(parallel\.tp_plan)=(\{.*\})'", hint).groups()
     parsed, problem = _parse(key, value, delete=False)
     assert problem is None and parsed == {"blocks.*.fc1": "colwise", "blocks.*.fc2": "rowwise"}
+    # with a model, in its own names (docs/own-model.md's Net: trunk.*.up, trunk.*.down)
+
+
+def test_the_tp_hint_names_the_model_s_own_layers_and_its_override_plans(tmp_path, monkeypatch):
+    """tp=2 without a plan: the hint's override, copied as printed, makes a plan that
+    builds (my_models.net.Net: trunk.*.up, trunk.*.down)."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    line = plan_error(tmp_path, monkeypatch, "tp=2")
+    (override,) = re.findall(r"'(parallel\.tp_plan=\{.*\})'", line)
+    assert override == "parallel.tp_plan={trunk.*.up:colwise,trunk.*.down:rowwise}"
+    result = CliRunner().invoke(app, ["plan", *OWN, "tp=2", override])
+    assert result.exit_code == 0, result.output

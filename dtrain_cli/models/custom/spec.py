@@ -29,6 +29,7 @@ from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, so
 from dtrain_cli.models.custom.tp_layout import (
     TP_STYLES,
     apply_tp_plan,
+    tp_plan_hint,
     tp_replicated,
     tp_whole_by_place,
     tp_whole_modules,
@@ -129,10 +130,7 @@ class CustomSpec(ModelSpec):
         return bool(self.run and self.run.parallel.tp_plan)
 
     def tp_hint(self) -> str:
-        return (
-            "; give one over your blocks' Linear layers, column-wise the first of a pair and "
-            "row-wise the second: 'parallel.tp_plan={blocks.*.fc1:colwise,blocks.*.fc2:rowwise}'"
-        )
+        return tp_plan_hint(self)  # in the model's own names
 
     def pp_hint(self) -> str:
         return (

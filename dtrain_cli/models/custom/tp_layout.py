@@ -9,6 +9,7 @@ module (its input: the residual stream and its norm), the rule every kind shares
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import Any
 
 TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence")
@@ -79,3 +80,33 @@ def apply_tp_plan(model: Any, tp_mesh: Any, plan: dict[str, str]) -> None:
     present = {name for name, _ in model.named_modules()}
     plan = {k: v for k, v in plan.items() if matches_any(k, present)}
     parallelize_module(model, tp_mesh, {k: styles[v]() for k, v in plan.items()})
+
+
+def example_tp_plan(model: Any, blocks: list[Any]) -> str:
+    """A ``parallel.tp_plan`` override in the model's own names, for an error's hint: its
+    first block's last two Linear layers (an MLP's pair: column-wise, then row-wise) under
+    the blocks' pattern (``blocks.0`` -> ``blocks.*``); placeholders without them."""
+    from torch import nn
+
+    pattern, pair = "blocks.*", ["fc1", "fc2"]
+    if model is not None and blocks:
+        prefix = next((n for n, m in model.named_modules() if m is blocks[0]), "")
+        linears = [n for n, m in blocks[0].named_modules() if isinstance(m, nn.Linear)]
+        if prefix and len(linears) >= 2:
+            pattern, pair = re.sub(r"[^.]+$", "*", prefix), linears[-2:]
+    return f"'parallel.tp_plan={{{pattern}.{pair[0]}:colwise,{pattern}.{pair[1]}:rowwise}}'"
+
+
+def tp_plan_hint(spec: Any) -> str:
+    """The end of the error line for tp > 1 without ``parallel.tp_plan``: what to give, in
+    the model's own names (:func:`example_tp_plan`); a model that does not build says so
+    on a line of its own, and the hint keeps placeholders."""
+    try:
+        model = spec.meta_model()
+        example = example_tp_plan(model, spec._blocks(model))
+    except Exception:
+        example = example_tp_plan(None, [])
+    return (
+        "; give one over your blocks' Linear layers, column-wise the first of a pair and "
+        f"row-wise the second: {example}"
+    )
