@@ -32,7 +32,7 @@ from dtrain_cli.config.search import (
     list_recipes,
     search_path,
 )
-from dtrain_cli.config.suggest import did_you_mean
+from dtrain_cli.config.suggest import did_you_mean, recipe_path_hint
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.targets import import_roots
 
@@ -130,7 +130,7 @@ def compose_dictconfig(
 
     recipes = list_recipes(config_dirs)
     if recipe not in recipes:
-        hint = did_you_mean(recipe, list(recipes))
+        hint = did_you_mean(Path(recipe).stem, list(recipes)) or recipe_path_hint(recipe)
         raise ConfigError(
             [f"unknown recipe {recipe!r}{hint}; available: {', '.join(recipes) or 'none'}"]
         )

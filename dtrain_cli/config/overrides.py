@@ -18,7 +18,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields, is_dataclass
 from typing import Any
 
+from dtrain_cli.config import suggest
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.config.search import list_recipes
 from dtrain_cli.config.suggest import did_you_mean, did_you_mean_key, selector_hint
 
 # Shorthands users type most; each maps to its full key (group selections such as
@@ -167,6 +169,8 @@ class _Checker:
         if rest is None and prefix != "~":
             if taken:
                 self.problems.append(f"'{tok} {nxt}': write {name}={nxt} (no spaces around '=')")
+            elif name in list_recipes():  # the built-in ones
+                self.problems.append(f"{tok!r}: a recipe; write recipe={name}")
             else:
                 self.problems.append(f"{tok!r}: no value; write {name}=VALUE ({FORMS})")
             return int(taken)
@@ -262,12 +266,8 @@ def _parse(key: str, value_text: str, delete: bool) -> tuple[Any, str | None]:
         ov = OverridesParser.create().parse_override(f"{key}={value_text}")
     except Exception as exc:  # Hydra's grammar errors: several types, first line says where
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if re.match(r"""^\{\s*["']""", value_text):  # JSON's or Python's quoted keys
-            unquoted = re.sub(r"""["']([^"']+)["']\s*:""", r"\1:", value_text)
-            return None, (
-                f"{key}={value_text}: cannot parse the value ({why}); a dict's keys go "
-                f"unquoted: '{key}={unquoted}'"
-            )
+        if hint := suggest.unquoted_keys_hint(key, value_text):  # JSON's or Python's quoted keys
+            return None, f"{key}={value_text}: cannot parse the value ({why}); {hint}"
         return None, (f"{key}={value_text}: cannot parse the value ({why}); quote it: {key}='...'")
     if ov.is_sweep_override():
         return None, (

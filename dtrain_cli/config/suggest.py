@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Collection, Mapping, Sequence
+from pathlib import Path
 
 
 def did_you_mean(word: str, candidates: Sequence[str]) -> str:
@@ -57,3 +58,21 @@ def selector_hint(
     if key is None or option not in choices.get(key, (option,)):
         return ""
     return f" (or the key {key}={option}?)"
+
+
+def recipe_path_hint(recipe: str) -> str:
+    """A recipe given as the path of a YAML file of one's own: its name and its folder."""
+    path = Path(recipe).expanduser()
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        return ""
+    folder = path.parent.parent if path.parent.name == "recipes" else path.parent
+    return f" (a recipe is named, its folder given: recipe={path.stem} --config-dir {folder})"
+
+
+def unquoted_keys_hint(key: str, value_text: str) -> str:
+    """A dict written with quoted keys (JSON's, Python's), which Hydra's override grammar
+    refuses: the same dict with its keys unquoted, to copy."""
+    if not re.match(r"""^\{\s*["']""", value_text):
+        return ""
+    unquoted = re.sub(r"""["']([^"']+)["']\s*:""", r"\1:", value_text)
+    return f"a dict's keys go unquoted: '{key}={unquoted}'"

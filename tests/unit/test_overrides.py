@@ -158,6 +158,7 @@ def test_interpolation_that_resolves_is_fine():
         (["dp=1,2"], "parallel.dp=1,2: one value per key"),
         (["dp"], "'dp': no value; write dp=VALUE"),
         (["train.steps=$(ls)"], "train.steps=$(ls): cannot parse the value"),
+        (["gpt_small"], "'gpt_small': a recipe; write recipe=gpt_small"),  # a bare recipe
         # JSON's quoted keys: the line gives the override that parses (it was "quote it")
         (
             ['cluster.env={"NCCL_DEBUG": "WARN"}'],

@@ -58,3 +58,31 @@ def test_a_group_given_a_value_of_its_selecting_key_names_that_key(override, hin
         compose_config("gpt_tiny", [override])
     (problem,) = info.value.problems
     assert problem.endswith(hint), problem
+
+
+def test_a_recipe_given_as_a_path_is_named_with_its_folder(tmp_path):
+    """recipe=conf/recipes/mine.yaml: a name and a --config-dir, not an unexplained
+    'unknown recipe'; a path to a built-in recipe gets its name (did you mean)."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    (tmp_path / "conf" / "recipes").mkdir(parents=True)
+    mine = tmp_path / "conf" / "recipes" / "mine.yaml"
+    mine.write_text("defaults:\n  - base\n  - _self_\n")
+    loose = tmp_path / "exp.yaml"
+    loose.write_text("defaults:\n  - base\n  - _self_\n")
+    cases = {
+        str(
+            mine
+        ): f"(a recipe is named, its folder given: recipe=mine --config-dir {tmp_path / 'conf'})",
+        str(loose): f"(a recipe is named, its folder given: recipe=exp --config-dir {tmp_path})",
+        "recipes/gpt_tiny.yaml": "(did you mean 'gpt_tiny'?)",
+        str(tmp_path / "nope.yaml"): "unknown recipe",
+    }
+    for recipe, says in cases.items():
+        result = CliRunner().invoke(app, ["plan", f"recipe={recipe}"])
+        assert result.exit_code == 2 and says in result.stderr, result.stderr
+    assert (
+        "(a recipe" not in CliRunner().invoke(app, ["plan", f"recipe={tmp_path}/nope.yaml"]).stderr
+    )
