@@ -68,6 +68,20 @@ def places(names: list[str]) -> list[str | int]:
     return out
 
 
+def param_shapes(
+    model: nn.Module, tp_dim: Callable[[str], int | None] = lambda name: None
+) -> list[TensorShape]:
+    """Every parameter of a built model (a meta build) as a :class:`TensorShape`: its
+    shape, its pipeline place and the dimension ``tp_dim(name)`` says tensor parallel
+    splits (None: not split, or not known)."""
+    named = list(model.named_parameters())
+    where = places([name for name, _ in named])
+    return [
+        TensorShape(name=name, shape=tuple(p.shape), where=w, tp_dim=tp_dim(name))
+        for (name, p), w in zip(named, where, strict=True)
+    ]
+
+
 def tensor_sizes(model: nn.Module) -> list[tuple[int, int, str | int]]:
     """(numel, dims, place) of every parameter of a built model (``ModelFacts.tensor_sizes``)."""
     named = list(model.named_parameters())

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dtrain_cli.models.spec import TensorShape, places
+from dtrain_cli.models.spec import TensorShape, param_shapes
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.strategies import strategy_for
 from dtrain_cli.sync_modes.param_server import assign_shards
@@ -72,14 +72,7 @@ def tensor_shapes(spec: Any) -> tuple[list[TensorShape], bool]:
     import torch  # a meta build, as the kind's own plan does
 
     with torch.device("meta"):
-        model = spec.build("meta")
-    named = list(model.named_parameters())
-    where = places([name for name, _ in named])
-    out = [
-        TensorShape(name=name, shape=tuple(p.shape), where=w)
-        for (name, p), w in zip(named, where, strict=True)
-    ]
-    return out, False
+        return param_shapes(spec.build("meta")), False
 
 
 def _on_stage(t: TensorShape, plan: Plan, pp_rank: int) -> bool:

@@ -49,22 +49,21 @@ def tensor_shapes(model: nn.Module) -> list[Any]:
     splits: torch's ColwiseParallel shards a Linear's weight and bias on dim 0 and an
     Embedding's weight on dim 1, RowwiseParallel a Linear's weight on dim 1 (its bias stays
     whole) and an Embedding's on dim 0 (transformers' ``embedding_rowwise``)."""
-    from dtrain_cli.models.spec import TensorShape, places
+    from dtrain_cli.models.spec import param_shapes
 
     plan, modules = tp_patterns(model), dict(model.named_modules())
-    named = list(model.named_parameters())
-    out = []
-    for (name, p), where in zip(named, places([n for n, _ in named]), strict=True):
+
+    def split(name: str) -> int | None:
         module, _, pname = name.rpartition(".")
         style = tp_style_of(plan, module) or ""
         embedding = isinstance(modules.get(module), nn.Embedding)
-        dim = None
         if style.startswith("colwise"):
-            dim = 1 if embedding else 0
-        elif style.startswith(("rowwise", "embedding_rowwise")) and pname == "weight":
-            dim = 0 if embedding else 1
-        out.append(TensorShape(name=name, shape=tuple(p.shape), where=where, tp_dim=dim))
-    return out
+            return 1 if embedding else 0
+        if style.startswith(("rowwise", "embedding_rowwise")) and pname == "weight":
+            return 0 if embedding else 1
+        return None
+
+    return param_shapes(model, split)
 
 
 def tp_plan(model: nn.Module) -> dict[str, str]:
