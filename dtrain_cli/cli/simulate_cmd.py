@@ -154,8 +154,8 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
     from dtrain_cli.cli.launch_cmd import prepare_data
     from dtrain_cli.launch.rundir import materialize, new_run_dir
     from dtrain_cli.models import model_spec
-    from dtrain_cli.simulate.expect import coords_of, rank_params, server_params, stage_share
-    from dtrain_cli.simulate.report import compare, compare_server
+    from dtrain_cli.simulate.expect import coords_of, server_params
+    from dtrain_cli.simulate.report import compare_server
     from dtrain_cli.simulate.run import run_ranks
 
     steps, jobs = steps_jobs
@@ -175,12 +175,7 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
     rows = [
         compare_server(plan, r, server_params(spec, plan, r["rank"]))
         if "server" in r["coords"]
-        else compare(
-            plan,
-            r,
-            rank_params(spec, plan, r["rank"]).params,
-            stage_share(spec, plan, r["rank"]),
-        )
+        else _compare_rank(plan, r, spec)
         for r in results
     ]
     title = (
@@ -191,6 +186,15 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
     doc = {"plan": plan, "ranks": rows, "title": title, "run_dir": str(run_dir), "notes": notes}
     (run_dir / "simulate" / "report.json").write_text(json.dumps(_public(doc), indent=1))
     return doc
+
+
+def _compare_rank(plan: Any, result: dict, spec: Any) -> dict:
+    from dtrain_cli.simulate.expect import rank_params, stage_share
+    from dtrain_cli.simulate.report import compare
+
+    count = rank_params(spec, plan, result["rank"])
+    share = stage_share(spec, plan, result["rank"])
+    return compare(plan, result, count.params, share, allocated=count.allocated)
 
 
 def cuda_notes(cfg: Any, plan: Any) -> list[str]:

@@ -41,6 +41,7 @@ from dtrain_cli.runtime.simulate_measure import (
     CommCounter,
     CountedGroup,
     SavedBytesMeter,
+    storage_bytes,
     tensor_bytes,
 )
 
@@ -159,7 +160,7 @@ def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[st
         trainer = Trainer(cfg, plan, ctx, run.path, None)
         out["startup_s"] = round(time.perf_counter() - t0, 3)
         out.update(_run_steps(trainer, ctx, steps))
-    out["params_bytes"] = sum(tensor_bytes(p) for p in trainer.pm.parameters())
+    out["params_bytes"] = storage_bytes(trainer.pm.parameters())
     out["params_count"] = sum(tensor_bytes(p, count=True) for p in trainer.pm.parameters())
     out["optimizer_bytes"] = trainer.optimizer_state_bytes()
     out["wall_s"] = round(time.perf_counter() - t0, 3)
@@ -176,9 +177,7 @@ def _run_steps(trainer: Any, ctx: DistContext, steps: int) -> dict[str, Any]:
     def measured(batches: Any, step: int) -> torch.Tensor:
         with meter:
             loss = run_step(batches, step)
-        grads.append(
-            sum(tensor_bytes(p.grad) for p in trainer.pm.parameters() if p.grad is not None)
-        )
+        grads.append(storage_bytes(p.grad for p in trainer.pm.parameters() if p.grad is not None))
         return loss
 
     trainer.step_fn = measured

@@ -3,6 +3,8 @@
     python -m dtrain_cli.runtime.simulate RUN_DIR --rank 0 --out rank_0.json
 
 - :func:`tensor_bytes`: this rank's bytes of a tensor (a DTensor's local shard).
+- :func:`storage_bytes`: the bytes this rank allocates for some tensors, each storage once
+  (FSDP2's padded shards, its gradients' shared reduce-scatter output, DDP's buckets).
 - :class:`SavedBytesMeter`: every storage autograd saves for backward during a step, each
   once, parameters left out (``saved_tensors_hooks``, as the plan's activation estimate
   counts them).
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -31,6 +34,24 @@ def tensor_bytes(t: torch.Tensor, count: bool = False) -> int:
     """Bytes (or elements, ``count``) this rank holds of ``t``."""
     local = local_tensor(t)
     return local.numel() * (1 if count else local.element_size())
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the storages ``tensors`` (their local shards) live in, each storage once:
+    what the rank allocates for them. FSDP2 pads every rank's shard of a parameter to the
+    largest one's rows (``FSDPParam._init_sharded_param``), so a rank past a tensor's last
+    rows holds none of its elements in a storage of the full chunk; its gradients are
+    views of one reduce-scatter output per group, DDP's (``gradient_as_bucket_view``) of
+    its buckets."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        local = t._local_tensor if is_dtensor(t) else t
+        try:
+            st = local.untyped_storage()
+            seen.setdefault(st._cdata, st.nbytes())
+        except (RuntimeError, NotImplementedError):  # a tensor subclass without storage
+            seen.setdefault(id(local), local.numel() * local.element_size())
+    return sum(seen.values())
 
 
 class SavedBytesMeter:

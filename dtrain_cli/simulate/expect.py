@@ -37,6 +37,11 @@ MAX_WORLD = 8192
 @dataclass(kw_only=True)
 class RankCount:
     params: int
+    allocated: int
+    """Elements the rank allocates for them: under a strategy that shards parameters
+    every rank's shard of a tensor is padded to the first one's rows, as FSDP2 pads it
+    (``FSDPParam._init_sharded_param``), so a rank past a tensor's last rows holds none
+    of its elements in a storage of a full chunk."""
     exact: bool
     """False when tp > 1 and the model's kind does not say how tp splits each tensor."""
 
@@ -102,17 +107,20 @@ def rank_params(spec: Any, plan: Plan, rank: int) -> RankCount:
     strategy = strategy_for(plan.strategy)
     shard_n = plan.dims.dp // max(plan.mesh.dp_replicate, 1) if strategy.shards_params else 1
     shard_i = c.get("dp", 0) % shard_n
-    total = 0
+    total = allocated = 0
     for t in shapes:
         if not _on_stage(t, plan, c.get("pp", 0)):
             continue
         shape = list(t.shape)
         if tp > 1 and t.tp_dim is not None:
             shape[t.tp_dim] //= tp
+        padded = math.prod(shape)
         if shard_n > 1 and shape:
+            padded = _chunk_rows(shape[0], shard_n, 0) * math.prod(shape[1:])
             shape[0] = _chunk_rows(shape[0], shard_n, shard_i)
         total += math.prod(shape)
-    return RankCount(params=total, exact=tp_known or tp == 1)
+        allocated += padded
+    return RankCount(params=total, allocated=allocated, exact=tp_known or tp == 1)
 
 
 def stage_share(spec: Any, plan: Plan, rank: int) -> float:

@@ -26,11 +26,17 @@ parameter server's workers push their gradients on ``ps``)."""
 
 
 def compare(
-    plan: Plan, result: dict[str, Any], exact_params: int, stage_share: float = 1.0
+    plan: Plan,
+    result: dict[str, Any],
+    exact_params: int,
+    stage_share: float = 1.0,
+    allocated: int | None = None,
 ) -> dict[str, Any]:
     """One rank's measured / planned figures (what ``--json`` prints per rank).
     ``stage_share``: this rank's pipeline stage's parameters against the stage holding the
-    most, for which the plan's parameter-sized figures are made (:func:`.stage_share`)."""
+    most, for which the plan's parameter-sized figures are made (:func:`.stage_share`).
+    ``allocated``: the elements its padded shards take (:class:`.expect.RankCount`;
+    ``exact_params`` when nothing is padded)."""
     est = plan.estimates
 
     def mine(estimate: int) -> int:
@@ -46,7 +52,12 @@ def compare(
     note = None
     if plan.sync is not None and plan.sync.every > 1:  # local SGD, DiLoCo
         note = f"plan: one sync every {plan.sync.every} steps, per step; measured: the last step"
-    return _rank_doc(result, pairs, exact_params, note)
+    doc = _rank_doc(result, pairs, exact_params, note, allocated)
+    if doc["params_count"] < doc["params_allocated"]:  # its optimizer state is unpadded
+        doc["bytes"]["optimizer"]["note"] = (
+            f"for its {doc['params_count']:,} params; the plan's: the fullest rank's"
+        )
+    return doc
 
 
 def compare_server(plan: Plan, result: dict[str, Any], exact_params: int) -> dict[str, Any]:
@@ -73,13 +84,16 @@ def _rank_doc(
     pairs: dict[str, tuple[int, int]],
     exact_params: int,
     dp_note: str | None,
+    allocated: int | None = None,
 ) -> dict[str, Any]:
-    """(measured, estimate) pairs as rows with their ratio, and the rank's own facts."""
+    """(measured, estimate) pairs as rows with their ratio, and the rank's own facts. The
+    parameters' exact bytes are those of the storages they need (``allocated``)."""
+    allocated = exact_params if allocated is None else allocated
     rows: dict[str, dict[str, Any]] = {
         k: {"measured": m, "estimate": e, "ratio": round(m / e, 3) if e else None}
         for k, (m, e) in pairs.items()
     }
-    rows["params"]["exact"] = 4 * exact_params
+    rows["params"]["exact"] = 4 * allocated
     if dp_note:
         rows["dp_bytes_per_step"]["note"] = dp_note
     return {
@@ -88,6 +102,7 @@ def _rank_doc(
         "compute": result["compute"],
         "params_count": result["params_count"],
         "params_count_exact": exact_params,
+        "params_allocated": allocated,
         "wall_s": result["wall_s"],
         "bytes": rows,
         "collectives": result["collectives"],
@@ -124,6 +139,9 @@ def render(plan: Plan, ranks: list[dict[str, Any]], title: str) -> Any:
             if what == "params":
                 same = r["params_count"] == r["params_count_exact"]
                 note = f"{r['params_count']:,} params; shard {'=' if same else '!='} exact count"
+                if r["params_count"] < r.get("params_allocated", 0):
+                    note = f"{r['params_count']:,} params, padded to {r['params_allocated']:,}"
+                    note += f"; shard {'=' if same else '!='} exact count"
             ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
             sizes = bytes_text(row["measured"]), bytes_text(row["estimate"])
             table.add_row(who, what, *sizes, ratio, note)

@@ -54,7 +54,17 @@ def test_llama_tiny_hf_world_512_fsdp(tmp_path):
         # the plan measures one window's forward under fake tensors (SDPA, SwiGLU, GQA)
         assert rank["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.01)
         assert rank["bytes"]["dp_bytes_per_step"]["ratio"] == pytest.approx(1.0, abs=0.01)
-    assert doc["ranks"][0]["params_count"] > doc["ranks"][1]["params_count"]  # uneven chunks
+    first, last = doc["ranks"]
+    assert first["params_count"] > last["params_count"]  # uneven chunks
+    # FSDP2 pads every rank's shard to the first one's rows: the last rank holds fewer
+    # elements (none of some tensors) in storages as large as rank 0's
+    assert last["params_allocated"] == first["params_allocated"] == first["params_count"]
+    for what in ("params", "grads"):
+        assert last["bytes"][what]["measured"] == first["bytes"][what]["measured"], what
+    assert last["bytes"]["params"]["measured"] == last["bytes"]["params"]["exact"]
+    # its optimizer state is made like its unpadded shard, and said to be
+    assert last["bytes"]["optimizer"]["measured"] < first["bytes"]["optimizer"]["measured"]
+    assert "fullest rank" in last["bytes"]["optimizer"]["note"]
 
 
 def test_fsdp_collective_counts(tmp_path):

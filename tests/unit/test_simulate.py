@@ -36,12 +36,16 @@ def test_gpt_1b_rank_counts_are_exact():
     assert rank_params(spec, plan, 0).params == (stage0 - replicated) // 8 + replicated
 
 
-def test_fsdp_counts_follow_torch_chunk():
-    overrides = ["recipe=gpt_tiny", "dp=128", "parallel.strategy=fsdp", "parallel.nnodes=16"]
-    cfg, plan = compose_and_plan([*overrides, "train.global_batch_size=128"], [])
+@pytest.mark.parametrize("dp", [128, 96])
+def test_fsdp_counts_follow_torch_chunk(dp):
+    overrides = ["recipe=gpt_tiny", f"dp={dp}", "parallel.strategy=fsdp", "parallel.nnodes=16"]
+    cfg, plan = compose_and_plan([*overrides, f"train.global_batch_size={dp}"], [])
     spec = model_spec(cfg)
-    counts = [rank_params(spec, plan, r).params for r in range(128)]
-    assert sum(counts) == spec.facts().num_params  # every row on exactly one rank
+    ranks = [rank_params(spec, plan, r) for r in range(dp)]
+    assert sum(r.params for r in ranks) == spec.facts().num_params  # each row on one rank
+    # FSDP2 pads every rank's shard to rank 0's rows: all allocate what rank 0 holds
+    assert {r.allocated for r in ranks} == {ranks[0].params}
+    assert (ranks[-1].params < ranks[-1].allocated) == (dp == 96)  # 96 divides no width
 
 
 @pytest.mark.parametrize(
