@@ -45,15 +45,17 @@ class Workspace:
 
     root: Path
     quick: bool
+    rounds: int = 0
+    """``--rounds N``: the hf and custom sections' rounds (of 200 steps); 0: their own."""
     counter: int = 0
     guard: Guard = field(default_factory=Guard)
     failures: list[str] = field(default_factory=list)
 
     @classmethod
-    def create(cls, quick: bool) -> Workspace:
+    def create(cls, quick: bool, rounds: int = 0) -> Workspace:
         root = Path(tempfile.mkdtemp(prefix="dtrain-bench-"))
         guard = Guard(budget_s=60.0 if quick else 360.0, pool_dir=root / "pool")
-        return cls(root, quick, guard=guard)
+        return cls(root, quick, rounds=rounds, guard=guard)
 
     @property
     def cache(self) -> Path:

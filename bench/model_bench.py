@@ -81,6 +81,8 @@ def _versus_plain(
 ) -> Section:
     """The recipe under dtrain against the plain loop on the same model: one table row."""
     steps, rounds = (20, 2) if ws.quick else (60, 5)  # 5 rounds: as section 1's gpt_tiny
+    if ws.rounds:  # --rounds: more and longer rounds, where the default ones disagree
+        steps, rounds = 200, ws.rounds
     res = measure(ws, Workload(recipe, recipe, steps, 10, 10, overrides), rounds)
     table = markdown_table(HEADERS, [_row(res)])
     table += f"\n\nThe same runs in CPU time: {CPU_NOTE}\n\n{cpu_table([res])}"

@@ -70,6 +70,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="NAME",
         help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hf and custom: N rounds of 200 steps (their default: 5 of 60)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "bench" / "RESULTS.md")
     p.add_argument("--keep", action="store_true", help="keep the scratch folder (run dirs)")
     return p.parse_args(argv)
@@ -113,7 +120,7 @@ def results_markdown(
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = list(dict.fromkeys(args.only or BENCHMARKS))
-    ws = Workspace.create(args.quick)
+    ws = Workspace.create(args.quick, args.rounds)
     load_start = load_average()
     start = time.perf_counter()
     log(f"scratch folder {ws.root}; benchmarks: {', '.join(names)}")

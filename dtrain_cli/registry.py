@@ -9,6 +9,7 @@ dtrain: the plan, the advisor and the CLI ask it for names without loading a run
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -56,6 +57,8 @@ class Registry(Generic[T]):
         """An instance of the entry ``name``; an unknown name is one line naming the choices."""
         entries = self.discover()
         if name not in entries:
+            close = difflib.get_close_matches(str(name), self.names(), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
             choices = ", ".join(self.names())
-            raise self.unknown(f"{self.key}={name}: not allowed; choose one of {choices}")
+            raise self.unknown(f"{self.key}={name}: not allowed{hint}; choose one of {choices}")
         return entries[name]()

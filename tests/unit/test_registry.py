@@ -40,6 +40,8 @@ def test_an_entry_imported_first_does_not_hide_the_others(tmp_path, monkeypatch)
             ValueError, match="seam=third: not allowed; choose one of first, second"
         ):
             registry.get("third")
+        with pytest.raises(ValueError, match=r"seam=secnod: not allowed \(did you mean 'second'"):
+            registry.get("secnod")
     finally:
         for mod in [m for m in sys.modules if m == "seam_pkg" or m.startswith("seam_pkg.")]:
             del sys.modules[mod]
