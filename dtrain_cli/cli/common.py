@@ -30,6 +30,23 @@ CKPT_HELP = (
     "A run directory or its checkpoints/ folder (the newest complete checkpoint), or one "
     "checkpoints/step_* folder."
 )
+
+
+def checkpoint_arg(ckpt: Path | None, args: list[str], command: str) -> tuple[Path, list[str]]:
+    """``--ckpt PATH``, or the path written first without it (``dtrain resume runs/<run>``,
+    as ``dtrain checkpoints runs/<run>`` takes it); the rest of ``args`` as they are."""
+    if ckpt is None and args and "=" not in args[0] and not args[0].startswith(("+", "~")):
+        return Path(args[0]), args[1:]
+    if ckpt is None:
+        fail(
+            [
+                f"no checkpoint named: dtrain {command} runs/<run> (or --ckpt PATH: a run "
+                "directory, its checkpoints/ folder or one checkpoints/step_* folder)"
+            ]
+        )
+    return ckpt, args
+
+
 CONFIG_DIR_HELP = "Extra config folder (group folders and recipes/); also $DTRAIN_CONFIG_PATH."
 
 

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import typer
 
-from dtrain_cli.cli.common import CKPT_HELP, console, err_console, fail
+from dtrain_cli.cli.common import CKPT_HELP, checkpoint_arg, console, err_console, fail
 from dtrain_cli.config.suggest import not_allowed
 
 
 def export(
-    ckpt: Path = typer.Option(..., "--ckpt", help=CKPT_HELP),
+    run: Path = typer.Argument(None, help=CKPT_HELP + " The same as --ckpt.", show_default=False),
+    ckpt: Path = typer.Option(None, "--ckpt", help=CKPT_HELP),
     out: Path = typer.Option(
         ..., "--out", help="The .safetensors file to write (a folder with --format hf)."
     ),
@@ -25,6 +26,7 @@ def export(
 
     Guide: docs/checkpoints.md
     """
+    ckpt, _ = checkpoint_arg(ckpt, [str(run)] if run is not None else [], "export")
     from dtrain_cli.checkpoint import catalog
     from dtrain_cli.checkpoint.export import FORMATS
 

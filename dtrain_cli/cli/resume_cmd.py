@@ -13,7 +13,14 @@ from pathlib import Path
 
 import typer
 
-from dtrain_cli.cli.common import CKPT_HELP, CONFIG_DIR_HELP, complete_override, err_console, fail
+from dtrain_cli.cli.common import (
+    CKPT_HELP,
+    CONFIG_DIR_HELP,
+    checkpoint_arg,
+    complete_override,
+    err_console,
+    fail,
+)
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env
 from dtrain_cli.rundir.layout import RunDir
@@ -40,7 +47,9 @@ def recipe_problems(overrides: list[str]) -> list[str]:
 
 
 def resume(
-    ckpt: Path = typer.Option(..., "--ckpt", help=CKPT_HELP),
+    ckpt: Path = typer.Option(
+        None, "--ckpt", help=CKPT_HELP + " Or give it first, without --ckpt."
+    ),
     overrides: list[str] = typer.Argument(
         None, help=RESUME_OVERRIDES_HELP, autocompletion=complete_override
     ),
@@ -50,7 +59,8 @@ def resume(
 
     Guide: docs/checkpoints.md
     """
-    if problems := recipe_problems(list(overrides or [])):
+    ckpt, overrides = checkpoint_arg(ckpt, list(overrides or []), "resume")
+    if problems := recipe_problems(overrides):
         fail(problems)
 
     env.mark_launch_start()

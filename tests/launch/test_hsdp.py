@@ -32,9 +32,8 @@ def test_resume_at_another_dp_continues_the_curve(tmp_path):
         ["launch", *base, "dp=4", "parallel.dp_shard=2", "train.steps=3"], tmp_path / "b"
     )
     assert cut.returncode == 0, cut.stderr[-2000:]
-    resumed = run_dtrain(
-        ["resume", "--ckpt", str(cut.run_dir), "dp=2", "train.steps=6"], tmp_path / "b"
-    )
+    # the run written first, without --ckpt, as `dtrain checkpoints RUN` takes it
+    resumed = run_dtrain(["resume", str(cut.run_dir), "dp=2", "train.steps=6"], tmp_path / "b")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     got = {r["step"]: r["loss"] for r in resumed.metrics()}
     want = {r["step"]: r["loss"] for r in whole.metrics()}

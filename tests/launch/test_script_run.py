@@ -299,7 +299,7 @@ def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, 
     assert said in err.replace("\n", " "), err
     if start == "forkserver":
         resumed = run_dtrain(
-            ["resume", "--ckpt", str(run_dir)],
+            ["resume", str(run_dir)],  # the run written first, without --ckpt
             tmp_path,
             timeout=120,
             env={"PYTHONPATH": f"{REPO}:{SCRIPTS}"},

@@ -56,3 +56,22 @@ def test_resume_and_export_take_a_run_its_checkpoints_or_one_step(tmp_path, give
     assert catalog.resolve(run / given) == (run, run / "checkpoints" / "step_000006")
     with pytest.raises(catalog.CheckpointError, match="neither a run directory"):
         catalog.resolve(tmp_path / "runs")
+
+
+@pytest.mark.parametrize("command", ["resume", "export"])
+def test_resume_and_export_take_the_run_without_ckpt(tmp_path, command):
+    """`dtrain resume runs/<run>` (as `dtrain checkpoints runs/<run>` is written) was
+    Typer's "Missing option '--ckpt'": the path written first is the checkpoint."""
+    missing = tmp_path / "runs" / "nothere"
+    extra = ["--out", str(tmp_path / "m.safetensors")] if command == "export" else ["steps=9"]
+    result = CliRunner().invoke(app, [command, str(missing), *extra])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == f"error: {missing}: no such file or folder"
+
+
+def test_resume_without_a_checkpoint_names_both_forms():
+    result = CliRunner().invoke(app, ["resume", "steps=9"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().startswith(
+        "error: no checkpoint named: dtrain resume runs/<run> (or --ckpt PATH"
+    )
