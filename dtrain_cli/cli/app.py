@@ -77,6 +77,8 @@ def _one_line_summaries(typer_app: typer.Typer) -> None:
     broke a summary mid-sentence ("(+ a JSON model" / "config), or ...")."""
     for info in typer_app.registered_commands:
         doc = (info.help or getattr(info.callback, "__doc__", None) or "").strip()
+        if "``" in doc:  # reST's literal marks, printed as they are: the house's one backtick
+            doc = info.help = doc.replace("``", "`")
         if info.short_help is None and doc:
             info.short_help = " ".join(doc.split("\n\n", 1)[0].split())
     for group in typer_app.registered_groups:

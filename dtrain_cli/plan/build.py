@@ -42,7 +42,7 @@ from dtrain_cli.plan.plan import (
     PrecisionPlan,
     ScriptPlan,
 )
-from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan, spawn_warning
+from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan, script_warnings
 from dtrain_cli.plan.sync import num_servers, sync_plan
 from dtrain_cli.strategies import names as strategy_names
 from dtrain_cli.strategies import strategy_for
@@ -314,8 +314,8 @@ def layout_of(
         warnings.append(w)
     if script is None and (w := batchnorm_warning(cfg, facts, batch)):
         warnings.append(w)
-    if script is not None and (w := spawn_warning(script, world.size)):
-        warnings.append(w)
+    if script is not None:
+        warnings += script_warnings(script, world.size)
     return Layout(batch=batch, pipeline=pipeline, script=script, warnings=warnings), problems
 
 

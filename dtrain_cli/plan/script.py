@@ -12,6 +12,7 @@ it. Pure apart from reading the script (and importing a module's parent packages
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import os
 import shutil
@@ -170,12 +171,19 @@ def module_file(name: str, cwd: Path) -> str:
 SPAWNERS = ("spawn", "start_processes")  # torch.multiprocessing's: mp.spawn(main, nprocs=N)
 
 
+@functools.lru_cache(maxsize=8)
+def _syntax_tree(file: str) -> ast.Module | None:
+    """The script's syntax tree, parsed once for every check below."""
+    try:
+        return ast.parse(Path(file).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
 def own_spawn_line(file: str) -> int | None:
     """The line where the script starts its own ranks with ``torch.multiprocessing.spawn``
     (or ``start_processes``), the shape of pytorch/examples' DDP tutorial; None if none."""
-    try:
-        tree = ast.parse(Path(file).read_bytes())
-    except (OSError, SyntaxError, ValueError):
+    if (tree := _syntax_tree(file)) is None:
         return None
     modules, functions = {"torch.multiprocessing"}, set()  # what names them in the script
     for node in ast.walk(tree):
@@ -209,3 +217,41 @@ def spawn_warning(script: ScriptPlan, world_size: int) -> str | None:
         f"run it as one process (dtrain run -- {name}), or let dtrain start the ranks: call "
         "its worker function once, with the rank from RANK (docs/own-script.md)"
     )
+
+
+LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
+
+
+def local_rank_flag_line(file: str) -> int | None:
+    """The line of an ``add_argument("--local_rank", ...)`` in a script that never names
+    ``LOCAL_RANK``: the deprecated ``torch.distributed.launch`` passed that flag to each
+    rank; torchrun and dtrain set ``LOCAL_RANK`` in the environment and pass no flag."""
+    if (tree := _syntax_tree(file)) is None:
+        return None
+    line = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value == "LOCAL_RANK":
+            return None  # read from the environment too (os.environ.get("LOCAL_RANK", ...))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            if node.func.attr == "add_argument" and set(flags) & set(LOCAL_RANK_FLAGS):
+                line = node.lineno if line is None else min(line, node.lineno)
+    return line
+
+
+def local_rank_warning(script: ScriptPlan, world_size: int) -> str | None:
+    """A script that takes its rank from ``--local_rank`` alone, run on more than one rank:
+    every rank keeps the flag's default (often -1: "not distributed", each rank alone)."""
+    if world_size <= 1 or (line := local_rank_flag_line(script.file)) is None:
+        return None
+    return (
+        f"script {script.path or script.module} line {line} takes --local_rank, which the "
+        "deprecated torch.distributed.launch passed; torchrun and dtrain do not, so every "
+        "rank keeps its default: read int(os.environ['LOCAL_RANK']) (docs/own-script.md)"
+    )
+
+
+def script_warnings(script: ScriptPlan, world_size: int) -> list[str]:
+    """What the plan says about a script that would misbehave on ``world_size`` ranks."""
+    found = (spawn_warning(script, world_size), local_rank_warning(script, world_size))
+    return [w for w in found if w]

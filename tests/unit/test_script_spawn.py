@@ -60,3 +60,53 @@ def test_the_plan_of_such_a_script_on_two_ranks_warns(tmp_path, monkeypatch):
     assert "warning: script train.py line 5 starts its own processes (mp.spawn)" in result.output
     one = CliRunner().invoke(app, ["plan", "--", "train.py"])
     assert one.exit_code == 0 and "starts its own processes" not in one.output
+
+
+ARGS = "import argparse\np = argparse.ArgumentParser()\n"
+TAKES_LOCAL_RANK = [
+    ARGS + 'p.add_argument("--local_rank", type=int, default=-1)\n',
+    ARGS + "p.add_argument('--local-rank', '--local_rank', type=int, default=0)\n",
+]
+READS_THE_ENVIRONMENT = [
+    ARGS + 'import os\np.add_argument("--local_rank", type=int, '
+    'default=int(os.environ.get("LOCAL_RANK", -1)))\n',
+    "import os\nlocal_rank = int(os.environ['LOCAL_RANK'])\n",
+    ARGS + 'p.add_argument("--rank", type=int, default=0)\n',
+]
+
+
+@pytest.mark.parametrize("source", TAKES_LOCAL_RANK)
+def test_a_script_that_takes_its_rank_from_local_rank_alone_is_named(source, tmp_path):
+    """torch.distributed.launch passed --local_rank; torchrun and dtrain do not, so every
+    rank of such a script kept the default (-1: 'not distributed', each rank alone)."""
+    from dtrain_cli.plan.script import local_rank_flag_line, local_rank_warning
+
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert local_rank_flag_line(str(script)) == 3
+    plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
+    warning = local_rank_warning(plan, 2)
+    assert warning.startswith("script train.py line 3 takes --local_rank")
+    assert "read int(os.environ['LOCAL_RANK'])" in warning
+    assert local_rank_warning(plan, 1) is None
+
+
+@pytest.mark.parametrize("source", READS_THE_ENVIRONMENT)
+def test_a_script_that_reads_local_rank_from_the_environment_is_left_alone(source, tmp_path):
+    from dtrain_cli.plan.script import local_rank_flag_line
+
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert local_rank_flag_line(str(script)) is None
+
+
+def test_the_plan_of_a_local_rank_script_on_two_ranks_warns(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    (tmp_path / "train.py").write_text(TAKES_LOCAL_RANK[0])
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["plan", "dp=2", "--", "train.py"])
+    assert result.exit_code == 0, result.output
+    assert "warning: script train.py line 3 takes --local_rank" in result.output
