@@ -147,6 +147,27 @@ def _same(a: Failed, b: Failed) -> bool:
     return (a.headline, a.signal) == (b.headline, b.signal)
 
 
+NO_CUDA = ("has no attribute '_cuda_", "not compiled with cuda enabled")
+NO_GPU = ("found no nvidia driver", "no cuda gpus are available")
+
+
+def device_hint(headline: str) -> str | None:
+    """What a CUDA error from code written for GPUs means here, and what runs on both;
+    None for any other error."""
+    text = headline.lower()
+    pick = "pick the device with torch.device('cuda' if torch.cuda.is_available() else 'cpu')"
+    if any(p in text for p in NO_CUDA):
+        return f"the code uses CUDA, which this torch (a CPU wheel) lacks: {pick}"
+    if any(p in text for p in NO_GPU):
+        return f"the code uses CUDA and this machine has no GPU torch can use: {pick}"
+    if "invalid device ordinal" in text:
+        return (
+            "a rank asked for a GPU this node does not have (cuda:LOCAL_RANK past the "
+            "last one); start at most one rank per GPU (parallel.nproc_per_node)"
+        )
+    return None
+
+
 def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
     """(exit code, report): the first failure in time with its signal or exit code, then
     the ranks that followed it (lost their peer). When every error seen is a lost peer, the
@@ -177,6 +198,8 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
         else:
             code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""
             said = f": {root.headline}" if root.headline else ""
+            if hint := device_hint(root.headline):
+                said += f"; {hint}"
             text = f"rank {root.rank} failed{when(root.step)}{code}{said}"
     elif silent and lost:
         root = None
