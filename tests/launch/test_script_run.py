@@ -205,6 +205,45 @@ def test_a_script_asking_for_nccl_without_cuda_is_told_what_works(tmp_path):
     assert "leave backend unset (torch picks gloo on CPU, nccl on CUDA)" in first, first
 
 
+ALONE = """import argparse
+p = argparse.ArgumentParser()
+p.add_argument("--local_rank", type=int, default=-1)
+args = p.parse_args()
+if args.local_rank == -1:
+    print("training alone")
+else:
+    import torch.distributed as dist
+    dist.init_process_group()
+"""
+MESH_ONLY = """import torch
+from torch.distributed.device_mesh import init_device_mesh
+mesh = init_device_mesh("cpu", (2,))
+t = torch.ones(1)
+torch.distributed.all_reduce(t)
+print("sum", t.item())
+"""
+
+
+@pytest.mark.multiproc
+def test_a_script_that_never_joins_a_process_group_is_told_its_ranks_ran_alone(tmp_path):
+    """An older script that takes its rank from --local_rank (torchrun passes none) ran
+    each of its ranks alone, exit 0, and nothing said so. The plan names the flag, and the
+    end of the run says the group was never joined; a script whose group comes from
+    init_device_mesh (no init_process_group of its own) joined it."""
+    (tmp_path / "alone.py").write_text(ALONE)
+    (tmp_path / "mesh_only.py").write_text(MESH_ONLY)
+    run = run_dtrain(["run", "dp=2", "--", "alone.py"], tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count("training alone") == 2
+    assert "warning: script alone.py line 3 takes --local_rank" in run.stderr
+    said = "warning: the script never called init_process_group: its 2 ranks ran alone"
+    assert run.stderr.count(said) == 1, run.stderr  # rank 0 says it
+    run = run_dtrain(["run", "dp=2", "--", "mesh_only.py"], tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count("sum 2.0") == 2
+    assert "init_process_group" not in run.stderr and "warning" not in run.stderr
+
+
 @pytest.mark.multiproc
 def test_rank_that_never_arrives_is_named_after_the_rendezvous_timeout(tmp_path):
     start = time.time()
@@ -473,7 +512,10 @@ def test_lines_of_ranks_never_splice(tmp_path):
     assert len(lines) == 600 and all(whole.fullmatch(line) for line in lines)
     for rank in range(2):
         log = (run.run_dir / "logs" / f"rank_{rank}.log").read_text().splitlines()
-        assert len(log) == 302 and f"[rank {rank}] to stderr" in log
+        # rank 0 says that the script's ranks, which join no group, ran alone
+        alone = [line for line in log if "never called init_process_group" in line]
+        assert len(alone) == (1 if rank == 0 else 0)
+        assert len(log) == 302 + len(alone) and f"[rank {rank}] to stderr" in log
         body = [line for line in log if line.startswith("[rank") and "stderr" not in line]
         assert len(body) == 300 and all(whole.fullmatch(line) for line in body)
 

@@ -14,7 +14,8 @@ cannot read the addresses an earlier attempt left in the store: gloo then connec
 dead rank, or hangs). A rank that did not come within that time is named in the error
 (``RuntimeError: init_process_group: rank(s) 1 of 2 did not arrive within 60 s``), which
 the launcher shows. Scripts that pass their own ``store`` or ``init_method`` other than
-``env://`` are left alone.
+``env://`` are left alone. A script that ends well on several ranks without ever calling
+it (nor ``init_device_mesh``, which calls it) is told so by rank 0 (:func:`say_if_alone`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,28 @@ from dtrain_cli.rundir import env
 
 PREFIX = "dtrain/script_arrival"
 POLL_S = 0.2
+_CALLS: list[int] | None = None
+"""Calls of the wrapped ``init_process_group`` in this process; None: not wrapped."""
+
+
+def joined() -> bool | None:
+    """Whether the script called ``init_process_group`` (None: not watched, in a spawn
+    worker that imported torch.distributed only in the script)."""
+    return None if _CALLS is None else bool(_CALLS)
+
+
+def say_if_alone(rank: int) -> None:
+    """Rank 0 of a run on several ranks whose script ended well without ever calling
+    ``init_process_group`` says so: every rank then ran the whole job alone (a script that
+    takes its rank from a flag torchrun does not pass, or makes its own ``--dist-url``)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if rank == 0 and world > 1 and joined() is False:
+        print(
+            f"warning: the script never called init_process_group: its {world} ranks ran "
+            "alone, sharing nothing; to train together, call it when WORLD_SIZE > 1 "
+            "(torchrun's environment, docs/own-script.md)",
+            file=sys.stderr,
+        )
 
 
 def install(timeout_s: float) -> None:
@@ -42,9 +65,12 @@ def install(timeout_s: float) -> None:
     real = dist.init_process_group
     if getattr(real, "_dtrain_arrival", False):
         return
+    global _CALLS
+    calls = _CALLS = []
 
     @functools.wraps(real)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
         bound = inspect.signature(real).bind(*args, **kwargs)
         given = bound.arguments
         if given.get("store") is None and given.get("init_method") in (None, "env://"):
@@ -74,6 +100,9 @@ def install(timeout_s: float) -> None:
     init_process_group._dtrain_arrival = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
     dist.distributed_c10d.init_process_group = init_process_group
+    mesh = sys.modules.get("torch.distributed.device_mesh")  # init_device_mesh's own name
+    if getattr(mesh, "init_process_group", None) is real:
+        mesh.init_process_group = init_process_group  # type: ignore[union-attr]
 
 
 def nccl_hint(backend: object, error: str) -> str | None:
