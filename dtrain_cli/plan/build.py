@@ -223,8 +223,9 @@ def world_of(cfg: DtrainConfig, res: Resources) -> tuple[World, list[str]]:
     if nproc is None:
         nproc = world // nnodes if world % nnodes == 0 else 0
         if nproc == 0:
+            given = f"{par.min_nnodes}:{nnodes}" if par.min_nnodes else str(nnodes)
             problems.append(
-                f"parallel.nnodes={nnodes}: dp*tp*pp = {world} processes do not split evenly "
+                f"parallel.nnodes={given}: dp*tp*pp = {world} processes do not split evenly "
                 f"over {nnodes} nodes; make dp*tp*pp a multiple of nnodes"
             )
     elif nproc * nnodes != world and world > 0 and not servers:  # the sync mode says it

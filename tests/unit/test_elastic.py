@@ -88,6 +88,8 @@ BAD_RANGES = [
     (["nnodes=3:2", "dp=2"], "parallel.nnodes=3:2: MIN is above MAX"),
     (["nnodes=0:2", "dp=2"], "parallel.nnodes=0:2: MIN must be >= 1"),
     (["parallel.nnodes=1:x"], "expected MIN:MAX node counts"),
+    # the range as written, not only its MAX (it said parallel.nnodes=2)
+    (["nnodes=1:2"], "parallel.nnodes=1:2: dp*tp*pp = 1 processes do not split evenly"),
     (
         ["nnodes=3:4", "dp=4", "train.global_batch_size=12", "train.micro_batch_size=3"],
         "at 3 node(s) the global batch cannot be kept",
