@@ -156,6 +156,8 @@ def summary_text(run: RunData) -> str:
         ("train_wall_s", "train wall time, s", ",.1f"),
         ("data_wait_ms_per_step", "data wait, ms/step", ".2f"),
     ):
+        if key == "train_wall_s" and s.get("resumed_from"):  # the last segment's
+            label += f" (since the resume from {s['resumed_from']})"
         if isinstance(s.get(key), (int, float)):
             lines.append(f"{label}: {format(s[key], fmt)}")
     for key in ("rank_step_ms_median", "rank_compute_ms_median", "rank_data_ms_median"):

@@ -3,6 +3,8 @@ then one; the per-rank plot ended in an IndexError traceback."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dtrain_cli.report.plots import report_plots
 from dtrain_cli.report.runs import RunData
 
@@ -30,3 +32,15 @@ def test_per_rank_plot_of_a_run_resumed_on_fewer_and_more_ranks(tmp_path):
     for p in paths:
         if p is not None:
             assert p.stat().st_size > 1000  # a PNG was drawn
+
+
+def test_the_wall_time_of_a_resumed_run_says_it_is_the_last_segments():
+    """summary.json's train_wall_s is the segment since the resume; the report said
+    "train wall time, s: 0.7" for a run that trained twice as long."""
+    from dtrain_cli.report.runs import summary_text
+
+    rows = [_row(s, 2) for s in (1, 2, 3)]
+    run = RunData(path=Path("r"), records=rows, summary={"train_wall_s": 0.7})
+    assert "train wall time, s: 0.7\n" in summary_text(run)
+    run.summary["resumed_from"] = "step_000002"
+    assert "train wall time, s (since the resume from step_000002): 0.7" in summary_text(run)
