@@ -26,6 +26,8 @@ def export(
 
     Guide: docs/checkpoints.md
     """
+    if run is not None and ckpt is not None:
+        fail([f"{run} and --ckpt {ckpt}: name the checkpoint once"])
     ckpt, _ = checkpoint_arg(ckpt, [str(run)] if run is not None else [], "export")
     from dtrain_cli.checkpoint import catalog
     from dtrain_cli.checkpoint.export import FORMATS

@@ -171,9 +171,17 @@ def module_file(name: str, cwd: Path) -> str:
 SPAWNERS = ("spawn", "start_processes")  # torch.multiprocessing's: mp.spawn(main, nprocs=N)
 
 
-@functools.lru_cache(maxsize=8)
 def _syntax_tree(file: str) -> ast.Module | None:
-    """The script's syntax tree, parsed once for every check below."""
+    """The script's syntax tree, parsed once for every check below (again once edited)."""
+    try:
+        st = os.stat(file)
+    except OSError:
+        return None
+    return _parsed(file, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(file: str, mtime_ns: int, size: int) -> ast.Module | None:
     try:
         return ast.parse(Path(file).read_bytes())
     except (OSError, SyntaxError, ValueError):

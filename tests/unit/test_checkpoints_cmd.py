@@ -75,3 +75,9 @@ def test_resume_without_a_checkpoint_names_both_forms():
     assert result.stderr.strip().startswith(
         "error: no checkpoint named: dtrain resume runs/<run> (or --ckpt PATH"
     )
+
+
+def test_export_given_the_checkpoint_twice_is_bad_input(tmp_path):
+    result = CliRunner().invoke(app, ["export", "a", "--ckpt", "b", "--out", "m.safetensors"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: a and --ckpt b: name the checkpoint once"

@@ -110,3 +110,17 @@ def test_the_plan_of_a_local_rank_script_on_two_ranks_warns(tmp_path, monkeypatc
     result = CliRunner().invoke(app, ["plan", "dp=2", "--", "train.py"])
     assert result.exit_code == 0, result.output
     assert "warning: script train.py line 3 takes --local_rank" in result.output
+
+
+def test_an_edited_script_is_read_again(tmp_path):
+    """The script's syntax tree is kept per file and version: an edit is seen."""
+    import os
+
+    from dtrain_cli.plan.script import local_rank_flag_line
+
+    script = tmp_path / "train.py"
+    script.write_text(TAKES_LOCAL_RANK[0])
+    assert local_rank_flag_line(str(script)) == 3
+    script.write_text(READS_THE_ENVIRONMENT[1] + "\n")
+    os.utime(script, ns=(1, 1))  # another version even within the clock's resolution
+    assert local_rank_flag_line(str(script)) is None
