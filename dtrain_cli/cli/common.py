@@ -137,6 +137,11 @@ def compose_and_plan(
     if note := defaults_note(cfg, rest):
         plan.warnings.insert(0, note)
     plan.warnings += unread_warnings(cfg, rest)
+    if plan.script is None:
+        from dtrain_cli.models import model_spec
+        from dtrain_cli.plan.fit import memory_warning
+
+        plan.warnings += [w for w in (memory_warning(cfg, model_spec(cfg), plan),) if w]
     return cfg, plan
 
 

@@ -1,0 +1,45 @@
+"""A layout whose estimated peak memory is above its device's is named in the plan's
+warnings with what dominates it and a setting that fits: `dtrain plan recipe=gpt_1b
+parallel.strategy=fsdp dp=8` printed "peak memory 1942.10 of 78.00 GiB" and nothing else."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from typer.testing import CliRunner
+
+from dtrain_cli.cli.app import app
+from dtrain_cli.cli.common import compose_and_plan
+from dtrain_cli.models import model_spec
+from dtrain_cli.plan.fit import memory_warning
+from dtrain_cli.plan.steptime import peak_memory
+
+FSDP8 = ["recipe=gpt_1b", "parallel.strategy=fsdp", "dp=8"]
+
+
+def _warning(overrides: list[str]) -> str | None:
+    cfg, plan = compose_and_plan(overrides, [])
+    return memory_warning(cfg, model_spec(cfg), plan)
+
+
+def test_a_layout_above_the_device_is_named_with_a_micro_batch_that_fits():
+    said = _warning(FSDP8)
+    assert said.startswith("peak memory per device estimated at 1,942 GiB, above ")
+    assert "hardware=h100_80g's 78 GiB; most of it activations" in said
+    assert "train.micro_batch_size=16 (gradient accumulation keeps the global batch)" in said
+    cfg, plan = compose_and_plan([*FSDP8, "train.micro_batch_size=16"], [])
+    assert peak_memory(cfg, model_spec(cfg), plan, cfg.hardware).fits  # what it suggests fits
+    assert memory_warning(cfg, model_spec(cfg), plan) is None
+
+
+def test_the_cpu_profile_says_nothing_of_a_cuda_run():
+    cfg, plan = compose_and_plan([*FSDP8, "hardware=cpu"], [])
+    assert memory_warning(cfg, model_spec(cfg), plan) is not None  # planned on this CPU
+    assert memory_warning(cfg, model_spec(cfg), replace(plan, device="cuda")) is None
+
+
+def test_the_plan_command_prints_it():
+    result = CliRunner().invoke(app, ["plan", *FSDP8], env={"COLUMNS": "300"})
+    assert result.exit_code == 0, result.output
+    assert "warning: peak memory per device estimated at 1,942 GiB" in result.output
+    assert _warning(["recipe=gpt_tiny", "dp=2"]) is None
