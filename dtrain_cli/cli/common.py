@@ -17,6 +17,7 @@ from dtrain_cli.errors import ConfigError
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.plan.plan import Plan
 
 EXIT_CONFIG = 2
 console = Console()
@@ -137,12 +138,22 @@ def compose_and_plan(
     if note := defaults_note(cfg, rest):
         plan.warnings.insert(0, note)
     plan.warnings += unread_warnings(cfg, rest)
-    if plan.script is None:
-        from dtrain_cli.models import model_spec
-        from dtrain_cli.plan.fit import memory_warning
-
-        plan.warnings += [w for w in (memory_warning(cfg, model_spec(cfg), plan),) if w]
+    if plan.script is None and (said := _fit_warning(cfg, plan, on_hardware)):
+        plan.warnings.append(said)
     return cfg, plan
+
+
+def _fit_warning(cfg: DtrainConfig, plan: Plan, on_hardware: bool) -> str | None:
+    """A peak memory above the device's, planned again at smaller micro-batches to name
+    one that fits (:mod:`dtrain_cli.plan.fit`)."""
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.build import build_plan, node_of
+    from dtrain_cli.plan.fit import memory_warning
+
+    def replan(other: DtrainConfig) -> Plan:
+        return build_plan(other, node_of(other) if on_hardware else None)
+
+    return memory_warning(cfg, model_spec(cfg), plan, replan)
 
 
 def _names_nodes(overrides: Sequence[str]) -> bool:

@@ -4,22 +4,32 @@ against the hardware profile's capacity, said before a cluster finds it out. Tor
 
     dtrain plan recipe=gpt_1b parallel.strategy=fsdp dp=8
     warning: peak memory per device estimated at 1,942 GiB, above hardware=h100_80g's
-    78 GiB; most of it activations (1,900 GiB): train.micro_batch_size=4 ...
+    78 GiB; most of it activations (1,742 GiB): train.micro_batch_size=16 ...
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.models.spec import ModelSpec
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.plan.steptime import GIB, Memory, peak_memory
+from dtrain_cli.plan.steptime import GIB, peak_memory
+
+Replan = Callable[[DtrainConfig], Plan]
 
 
-def memory_warning(cfg: DtrainConfig, spec: ModelSpec, plan: Plan) -> str | None:
+def memory_warning(
+    cfg: DtrainConfig, spec: ModelSpec, plan: Plan, replan: Replan | None = None
+) -> str | None:
     """One line when the estimate is above the device's memory, with what dominates it and
     what lowers that; None when it fits, for a script (its model is its own) or under the
     CPU profile (the default) for a CUDA run, whose GPUs no profile was named for. A GPU
-    profile is kept on any machine: ``dtrain plan`` here plans the cluster's run."""
+    profile is kept on any machine: ``dtrain plan`` here plans the cluster's run.
+    ``replan``: the plan of another config (the caller's ``build_plan``), to find the
+    largest micro-batch that fits."""
     hw = cfg.hardware
     if plan.script is not None or hw.memory_gib <= 0:
         return None
@@ -36,32 +46,44 @@ def memory_warning(cfg: DtrainConfig, spec: ModelSpec, plan: Plan) -> str | None
         "temporary buffers": m.temporary,
     }
     most = max(parts, key=lambda k: parts[k])
+    if most in ("activations", "temporary buffers"):  # both grow with the micro-batch
+        fits = smaller_micro_batch(cfg, spec, plan, replan)
+        remedy = "parallel.activation_checkpointing=full, or split the model (tp, pp)"
+        if fits is not None:
+            remedy = (
+                f"train.micro_batch_size={fits} (gradient accumulation keeps the global "
+                "batch), or parallel.activation_checkpointing=full"
+            )
+    else:
+        remedy = (
+            "shard them over more devices (parallel.strategy=fsdp, or zero1 for the "
+            "optimizer state), tp or pp"
+        )
     return (
         f"peak memory per device estimated at {_gib(m.total)} GiB, above "
         f"hardware={hw.name}'s {_gib(m.capacity)} GiB; most of it {most} "
-        f"({_gib(parts[most])} GiB): {_remedy(most, m, plan)}; dtrain advise ranks the "
-        "layouts that fit"
+        f"({_gib(parts[most])} GiB): {remedy}; dtrain advise ranks the layouts that fit"
     )
 
 
-def _remedy(most: str, m: Memory, plan: Plan) -> str:
-    if most in ("activations", "temporary buffers"):  # both grow with the micro-batch
-        b = plan.batch
-        fixed = m.params + m.grads + m.optimizer
-        per_sample = (m.activations + m.temporary) / max(b.micro_batch_size, 1)
-        room = int((m.capacity - fixed) // max(per_sample, 1.0))
-        per_rank = b.global_batch_size // max(b.dp, 1)
-        fits = [n for n in range(1, min(room, b.micro_batch_size - 1) + 1) if per_rank % n == 0]
-        if fits:
-            return (
-                f"train.micro_batch_size={fits[-1]} (gradient accumulation keeps the global "
-                "batch), or parallel.activation_checkpointing=full"
-            )
-        return "parallel.activation_checkpointing=full, or split the model (tp, pp)"
-    return (
-        "shard them over more devices (parallel.strategy=fsdp, or zero1 for the optimizer "
-        "state), tp or pp"
-    )
+def smaller_micro_batch(
+    cfg: DtrainConfig, spec: ModelSpec, plan: Plan, replan: Replan | None
+) -> int | None:
+    """The largest micro-batch below this one that divides a rank's batch and whose plan
+    fits, each planned whole (a GPipe schedule keeps every micro-batch in flight, so a
+    smaller one need not lower its peak); None if none does or there is no ``replan``."""
+    b = plan.batch
+    per_rank = b.global_batch_size // max(b.dp, 1)
+    for n in sorted((n for n in range(1, b.micro_batch_size) if per_rank % n == 0), reverse=True):
+        train = dataclasses.replace(cfg.train, micro_batch_size=n, grad_accum=None)
+        pipe = dataclasses.replace(cfg.pipeline, microbatches=None)
+        other = dataclasses.replace(cfg, train=train, pipeline=pipe)
+        try:
+            if replan is not None and peak_memory(other, spec, replan(other), other.hardware).fits:
+                return n
+        except ConfigError:  # not a layout the plan takes (a schedule's micro-batch count)
+            continue
+    return None
 
 
 def _gib(n: float) -> str:

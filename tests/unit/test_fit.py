@@ -18,8 +18,11 @@ FSDP8 = ["recipe=gpt_1b", "parallel.strategy=fsdp", "dp=8"]
 
 
 def _warning(overrides: list[str]) -> str | None:
-    cfg, plan = compose_and_plan(overrides, [])
-    return memory_warning(cfg, model_spec(cfg), plan)
+    """The plan's own warning (``compose_and_plan``: the plan every command prints)."""
+    _, plan = compose_and_plan(overrides, [])
+    said = [w for w in plan.warnings if w.startswith("peak memory per device")]
+    assert len(said) <= 1
+    return said[0] if said else None
 
 
 def test_a_layout_above_the_device_is_named_with_a_micro_batch_that_fits():
@@ -30,6 +33,16 @@ def test_a_layout_above_the_device_is_named_with_a_micro_batch_that_fits():
     cfg, plan = compose_and_plan([*FSDP8, "train.micro_batch_size=16"], [])
     assert peak_memory(cfg, model_spec(cfg), plan, cfg.hardware).fits  # what it suggests fits
     assert memory_warning(cfg, model_spec(cfg), plan) is None
+
+
+def test_a_smaller_micro_batch_is_not_offered_where_it_would_not_fit():
+    """Under GPipe every micro-batch is in flight: a smaller one keeps the peak, and each
+    candidate is planned whole, so none is offered; without a way to plan, neither."""
+    said = _warning(["recipe=gpt_1b", "dp=8", "pp=8", "pipeline.schedule=gpipe"])
+    assert "most of it activations" in said and "train.micro_batch_size" not in said
+    assert "parallel.activation_checkpointing=full, or split the model (tp, pp)" in said
+    cfg, plan = compose_and_plan(FSDP8, [])
+    assert "train.micro_batch_size" not in memory_warning(cfg, model_spec(cfg), plan)
 
 
 def test_the_cpu_profile_says_nothing_of_a_cuda_run():
