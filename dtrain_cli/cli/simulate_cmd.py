@@ -182,7 +182,9 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
         f"simulate: world {plan.world_size:,} ({layout}, {plan.strategy}), {mode} "
         f"compute, {steps} step(s); run dir {run_dir}"
     )
-    notes = cuda_notes(cfg, plan)
+    from dtrain_cli.plan.fit import SAYS
+
+    notes = cuda_notes(cfg, plan) + [w for w in plan.warnings if w.startswith(SAYS)]
     doc = {"plan": plan, "ranks": rows, "title": title, "run_dir": str(run_dir), "notes": notes}
     (run_dir / "simulate" / "report.json").write_text(json.dumps(_public(doc), indent=1))
     return doc

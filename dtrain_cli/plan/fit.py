@@ -19,6 +19,8 @@ from dtrain_cli.plan.plan import Plan
 from dtrain_cli.plan.steptime import GIB, peak_memory
 
 Replan = Callable[[DtrainConfig], Plan]
+SAYS = "peak memory per device estimated at"
+"""How the warning begins (``dtrain simulate`` shows it beside its table)."""
 
 
 def memory_warning(
@@ -60,7 +62,7 @@ def memory_warning(
             "optimizer state), tp or pp"
         )
     return (
-        f"peak memory per device estimated at {_gib(m.total)} GiB, above "
+        f"{SAYS} {_gib(m.total)} GiB, above "
         f"hardware={hw.name}'s {_gib(m.capacity)} GiB; most of it {most} "
         f"({_gib(parts[most])} GiB): {remedy}; dtrain advise ranks the layouts that fit"
     )

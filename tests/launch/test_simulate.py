@@ -35,6 +35,21 @@ def test_gpt_1b_world_1024_rank_holds_its_exact_shard(tmp_path):
     assert ("allreduce", "dp") in ops and ("send", "pp") in ops and ("all_reduce", "tp") in ops
 
 
+def test_a_rank_above_its_devices_memory_is_said_beside_the_table(tmp_path):
+    """gpt_1b at dp=64 under FSDP keeps micro-batches of 64 (its global batch 4,096): the
+    simulated rank measures what the plan said, 243 GiB for an 80 GB H100, and the
+    simulation says so, with the micro-batch whose plan fits."""
+    (doc,) = _simulate(
+        tmp_path, "recipe=gpt_1b", "parallel.strategy=fsdp", "dp=64", "parallel.nnodes=8",
+        "--ranks", "0", "--steps", "1",
+    )  # fmt: skip
+    (rank,) = doc["ranks"]
+    assert rank["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.01)
+    (note,) = [n for n in doc["notes"] if n.startswith("peak memory per device")]
+    assert note.startswith("peak memory per device estimated at 243 GiB, above hardware=h100")
+    assert "train.micro_batch_size=16" in note
+
+
 def test_llama_tiny_hf_world_512_fsdp(tmp_path):
     (doc,) = _simulate(
         tmp_path,
