@@ -74,6 +74,8 @@ def smaller_micro_batch(
     """The largest micro-batch below this one that divides a rank's batch and whose plan
     fits, each planned whole (a GPipe schedule keeps every micro-batch in flight, so a
     smaller one need not lower its peak); None if none does or there is no ``replan``."""
+    if replan is None:
+        return None
     b = plan.batch
     per_rank = b.global_batch_size // max(b.dp, 1)
     for n in sorted((n for n in range(1, b.micro_batch_size) if per_rank % n == 0), reverse=True):
@@ -81,7 +83,7 @@ def smaller_micro_batch(
         pipe = dataclasses.replace(cfg.pipeline, microbatches=None)
         other = dataclasses.replace(cfg, train=train, pipeline=pipe)
         try:
-            if replan is not None and peak_memory(other, spec, replan(other), other.hardware).fits:
+            if peak_memory(other, spec, replan(other), other.hardware).fits:
                 return n
         except ConfigError:  # not a layout the plan takes (a schedule's micro-batch count)
             continue
