@@ -49,13 +49,7 @@ def memory_warning(
     }
     most = max(parts, key=lambda k: parts[k])
     if most in ("activations", "temporary buffers"):  # both grow with the micro-batch
-        fits = smaller_micro_batch(cfg, spec, plan, replan)
-        remedy = "parallel.activation_checkpointing=full, or split the model (tp, pp)"
-        if fits is not None:
-            remedy = (
-                f"train.micro_batch_size={fits} (gradient accumulation keeps the global "
-                "batch), or parallel.activation_checkpointing=full"
-            )
+        remedy = _activation_remedy(cfg, spec, plan, replan)
     else:
         remedy = (
             "shard them over more devices (parallel.strategy=fsdp, or zero1 for the "
@@ -66,6 +60,34 @@ def memory_warning(
         f"hardware={hw.name}'s {_gib(m.capacity)} GiB; most of it {most} "
         f"({_gib(parts[most])} GiB): {remedy}; dtrain advise ranks the layouts that fit"
     )
+
+
+def _activation_remedy(
+    cfg: DtrainConfig, spec: ModelSpec, plan: Plan, replan: Replan | None
+) -> str:
+    """What lowers the activations enough, each candidate planned whole: a smaller
+    micro-batch, full activation checkpointing; else a split of the model."""
+    ac = None
+    if replan is not None and cfg.parallel.activation_checkpointing != "full":
+        par = dataclasses.replace(cfg.parallel, activation_checkpointing="full")
+        ac = dataclasses.replace(cfg, parallel=par)
+    ac_fits = ac is not None and _fits(ac, spec, replan)
+    mb = smaller_micro_batch(cfg, spec, plan, replan)
+    if mb is not None:
+        also = ", or parallel.activation_checkpointing=full" if ac_fits else ""
+        return f"train.micro_batch_size={mb} (gradient accumulation keeps the global batch){also}"
+    if ac_fits:
+        return "parallel.activation_checkpointing=full"
+    if replan is None:
+        return "a smaller train.micro_batch_size or parallel.activation_checkpointing=full"
+    return "no smaller micro-batch and no activation checkpointing fits; split the model (tp, pp)"
+
+
+def _fits(other: DtrainConfig, spec: ModelSpec, replan: Replan | None) -> bool:
+    try:
+        return replan is not None and peak_memory(other, spec, replan(other), other.hardware).fits
+    except ConfigError:  # not a layout the plan takes (a schedule's micro-batch count)
+        return False
 
 
 def smaller_micro_batch(
@@ -81,12 +103,8 @@ def smaller_micro_batch(
     for n in sorted((n for n in range(1, b.micro_batch_size) if per_rank % n == 0), reverse=True):
         train = dataclasses.replace(cfg.train, micro_batch_size=n, grad_accum=None)
         pipe = dataclasses.replace(cfg.pipeline, microbatches=None)
-        other = dataclasses.replace(cfg, train=train, pipeline=pipe)
-        try:
-            if peak_memory(other, spec, replan(other), other.hardware).fits:
-                return n
-        except ConfigError:  # not a layout the plan takes (a schedule's micro-batch count)
-            continue
+        if _fits(dataclasses.replace(cfg, train=train, pipeline=pipe), spec, replan):
+            return n
     return None
 
 

@@ -40,9 +40,22 @@ def test_a_smaller_micro_batch_is_not_offered_where_it_would_not_fit():
     candidate is planned whole, so none is offered; without a way to plan, neither."""
     said = _warning(["recipe=gpt_1b", "dp=8", "pp=8", "pipeline.schedule=gpipe"])
     assert "most of it activations" in said and "train.micro_batch_size" not in said
-    assert "parallel.activation_checkpointing=full, or split the model (tp, pp)" in said
+    assert "no smaller micro-batch and no activation checkpointing fits; split the model" in said
     cfg, plan = compose_and_plan(FSDP8, [])
-    assert "train.micro_batch_size" not in memory_warning(cfg, model_spec(cfg), plan)
+    unplanned = memory_warning(cfg, model_spec(cfg), plan)  # no replan: no figure named
+    assert "a smaller train.micro_batch_size or parallel.activation_checkpointing" in unplanned
+    # FSDP8's micro-batch of 512 does not fit with checkpointing either: only the smaller
+    # micro-batch is offered
+    assert "activation_checkpointing" not in _warning(FSDP8)
+
+
+def test_checkpointing_is_offered_where_it_fits_and_no_smaller_micro_batch_exists():
+    """Micro-batch 1 of 65,536 tokens: nothing smaller, full checkpointing fits."""
+    said = _warning([*FSDP8[:2], "dp=64", "train.global_batch_size=64", "model.block_size=65536"])
+    assert said.endswith(
+        "most of it activations (109 GiB): parallel.activation_checkpointing=full; dtrain "
+        "advise ranks the layouts that fit"
+    )
 
 
 def test_the_cpu_profile_says_nothing_of_a_cuda_run():
