@@ -48,18 +48,28 @@ def test_other_scripts_are_left_alone(source, tmp_path):
     assert own_spawn_line(str(script)) is None
 
 
-def test_the_plan_of_such_a_script_on_two_ranks_warns(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("source", "said", "named"),
+    [
+        ("spawn", "line 5 starts its own processes (mp.spawn)", "starts its own processes"),
+        ("local_rank", "line 3 takes --local_rank", "takes --local_rank"),
+    ],
+)
+def test_the_plan_of_such_a_script_warns_on_two_ranks_only(
+    source, said, named, tmp_path, monkeypatch
+):
     from typer.testing import CliRunner
 
     from dtrain_cli.cli.app import app
 
-    (tmp_path / "train.py").write_text(SPAWNING[0])
+    text = SPAWNING[0] if source == "spawn" else TAKES_LOCAL_RANK[0]
+    (tmp_path / "train.py").write_text(text)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["plan", "dp=2", "--", "train.py"])
     assert result.exit_code == 0, result.output
-    assert "warning: script train.py line 5 starts its own processes (mp.spawn)" in result.output
+    assert f"warning: script train.py {said}" in result.output
     one = CliRunner().invoke(app, ["plan", "--", "train.py"])
-    assert one.exit_code == 0 and "starts its own processes" not in one.output
+    assert one.exit_code == 0 and named not in one.output
 
 
 ARGS = "import argparse\np = argparse.ArgumentParser()\n"
@@ -98,18 +108,6 @@ def test_a_script_that_reads_local_rank_from_the_environment_is_left_alone(sourc
     script = tmp_path / "train.py"
     script.write_text(source)
     assert local_rank_flag_line(str(script)) is None
-
-
-def test_the_plan_of_a_local_rank_script_on_two_ranks_warns(tmp_path, monkeypatch):
-    from typer.testing import CliRunner
-
-    from dtrain_cli.cli.app import app
-
-    (tmp_path / "train.py").write_text(TAKES_LOCAL_RANK[0])
-    monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["plan", "dp=2", "--", "train.py"])
-    assert result.exit_code == 0, result.output
-    assert "warning: script train.py line 3 takes --local_rank" in result.output
 
 
 def test_an_edited_script_is_read_again(tmp_path):
