@@ -66,21 +66,45 @@ def _activation_remedy(
     cfg: DtrainConfig, spec: ModelSpec, plan: Plan, replan: Replan | None
 ) -> str:
     """What lowers the activations enough, each candidate planned whole: a smaller
-    micro-batch, full activation checkpointing; else a split of the model."""
-    ac = None
-    if replan is not None and cfg.parallel.activation_checkpointing != "full":
-        par = dataclasses.replace(cfg.parallel, activation_checkpointing="full")
-        ac = dataclasses.replace(cfg, parallel=par)
-    ac_fits = ac is not None and _fits(ac, spec, replan)
-    mb = smaller_micro_batch(cfg, spec, plan, replan)
-    if mb is not None:
-        also = ", or parallel.activation_checkpointing=full" if ac_fits else ""
-        return f"train.micro_batch_size={mb} (gradient accumulation keeps the global batch){also}"
-    if ac_fits:
-        return "parallel.activation_checkpointing=full"
+    micro-batch; under GPipe, 1F1B (which holds at most a stage count of micro-batches),
+    alone or with a smaller micro-batch; full activation checkpointing, alone or with a
+    smaller micro-batch; else a split of the model."""
     if replan is None:
         return "a smaller train.micro_batch_size or parallel.activation_checkpointing=full"
+    ac = None
+    if cfg.parallel.activation_checkpointing != "full":
+        ac = dataclasses.replace(
+            cfg, parallel=dataclasses.replace(cfg.parallel, activation_checkpointing="full")
+        )
+    said = []
+    mb = smaller_micro_batch(cfg, spec, plan, replan)
+    if mb is not None:
+        said.append(f"train.micro_batch_size={mb} (gradient accumulation keeps the global batch)")
+        said += [_AC] if ac is not None and _fits(ac, spec, replan) else []
+    else:
+        if plan.pipeline is not None and plan.pipeline.schedule == "gpipe":
+            pipe = dataclasses.replace(cfg.pipeline, schedule="1f1b")
+            one_f1b = dataclasses.replace(cfg, pipeline=pipe)
+            said += _with_micro_batch("pipeline.schedule=1f1b", one_f1b, spec, plan, replan)
+        if ac is not None:
+            said += _with_micro_batch(_AC, ac, spec, plan, replan)
+    if said:
+        return ", or ".join(said)
     return "no smaller micro-batch and no activation checkpointing fits; split the model (tp, pp)"
+
+
+_AC = "parallel.activation_checkpointing=full"
+
+
+def _with_micro_batch(
+    changed: str, other: DtrainConfig, spec: ModelSpec, plan: Plan, replan: Replan
+) -> list[str]:
+    """``changed`` (the setting that makes ``other``) where it fits at this micro-batch,
+    else with the largest smaller micro-batch that fits; [] where neither does."""
+    if _fits(other, spec, replan):
+        return [changed]
+    mb = smaller_micro_batch(other, spec, plan, replan)
+    return [f"{changed} with train.micro_batch_size={mb}"] if mb is not None else []
 
 
 def _fits(other: DtrainConfig, spec: ModelSpec, replan: Replan | None) -> bool:

@@ -35,18 +35,49 @@ def test_a_layout_above_the_device_is_named_with_a_micro_batch_that_fits():
     assert memory_warning(cfg, model_spec(cfg), plan) is None
 
 
-def test_a_smaller_micro_batch_is_not_offered_where_it_would_not_fit():
+def test_under_gpipe_a_smaller_micro_batch_is_not_offered_but_1f1b_with_one_is():
     """Under GPipe every micro-batch is in flight: a smaller one keeps the peak, and each
-    candidate is planned whole, so none is offered; without a way to plan, neither."""
-    said = _warning(["recipe=gpt_1b", "dp=8", "pp=8", "pipeline.schedule=gpipe"])
-    assert "most of it activations" in said and "train.micro_batch_size" not in said
-    assert "no smaller micro-batch and no activation checkpointing fits; split the model" in said
+    candidate is planned whole, so none is offered alone; 1F1B holds a stage count of
+    them, and with a smaller micro-batch it fits. Without a way to plan, no figure."""
+    gpipe = ["recipe=gpt_1b", "dp=8", "pp=8", "pipeline.schedule=gpipe"]
+    said = _warning(gpipe)
+    assert "most of it activations" in said
+    assert ": pipeline.schedule=1f1b with train.micro_batch_size=16; dtrain advise" in said
+    cfg, plan = compose_and_plan(
+        [*gpipe, "pipeline.schedule=1f1b", "train.micro_batch_size=16"], []
+    )
+    assert peak_memory(cfg, model_spec(cfg), plan, cfg.hardware).fits  # what it suggests fits
+    cfg, plan = compose_and_plan([*gpipe, "train.micro_batch_size=16"], [])
+    assert not peak_memory(cfg, model_spec(cfg), plan, cfg.hardware).fits  # 1F1B is the fix
     cfg, plan = compose_and_plan(FSDP8, [])
     unplanned = memory_warning(cfg, model_spec(cfg), plan)  # no replan: no figure named
     assert "a smaller train.micro_batch_size or parallel.activation_checkpointing" in unplanned
     # FSDP8's micro-batch of 512 does not fit with checkpointing either: only the smaller
     # micro-batch is offered
     assert "activation_checkpointing" not in _warning(FSDP8)
+
+
+def test_where_neither_alone_fits_checkpointing_with_a_smaller_micro_batch_is_offered():
+    """98,304 tokens a sample, micro-batch 2: micro-batch 1 alone and checkpointing at 2
+    are both above 78 GiB; the two together fit."""
+    long = [*FSDP8[:2], "dp=64", "train.global_batch_size=128", "model.block_size=98304"]
+    said = _warning(long)
+    assert ": parallel.activation_checkpointing=full with train.micro_batch_size=1; " in said
+    for alone in ("train.micro_batch_size=1", "parallel.activation_checkpointing=full"):
+        cfg, plan = compose_and_plan([*long, alone], [])
+        assert not peak_memory(cfg, model_spec(cfg), plan, cfg.hardware).fits
+    both = ["train.micro_batch_size=1", "parallel.activation_checkpointing=full"]
+    cfg, plan = compose_and_plan([*long, *both], [])
+    assert peak_memory(cfg, model_spec(cfg), plan, cfg.hardware).fits
+
+
+def test_where_nothing_fits_it_says_split_the_model():
+    """Micro-batch 1 of 262,144 tokens: checkpointing alone leaves it above 78 GiB."""
+    said = _warning([*FSDP8[:2], "dp=64", "train.global_batch_size=64", "model.block_size=262144"])
+    assert said.endswith(
+        "no smaller micro-batch and no activation checkpointing fits; split the model "
+        "(tp, pp); dtrain advise ranks the layouts that fit"
+    )
 
 
 def test_checkpointing_is_offered_where_it_fits_and_no_smaller_micro_batch_exists():
