@@ -183,9 +183,12 @@ def simulate_layout(layout: Layout, steps_jobs: tuple[int, int], out) -> dict:
         f"compute, {steps} step(s); run dir {run_dir}"
     )
     from dtrain_cli.plan.fit import SAYS
+    from dtrain_cli.plan.steptime import peak_memory
 
     notes = cuda_notes(cfg, plan) + [w for w in plan.warnings if w.startswith(SAYS)]
+    peak = peak_memory(cfg, spec, plan, cfg.hardware)
     doc = {"plan": plan, "ranks": rows, "title": title, "run_dir": str(run_dir), "notes": notes}
+    doc["peak"] = {"estimate": peak.total, "capacity": peak.capacity}
     (run_dir / "simulate" / "report.json").write_text(json.dumps(_public(doc), indent=1))
     return doc
 
@@ -256,7 +259,7 @@ def _public(doc: dict) -> dict:
 def _sweep_plot(labels: list[str], docs: list[dict], out: Path | None, quiet: bool) -> None:
     from dtrain_cli.simulate.report import plot_sweep, sweep_point, sweep_table
 
-    points = [sweep_point(d["plan"], d["ranks"][0]) for d in docs]
+    points = [sweep_point(d["plan"], d["ranks"][0], d["peak"]) for d in docs]
     if not quiet:
         print_whole(sweep_table(labels, points))
     folder = out or Path(docs[-1]["run_dir"])

@@ -162,7 +162,7 @@ def sweep_table(labels: list[str], points: list[dict[str, Any]]) -> Any:
 
     table = Table(title="sweep: the first rank simulated, per value", title_justify="left")
     heads = ("value", "world", "params+grads+optim", "plan", "ratio", "dp bytes/step", "plan")
-    for col in (*heads, "ratio"):
+    for col in (*heads, "ratio", "plan's peak / device"):
         table.add_column(col, justify="left" if col == "value" else "right")
     for label, p in zip(labels, points, strict=True):
         row = [label, f"{p['world_size']:,}"]
@@ -170,8 +170,20 @@ def sweep_table(labels: list[str], points: list[dict[str, Any]]) -> Any:
             measured, estimate = p[f"{what}_measured"], p[f"{what}_estimate"]
             ratio = f"{measured / estimate:.2f}" if estimate else "-"
             row += [bytes_text(measured), bytes_text(estimate), ratio]
-        table.add_row(*row)
+        table.add_row(*row, _fits_text(p["peak"]))
     return table
+
+
+def _fits_text(peak: dict[str, Any]) -> str:
+    """ "61.2 GiB of 78.0 GiB", "243 GiB of 78.0 GiB: above" (the hardware profile's
+    memory; where it names none, the peak alone)."""
+    from dtrain_cli.plan.render import bytes_text
+
+    said = bytes_text(peak["estimate"])
+    if peak["capacity"] <= 0:
+        return said
+    above = ": above" if peak["estimate"] > peak["capacity"] else ""
+    return f"{said} of {bytes_text(peak['capacity'])}{above}"
 
 
 def plot_sweep(points: list[dict[str, Any]], out: Path) -> Path:
@@ -197,12 +209,15 @@ def plot_sweep(points: list[dict[str, Any]], out: Path) -> Path:
     return out
 
 
-def sweep_point(plan: Plan, rank: dict[str, Any]) -> dict[str, Any]:
-    """A sweep's figures for one world size (rank 0's memory without activations)."""
+def sweep_point(plan: Plan, rank: dict[str, Any], peak: dict[str, Any]) -> dict[str, Any]:
+    """A sweep's figures for one world size (rank 0's memory without activations) and the
+    plan's peak per device against the hardware profile's memory (``peak``: estimate,
+    capacity)."""
     b = rank["bytes"]
     held = ("params", "grads", "optimizer")
     return {
         "world_size": plan.world_size,
+        "peak": peak,
         "memory_measured": sum(b[k]["measured"] for k in held),
         "memory_estimate": sum(b[k]["estimate"] for k in held),
         "dp_bytes_measured": b["dp_bytes_per_step"]["measured"],

@@ -415,8 +415,8 @@ def test_each_pipeline_stage_keeps_the_activations_booked_on_it(tmp_path):
 
 def test_a_sweep_prints_one_table_of_every_value_and_draws_the_plot(tmp_path):
     """``dp=2,4`` simulates each value, then one table (a row per value: the rank's
-    parameters, gradients and optimizer state and its dp bytes per step against the plan)
-    and the plot of the same figures."""
+    parameters, gradients and optimizer state and its dp bytes per step against the plan,
+    and the plan's peak per device against the hardware profile's memory) and the plot."""
     run = run_dtrain(
         ["simulate", "recipe=gpt_tiny", "parallel.strategy=fsdp", "dp=2,4", "--ranks", "0",
          "--out", str(tmp_path / "sweep")],
@@ -429,5 +429,20 @@ def test_a_sweep_prints_one_table_of_every_value_and_draws_the_plot(tmp_path):
         assert r[4].strip() == "1.00" and r[7].strip() == "1.00", rows
     state = [float(r[2].split()[0]) for r in rows]
     assert state[1] == pytest.approx(state[0] / 2, rel=0.05)  # half the shard at dp=4
+    for r, dp in zip(rows, (2, 4), strict=True):  # the plan's peak against the profile's
+        assert r[8].strip() == _plan_peak(["recipe=gpt_tiny", "parallel.strategy=fsdp", f"dp={dp}"])
     plot = tmp_path / "sweep" / "simulate_sweep.png"
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _plan_peak(overrides: list[str]) -> str:
+    """What ``dtrain plan`` estimates as the peak per device, in the sweep's words."""
+    from dtrain_cli.cli.common import compose_and_plan
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.render import bytes_text
+    from dtrain_cli.plan.steptime import peak_memory
+
+    cfg, plan = compose_and_plan(overrides, [])
+    peak = peak_memory(cfg, model_spec(cfg), plan, cfg.hardware)
+    assert peak.fits
+    return f"{bytes_text(peak.total)} of {bytes_text(peak.capacity)}"
