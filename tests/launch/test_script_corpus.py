@@ -90,7 +90,11 @@ def assert_same(ref: Outcome, got: Outcome, *, loss_tol: float = 0.0) -> None:
         assert b["threads"] == a["threads"], f"rank {rank}: torch threads"
         assert b["interop_threads"] == a["interop_threads"], f"rank {rank}: interop threads"
         assert b["start_method"] == a["start_method"], f"rank {rank}: multiprocessing"
-        assert b["env"] == a["env"], f"rank {rank}: torchrun's variables"
+        # but the agent-store flag, kept to the rank's own init_process_group (the
+        # processes a script starts must host their own store: test_script_own_rendezvous)
+        assert a["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        expected = {**a["env"], "TORCHELASTIC_USE_AGENT_STORE": None}
+        assert b["env"] == expected, f"rank {rank}: torchrun's variables"
         if a["loss"] is not None:
             assert b["loss"] == pytest.approx(a["loss"], abs=loss_tol, rel=0), f"rank {rank}"
         extra = {k: v for k, v in a.items() if k not in ("loss", "pid", "env")}

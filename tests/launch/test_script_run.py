@@ -25,6 +25,10 @@ DDP = SCRIPTS / "ddp_plain.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 # differ by nature between two launches: a free port, a fresh id, a temp file
 PER_LAUNCH = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE"}
+# torchrun's flag that its agent hosts the store, kept by dtrain to the rank's own
+# init_process_group: processes a script starts inherit it under torchrun and wait for a
+# store at their own address that nobody hosts (dtrain_cli/runtime/script/arrival.py)
+KEPT_TO_THE_RANK = {"TORCHELASTIC_USE_AGENT_STORE"}
 TORCHRUN_KEYS = {
     "RANK",
     "LOCAL_RANK",
@@ -107,9 +111,14 @@ def test_worker_env_has_every_torchrun_variable_with_the_same_values(ddp_pair):
         given = env()  # what both launchers were started with
         added = {k for k in ref["env"] if given.get(k) != ref["env"][k]}  # torchrun's own
         assert added >= TORCHRUN_KEYS
-        missing = sorted(added - set(got["env"]))
+        missing = sorted(added - set(got["env"]) - KEPT_TO_THE_RANK)
         assert missing == [], f"rank {rank}: torchrun sets {missing}, dtrain run does not"
-        differ = {k for k in added - PER_LAUNCH if got["env"][k] != ref["env"][k]}
+        # kept from what the script starts (tests/launch/test_script_own_rendezvous.py)
+        assert ref["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert "TORCHELASTIC_USE_AGENT_STORE" not in got["env"]
+        differ = {
+            k for k in added - PER_LAUNCH - KEPT_TO_THE_RANK if got["env"][k] != ref["env"][k]
+        }
         assert differ == set(), {k: (ref["env"][k], got["env"][k]) for k in differ}
         assert got["env"]["RANK"] == str(rank) and got["env"]["WORLD_SIZE"] == str(n)
         assert got["env"]["DTRAIN_RUN_DIR"] == str(run.run_dir)

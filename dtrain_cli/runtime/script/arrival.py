@@ -13,9 +13,12 @@ that attempt's namespace of the store (``env://`` as torch does it, but a restar
 cannot read the addresses an earlier attempt left in the store: gloo then connects to a
 dead rank, or hangs). A rank that did not come within that time is named in the error
 (``RuntimeError: init_process_group: rank(s) 1 of 2 did not arrive within 60 s``), which
-the launcher shows. Scripts that pass their own ``store`` or ``init_method`` other than
-``env://`` are left alone. A script that ends well on several ranks without ever calling
-it (nor ``init_device_mesh``, which calls it) is told so by rank 0 (:func:`say_if_alone`).
+the launcher shows. ``tcp://`` on the agent's port is taken the same way; a script that
+passes its own ``store``, or meets at an address of its own (``MASTER_PORT=12355`` set in
+the script, processes it starts with ``mp.spawn``), is left to host its own store there,
+as under plain ``python`` (:func:`keep_agent_store_to_this_process`). A script that ends
+well on several ranks without ever calling it (nor ``init_device_mesh``, which calls it) is
+told so by rank 0 (:func:`say_if_alone`).
 """
 
 from __future__ import annotations
@@ -65,15 +68,16 @@ def install(timeout_s: float) -> None:
     real = dist.init_process_group
     if getattr(real, "_dtrain_arrival", False):
         return
-    global _CALLS
+    global _CALLS, _AGENT
     calls = _CALLS = []
+    _AGENT = keep_agent_store_to_this_process()
 
     @functools.wraps(real)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         bound = inspect.signature(real).bind(*args, **kwargs)
         given = bound.arguments
-        if given.get("store") is None and given.get("init_method") in (None, "env://"):
+        if given.get("store") is None and _meets_at_agent(given.get("init_method")):
             store = attempt_store(timeout_s)
             if store is not None:
                 wait_for_all_ranks(store, timeout_s)
@@ -121,16 +125,54 @@ def nccl_hint(backend: object, error: str) -> str | None:
     return None
 
 
+def keep_agent_store_to_this_process() -> tuple[str, str] | None:
+    """The agent's store address (None: the agent has none for its workers), taken out of
+    the environment that processes the script starts inherit. torch's rendezvous reads
+    ``TORCHELASTIC_USE_AGENT_STORE`` at any address: a process the script spawns (the
+    ``mp.spawn`` tutorials), or a script that sets its own ``MASTER_PORT``, would then wait
+    as a client for a store nobody hosts, under torchrun until the 30-minute timeout.
+    Without it rank 0 hosts the store at the script's own address, as with plain
+    ``python``; the wrapper keeps the agent's store for a call that meets there."""
+    torchrun = os.environ
+    if torchrun.pop("TORCHELASTIC_USE_AGENT_STORE", None) != "True":
+        return None
+    return torchrun.get("MASTER_ADDR", ""), torchrun.get("MASTER_PORT", "")
+
+
+_AGENT: tuple[str, str] | None = None
+"""The agent's store address, kept by :func:`install` (None: no agent store)."""
+
+
+def _meets_at_agent(init_method: object) -> bool:
+    """Whether the rendezvous ``init_method`` names (``env://``: ``MASTER_PORT`` now;
+    ``tcp://host:port``, as scripts build it from the same variables) is the agent's store.
+    The port decides: on the agent's port is the agent's store, whatever the host is
+    called (localhost, 127.0.0.1, the node's name)."""
+    if _AGENT is None:
+        return False
+    if init_method in (None, "env://"):
+        port = os.environ.get("MASTER_PORT", "")
+    elif isinstance(init_method, str) and init_method.startswith("tcp://"):
+        from urllib.parse import urlparse
+
+        try:
+            port = str(urlparse(init_method).port)
+        except ValueError:
+            return False
+    else:
+        return False
+    return port == _AGENT[1]
+
+
 def attempt_store(timeout_s: float) -> Any:
     """This restart attempt's namespace of the agent's store (None: no agent store)."""
     from torch.distributed import PrefixStore, TCPStore
 
-    torchrun = os.environ
-    if torchrun.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if _AGENT is None:
         return None
     try:
-        host, port = torchrun["MASTER_ADDR"], int(torchrun["MASTER_PORT"])
-        int(torchrun["RANK"]), int(torchrun["WORLD_SIZE"])
+        host, port = _AGENT[0], int(_AGENT[1])
+        int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except (KeyError, ValueError):
         return None  # not the agent's layout: the real function reports what is missing
     client = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=max(timeout_s, 1)))

@@ -1,0 +1,101 @@
+"""A script that meets at an address of its own under ``dtrain run``.
+
+torchrun tells its workers ``TORCHELASTIC_USE_AGENT_STORE=True``: torch's rendezvous then
+connects as a client at whatever address it is given. A script that sets its own
+``MASTER_PORT`` (as the DDP tutorials do), and the processes a script starts with
+``mp.spawn``, waited there for a store nobody hosts: 30 minutes under torchrun, then a
+timeout. dtrain keeps the flag to the rank's own ``init_process_group`` at the agent's port
+(dtrain_cli/runtime/script/arrival.py), so such a script meets where it says, as under
+plain ``python``. The values are checked: the all-reduce of the ranks' numbers.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from tests.conftest import run_dtrain
+
+OWN_PORT = """\
+import os, sys
+import torch
+import torch.distributed as dist
+os.environ["MASTER_ADDR"] = "localhost"
+os.environ["MASTER_PORT"] = sys.argv[1]
+dist.init_process_group("gloo")
+t = torch.ones(1) * (dist.get_rank() + 1)
+dist.all_reduce(t)
+print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {t.item()}")
+dist.destroy_process_group()
+"""
+
+TCP_FROM_ENV = """\
+import os
+import torch
+import torch.distributed as dist
+url = f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("gloo", init_method=url, rank=rank, world_size=world)
+t = torch.ones(1) * (rank + 1)
+dist.all_reduce(t)
+print(f"rank {rank} of {world}: sum {t.item()}")
+dist.destroy_process_group()
+"""
+
+# the shape of PyTorch's DDP tutorial: the script starts its ranks itself
+SPAWNS = """\
+import os, sys
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+def worker(rank, world_size, port):
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = port
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    t = torch.ones(1) * (rank + 1)
+    dist.all_reduce(t)
+    print(f"child {rank} of {world_size}: sum {t.item()}", flush=True)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(worker, args=(2, sys.argv[1]), nprocs=2, join=True)
+"""
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+@pytest.mark.multiproc
+def test_a_script_that_sets_its_own_master_port_meets_there(tmp_path):
+    (tmp_path / "own_port.py").write_text(OWN_PORT)
+    args = ["run", "dp=2", "launcher.rdzv_timeout_s=30", "--", "own_port.py", _free_port()]
+    run = run_dtrain(args, tmp_path, timeout=150)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(run.stdout.count(f"rank {r} of 2: sum 3.0") for r in (0, 1)) == [1, 1]
+
+
+@pytest.mark.multiproc
+def test_tcp_init_built_from_torchruns_variables_still_meets_at_the_agents_store(tmp_path):
+    (tmp_path / "tcp_env.py").write_text(TCP_FROM_ENV)
+    args = ["run", "dp=2", "launcher.rdzv_timeout_s=30", "--", "tcp_env.py"]
+    run = run_dtrain(args, tmp_path, timeout=150)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(run.stdout.count(f"rank {r} of 2: sum 3.0") for r in (0, 1)) == [1, 1]
+
+
+@pytest.mark.multiproc
+def test_a_script_that_spawns_its_own_ranks_runs_as_one_process(tmp_path):
+    """What the plan's warning for ``mp.spawn`` tells the user to run; it hung."""
+    (tmp_path / "spawns.py").write_text(SPAWNS)
+    run = run_dtrain(["run", "--", "spawns.py", _free_port()], tmp_path, timeout=150)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(run.stdout.count(f"child {r} of 2: sum 3.0") for r in (0, 1)) == [1, 1]
+    warned = run_dtrain(["plan", "dp=2", "--", "spawns.py", "1"], tmp_path)
+    said = " ".join(warned.stdout.split())  # the plan's warnings: on stdout, wrapped
+    assert "starts its own processes (mp.spawn)" in said
+    assert "run it as one process (dtrain run -- spawns.py)" in said
