@@ -188,39 +188,75 @@ def _parsed(file: str, mtime_ns: int, size: int) -> ast.Module | None:
         return None
 
 
-def own_spawn_line(file: str) -> int | None:
-    """The line where the script starts its own ranks with ``torch.multiprocessing.spawn``
-    (or ``start_processes``), the shape of pytorch/examples' DDP tutorial; None if none."""
+def own_spawn_line(file: str) -> tuple[int, str] | None:
+    """Where the script starts its own ranks, and how: ``torch.multiprocessing.spawn`` (or
+    ``start_processes``), the shape of pytorch/examples' DDP tutorial; or a
+    ``multiprocessing.Process`` in a script that hands ``init_process_group`` a rank not
+    read from the environment (PyTorch's "Writing Distributed Applications"). None if
+    neither."""
     if (tree := _syntax_tree(file)) is None:
         return None
-    modules, functions = {"torch.multiprocessing"}, set()  # what names them in the script
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            modules |= {a.asname for a in node.names if a.name == "torch.multiprocessing"}
-        elif isinstance(node, ast.ImportFrom) and node.module == "torch":
-            modules |= {a.asname or a.name for a in node.names if a.name == "multiprocessing"}
-        elif isinstance(node, ast.ImportFrom) and node.module == "torch.multiprocessing":
-            functions |= {a.asname or a.name for a in node.names if a.name in SPAWNERS}
+    modules, functions = _multiprocessing_names(tree)
+    processes = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr in SPAWNERS:
-            if ast.unparse(func.value) in modules:
-                return node.lineno
+        if isinstance(func, ast.Attribute) and ast.unparse(func.value) in modules:
+            if func.attr in SPAWNERS:
+                return node.lineno, f"mp.{func.attr}"
+            if func.attr == "Process":
+                processes.append(node.lineno)
         elif isinstance(func, ast.Name) and func.id in functions:
-            return node.lineno
+            if functions[func.id] in SPAWNERS:
+                return node.lineno, f"mp.{functions[func.id]}"
+            processes.append(node.lineno)
+    if processes and _ranks_its_own_group(tree):
+        return min(processes), "multiprocessing.Process"
     return None
+
+
+def _multiprocessing_names(tree: ast.Module) -> tuple[set[str], dict[str, str]]:
+    """The names the script gives (torch.)multiprocessing, and the spawn or Process
+    functions it imports from it (name -> what it is)."""
+    mp = ("torch.multiprocessing", "multiprocessing")
+    modules, functions = set(mp), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name in mp}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch":
+            modules |= {a.asname or a.name for a in node.names if a.name == "multiprocessing"}
+        elif isinstance(node, ast.ImportFrom) and node.module in mp:
+            wanted = (*SPAWNERS, "Process") if node.module == mp[0] else ("Process",)
+            functions |= {a.asname or a.name: a.name for a in node.names if a.name in wanted}
+    return modules, functions
+
+
+def _ranks_its_own_group(tree: ast.Module) -> bool:
+    """Whether an ``init_process_group(..., rank=...)`` takes a rank not read from
+    torchrun's environment (``RANK``, ``LOCAL_RANK``, ``os.environ``)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not ast.unparse(node.func).endswith(
+            "init_process_group"
+        ):
+            continue
+        for kw in node.keywords:
+            if kw.arg == "rank" and not any(
+                w in ast.unparse(kw.value) for w in ("RANK", "environ", "getenv")
+            ):
+                return True
+    return False
 
 
 def spawn_warning(script: ScriptPlan, world_size: int) -> str | None:
     """A script that spawns its own ranks, run on more than one: every rank spawns them
     again and their process groups collide on one address."""
-    if world_size <= 1 or (line := own_spawn_line(script.file)) is None:
+    if world_size <= 1 or (found := own_spawn_line(script.file)) is None:
         return None
+    line, how = found
     name = script.path or script.module
     return (
-        f"script {name} line {line} starts its own processes (mp.spawn): each of the "
+        f"script {name} line {line} starts its own processes ({how}): each of the "
         f"{world_size} ranks dtrain starts would start them again, on one rendezvous address; "
         f"run it as one process (dtrain run -- {name}), or let dtrain start the ranks: call "
         "its worker function once, with the rank from RANK (docs/own-script.md)"

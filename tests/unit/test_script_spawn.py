@@ -24,16 +24,41 @@ NOT_SPAWNING = [
     "def spawn(f, nprocs):\n    f(0, 1)\n" + MAIN + "spawn(main, nprocs=2)\n",
     "import os\nos.spawnl(os.P_WAIT, '/bin/true')\n",
     "import torch.multiprocessing as mp\nmp.set_start_method('spawn')\n",
+    # a helper process in a torchrun-style script: its rank comes from the environment
+    "import os, multiprocessing as mp\nimport torch.distributed as dist\n"
+    "dist.init_process_group('gloo', rank=int(os.environ['RANK']), world_size=2)\n"
+    "mp.Process(target=print).start()\n",
 ]
+# PyTorch's "Writing Distributed Applications": Process per rank, the rank handed over
+INIT = "    dist.init_process_group('gloo', rank=rank, world_size=size)\n"
+PROCESSES = [
+    "import torch.multiprocessing as mp\nimport torch.distributed as dist\n"
+    "def init_process(rank, size):\n" + INIT + "for rank in range(2):\n"
+    "    p = mp.Process(target=init_process, args=(rank, 2))\n    p.start()\n",
+    "from multiprocessing import Process\nfrom torch import distributed as dist\n"
+    "def init_process(rank, size):\n" + INIT + "ps = [Process(target=init_process, "
+    "args=(r, 2)) for r in range(2)]\n",
+]
+
+
+@pytest.mark.parametrize("source", PROCESSES)
+def test_a_script_that_starts_a_process_per_rank_is_found(source, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    line = next(n for n, text in enumerate(source.splitlines(), 1) if "Process(" in text)
+    assert own_spawn_line(str(script)) == (line, "multiprocessing.Process")
+    plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
+    said = f"script train.py line {line} starts its own processes (multiprocessing.Process)"
+    assert spawn_warning(plan, 2).startswith(said)
 
 
 @pytest.mark.parametrize("source", SPAWNING)
 def test_a_script_that_spawns_its_ranks_is_found(source, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(source)
-    line = own_spawn_line(str(script))
+    line, how = own_spawn_line(str(script))
     calls = [n for n, text in enumerate(source.splitlines(), 1) if "(main, " in text]
-    assert line == calls[-1]
+    assert line == calls[-1] and how.startswith("mp.")
     plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
     warning = spawn_warning(plan, 2)
     assert warning.startswith(f"script train.py line {line} starts its own processes")
