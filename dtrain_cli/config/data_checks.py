@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtrain_cli.config.schema import DataConfig, DtrainConfig
+from dtrain_cli.hub import download_hint
 from dtrain_cli.targets import TargetError, import_roots, nested_targets, resolve_target
 
 if TYPE_CHECKING:
@@ -119,7 +120,8 @@ def hf_data_files(data: DataConfig) -> list[Path]:
     if path.is_file():
         return [path.resolve()]
     if not path.is_dir():
-        raise FileNotFoundError(f"data.path={data.path}: no such file or folder")
+        hint = download_hint("data.path", str(data.path or ""), dataset=True)
+        raise FileNotFoundError(f"data.path={data.path}: no such file or folder{hint}")
     exts = (
         EXTENSIONS[data.format]
         if data.format != "auto"
@@ -173,9 +175,10 @@ def _first_record_problems(data: DataConfig, path: Path) -> list[str]:
 def tokenizer_problems(folder: str, vocab_size: int | None) -> list[str]:
     path = Path(folder).expanduser()
     if not path.is_dir():
+        hint = download_hint("data.tokenizer", folder)
         return [
             f"data.tokenizer={folder}: no such folder (a tokenizer folder, e.g. with a "
-            "tokenizer.json; unset it for byte-level tokens)"
+            f"tokenizer.json; unset it for byte-level tokens){hint}"
         ]
     if not any((path / f).is_file() for f in TOKENIZER_FILES):
         return [f"data.tokenizer={folder}: no {' or '.join(TOKENIZER_FILES)} in it"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.errors import ConfigError
+from dtrain_cli.hub import download_hint
 from dtrain_cli.models.hf.facts_cache import FOLDER, facts_key
 from dtrain_cli.models.hf.library import transformers_module
 from dtrain_cli.models.hf.tp_checks import tp_problems
@@ -98,7 +99,8 @@ class HFSpec(ModelSpec):
             folder = Path(os.path.expanduser(m.pretrained))
             if not folder.is_dir():
                 out.append(
-                    f"model.pretrained={m.pretrained}: no such folder (a local model folder)"
+                    f"model.pretrained={m.pretrained}: no such folder (a local model "
+                    f"folder){download_hint('model.pretrained', m.pretrained)}"
                 )
             elif not (folder / "config.json").is_file():
                 out.append(
