@@ -42,7 +42,8 @@ from dtrain_cli.plan.plan import (
     PrecisionPlan,
     ScriptPlan,
 )
-from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan, script_warnings
+from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
+from dtrain_cli.plan.script_checks import script_warnings
 from dtrain_cli.plan.sync import num_servers, sync_plan
 from dtrain_cli.strategies import names as strategy_names
 from dtrain_cli.strategies import strategy_for

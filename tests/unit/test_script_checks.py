@@ -1,13 +1,15 @@
-"""A script that starts its own ranks with torch.multiprocessing.spawn, run on more than one
-rank, is named in the plan's warnings (under dp=2 each rank spawned two more on one
-rendezvous address and the run failed with a lost peer)."""
+"""A script that would misbehave on the ranks dtrain starts is named in the plan's
+warnings (dtrain_cli/plan/script_checks.py): one that starts its own ranks with
+torch.multiprocessing.spawn (under dp=2 each rank spawned two more on one rendezvous
+address and the run failed with a lost peer), takes its rank from --local_rank, or from
+SLURM's per-task variables."""
 
 from __future__ import annotations
 
 import pytest
 
 from dtrain_cli.plan.plan import ScriptPlan
-from dtrain_cli.plan.script import own_spawn_line, spawn_warning
+from dtrain_cli.plan.script_checks import own_spawn_line, spawn_warning
 
 MAIN = "def main(rank, world):\n    pass\n\n"
 SPAWNING = [
@@ -78,6 +80,7 @@ def test_other_scripts_are_left_alone(source, tmp_path):
     [
         ("spawn", "line 5 starts its own processes (mp.spawn)", "starts its own processes"),
         ("local_rank", "line 3 takes --local_rank", "takes --local_rank"),
+        ("slurm", "line 2 reads SLURM_PROCID", "reads SLURM_PROCID"),
     ],
 )
 def test_the_plan_of_such_a_script_warns_on_two_ranks_only(
@@ -87,7 +90,7 @@ def test_the_plan_of_such_a_script_warns_on_two_ranks_only(
 
     from dtrain_cli.cli.app import app
 
-    text = SPAWNING[0] if source == "spawn" else TAKES_LOCAL_RANK[0]
+    text = {"spawn": SPAWNING[0], "local_rank": TAKES_LOCAL_RANK[0], "slurm": SLURM_RANK[0]}[source]
     (tmp_path / "train.py").write_text(text)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["plan", "dp=2", "--", "train.py"])
@@ -114,7 +117,7 @@ READS_THE_ENVIRONMENT = [
 def test_a_script_that_takes_its_rank_from_local_rank_alone_is_named(source, tmp_path):
     """torch.distributed.launch passed --local_rank; torchrun and dtrain do not, so every
     rank of such a script kept the default (-1: 'not distributed', each rank alone)."""
-    from dtrain_cli.plan.script import local_rank_flag_line, local_rank_warning
+    from dtrain_cli.plan.script_checks import local_rank_flag_line, local_rank_warning
 
     script = tmp_path / "train.py"
     script.write_text(source)
@@ -128,7 +131,7 @@ def test_a_script_that_takes_its_rank_from_local_rank_alone_is_named(source, tmp
 
 @pytest.mark.parametrize("source", READS_THE_ENVIRONMENT)
 def test_a_script_that_reads_local_rank_from_the_environment_is_left_alone(source, tmp_path):
-    from dtrain_cli.plan.script import local_rank_flag_line
+    from dtrain_cli.plan.script_checks import local_rank_flag_line
 
     script = tmp_path / "train.py"
     script.write_text(source)
@@ -139,7 +142,7 @@ def test_an_edited_script_is_read_again(tmp_path):
     """The script's syntax tree is kept per file and version: an edit is seen."""
     import os
 
-    from dtrain_cli.plan.script import local_rank_flag_line
+    from dtrain_cli.plan.script_checks import local_rank_flag_line
 
     script = tmp_path / "train.py"
     script.write_text(TAKES_LOCAL_RANK[0])
@@ -147,3 +150,41 @@ def test_an_edited_script_is_read_again(tmp_path):
     script.write_text(READS_THE_ENVIRONMENT[1] + "\n")
     os.utime(script, ns=(1, 1))  # another version even within the clock's resolution
     assert local_rank_flag_line(str(script)) is None
+
+
+SLURM_RANK = [
+    "import os\nrank = int(os.environ['SLURM_PROCID'])\nn = int(os.environ['SLURM_NTASKS'])\n",
+    "import os\nlocal = os.getenv('SLURM_LOCALID', '0')\n",
+]
+SLURM_WITH_TORCHRUN = [
+    # the usual fallback (DeiT's, MAE's init_distributed_mode): torchrun's first
+    "import os\nif 'RANK' in os.environ:\n    rank = int(os.environ['RANK'])\n"
+    "elif 'SLURM_PROCID' in os.environ:\n    rank = int(os.environ['SLURM_PROCID'])\n",
+    "import os\nprint(os.environ.get('SLURM_JOB_ID'))\n",  # the job, not the task
+]
+
+
+@pytest.mark.parametrize("source", SLURM_RANK)
+def test_a_script_that_takes_its_rank_from_slurm_alone_is_named(source, tmp_path):
+    """dtrain (as torchrun under srun) runs one SLURM task per node: SLURM_PROCID is the
+    node's index there, and on a machine without SLURM it is not set."""
+    from dtrain_cli.plan.script_checks import slurm_rank_line, slurm_rank_warning
+
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    line, key = slurm_rank_line(str(script))
+    assert line == 2 and key in source.splitlines()[1]
+    plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
+    warning = slurm_rank_warning(plan, 2)
+    assert warning.startswith(f"script train.py line 2 reads {key}: dtrain starts its ranks")
+    assert warning.endswith("read RANK, LOCAL_RANK and WORLD_SIZE (docs/own-script.md)")
+    assert slurm_rank_warning(plan, 1) is None
+
+
+@pytest.mark.parametrize("source", SLURM_WITH_TORCHRUN)
+def test_a_script_that_reads_torchruns_rank_first_is_left_alone(source, tmp_path):
+    from dtrain_cli.plan.script_checks import slurm_rank_line
+
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    assert slurm_rank_line(str(script)) is None

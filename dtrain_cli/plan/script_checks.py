@@ -1,0 +1,186 @@
+"""What the plan says about a user's script before it runs on several ranks: read from its
+syntax tree (``ast``, parsed once per file version), never by running it. A script that
+starts its own ranks (``mp.spawn``, a ``multiprocessing.Process`` per rank), takes its
+rank from ``--local_rank`` (the deprecated ``torch.distributed.launch``'s flag) or from
+SLURM's per-task variables: each would misbehave on the ranks dtrain starts. Torch-free."""
+
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from pathlib import Path
+
+from dtrain_cli.plan.plan import ScriptPlan
+
+SPAWNERS = ("spawn", "start_processes")  # torch.multiprocessing's: mp.spawn(main, nprocs=N)
+
+
+def _syntax_tree(file: str) -> ast.Module | None:
+    """The script's syntax tree, parsed once for every check below (again once edited)."""
+    try:
+        st = os.stat(file)
+    except OSError:
+        return None
+    return _parsed(file, st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed(file: str, mtime_ns: int, size: int) -> ast.Module | None:
+    try:
+        return ast.parse(Path(file).read_bytes())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def own_spawn_line(file: str) -> tuple[int, str] | None:
+    """Where the script starts its own ranks, and how: ``torch.multiprocessing.spawn`` (or
+    ``start_processes``), the shape of pytorch/examples' DDP tutorial; or a
+    ``multiprocessing.Process`` in a script that hands ``init_process_group`` a rank not
+    read from the environment (PyTorch's "Writing Distributed Applications"). None if
+    neither."""
+    if (tree := _syntax_tree(file)) is None:
+        return None
+    modules, functions = _multiprocessing_names(tree)
+    processes = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and ast.unparse(func.value) in modules:
+            if func.attr in SPAWNERS:
+                return node.lineno, f"mp.{func.attr}"
+            if func.attr == "Process":
+                processes.append(node.lineno)
+        elif isinstance(func, ast.Name) and func.id in functions:
+            if functions[func.id] in SPAWNERS:
+                return node.lineno, f"mp.{functions[func.id]}"
+            processes.append(node.lineno)
+    if processes and _ranks_its_own_group(tree):
+        return min(processes), "multiprocessing.Process"
+    return None
+
+
+def _multiprocessing_names(tree: ast.Module) -> tuple[set[str], dict[str, str]]:
+    """The names the script gives (torch.)multiprocessing, and the spawn or Process
+    functions it imports from it (name -> what it is)."""
+    mp = ("torch.multiprocessing", "multiprocessing")
+    modules, functions = set(mp), {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules |= {a.asname or a.name for a in node.names if a.name in mp}
+        elif isinstance(node, ast.ImportFrom) and node.module == "torch":
+            modules |= {a.asname or a.name for a in node.names if a.name == "multiprocessing"}
+        elif isinstance(node, ast.ImportFrom) and node.module in mp:
+            wanted = (*SPAWNERS, "Process") if node.module == mp[0] else ("Process",)
+            functions |= {a.asname or a.name: a.name for a in node.names if a.name in wanted}
+    return modules, functions
+
+
+def _ranks_its_own_group(tree: ast.Module) -> bool:
+    """Whether an ``init_process_group(..., rank=...)`` takes a rank not read from
+    torchrun's environment (``RANK``, ``LOCAL_RANK``, ``os.environ``)."""
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not ast.unparse(node.func).endswith(
+            "init_process_group"
+        ):
+            continue
+        for kw in node.keywords:
+            if kw.arg == "rank" and not any(
+                w in ast.unparse(kw.value) for w in ("RANK", "environ", "getenv")
+            ):
+                return True
+    return False
+
+
+def spawn_warning(script: ScriptPlan, world_size: int) -> str | None:
+    """A script that spawns its own ranks, run on more than one: every rank spawns them
+    again and their process groups collide on one address."""
+    if world_size <= 1 or (found := own_spawn_line(script.file)) is None:
+        return None
+    line, how = found
+    name = script.path or script.module
+    return (
+        f"script {name} line {line} starts its own processes ({how}): each of the "
+        f"{world_size} ranks dtrain starts would start them again, on one rendezvous address; "
+        f"run it as one process (dtrain run -- {name}), or let dtrain start the ranks: call "
+        "its worker function once, with the rank from RANK (docs/own-script.md)"
+    )
+
+
+LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
+
+
+def local_rank_flag_line(file: str) -> int | None:
+    """The line of an ``add_argument("--local_rank", ...)`` in a script that never names
+    ``LOCAL_RANK``: the deprecated ``torch.distributed.launch`` passed that flag to each
+    rank; torchrun and dtrain set ``LOCAL_RANK`` in the environment and pass no flag."""
+    if (tree := _syntax_tree(file)) is None:
+        return None
+    line = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and node.value == "LOCAL_RANK":
+            return None  # read from the environment too (os.environ.get("LOCAL_RANK", ...))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            flags = [a.value for a in node.args if isinstance(a, ast.Constant)]
+            if node.func.attr == "add_argument" and set(flags) & set(LOCAL_RANK_FLAGS):
+                line = node.lineno if line is None else min(line, node.lineno)
+    return line
+
+
+def local_rank_warning(script: ScriptPlan, world_size: int) -> str | None:
+    """A script that takes its rank from ``--local_rank`` alone, run on more than one rank:
+    every rank keeps the flag's default (often -1: "not distributed", each rank alone)."""
+    if world_size <= 1 or (line := local_rank_flag_line(script.file)) is None:
+        return None
+    return (
+        f"script {script.path or script.module} line {line} takes --local_rank, which the "
+        "deprecated torch.distributed.launch passed; torchrun and dtrain do not, so every "
+        "rank keeps its default: read int(os.environ['LOCAL_RANK']) (docs/own-script.md)"
+    )
+
+
+SLURM_TASK_KEYS = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS")
+TORCHRUN_RANK_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+
+
+def slurm_rank_line(file: str) -> tuple[int, str] | None:
+    """Where a script that never names torchrun's ``RANK``, ``LOCAL_RANK`` or
+    ``WORLD_SIZE`` names SLURM's per-task variables (``rank =
+    int(os.environ["SLURM_PROCID"])``, the shape of scripts started by ``srun python``), and
+    which; None where it names neither or reads torchrun's too (the usual fallback)."""
+    if (tree := _syntax_tree(file)) is None:
+        return None
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value in TORCHRUN_RANK_KEYS:
+                return None
+            if node.value in SLURM_TASK_KEYS and (found is None or node.lineno < found[0]):
+                found = (node.lineno, node.value)
+    return found
+
+
+def slurm_rank_warning(script: ScriptPlan, world_size: int) -> str | None:
+    """A script that takes its rank from SLURM alone, run on more than one rank: dtrain (as
+    torchrun under ``srun``) runs one agent per node, so SLURM's task is the node, not the
+    rank; on this machine there is no SLURM task at all."""
+    if world_size <= 1 or (found := slurm_rank_line(script.file)) is None:
+        return None
+    line, key = found
+    return (
+        f"script {script.path or script.module} line {line} reads {key}: dtrain starts its "
+        "ranks itself (one SLURM task per node, none on a machine without SLURM), so SLURM's "
+        "task variables do not name the rank: read RANK, LOCAL_RANK and WORLD_SIZE "
+        "(docs/own-script.md)"
+    )
+
+
+def script_warnings(script: ScriptPlan, world_size: int) -> list[str]:
+    """What the plan says about a script that would misbehave on ``world_size`` ranks."""
+    found = (
+        spawn_warning(script, world_size),
+        local_rank_warning(script, world_size),
+        slurm_rank_warning(script, world_size),
+    )
+    return [w for w in found if w]
