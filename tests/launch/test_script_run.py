@@ -224,6 +224,10 @@ else:
     import torch.distributed as dist
     dist.init_process_group()
 """
+SHARDS = """import os
+print(f"shard-{os.environ['RANK']}")
+"""
+
 MESH_ONLY = """import torch
 from torch.distributed.device_mesh import init_device_mesh
 mesh = init_device_mesh("cpu", (2,))
@@ -251,6 +255,12 @@ def test_a_script_that_never_joins_a_process_group_is_told_its_ranks_ran_alone(t
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.count("sum 2.0") == 2
     assert "init_process_group" not in run.stderr and "warning" not in run.stderr
+    # a script that only splits its files by RANK, naming nothing distributed, is not told
+    (tmp_path / "shards.py").write_text(SHARDS)
+    run = run_dtrain(["run", "dp=2", "--", "shards.py"], tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.count("shard-0") == run.stdout.count("shard-1") == 1
+    assert "warning" not in run.stderr, run.stderr
 
 
 @pytest.mark.multiproc

@@ -45,18 +45,30 @@ def joined() -> bool | None:
     return None if _CALLS is None else bool(_CALLS)
 
 
-def say_if_alone(rank: int) -> None:
+def say_if_alone(rank: int, script_file: str) -> None:
     """Rank 0 of a run on several ranks whose script ended well without ever calling
     ``init_process_group`` says so: every rank then ran the whole job alone (a script that
-    takes its rank from a flag torchrun does not pass, or makes its own ``--dist-url``)."""
+    takes its rank from a flag torchrun does not pass, or makes its own ``--dist-url``). A
+    script that names nothing distributed (one that only splits files by ``RANK``) meant
+    to run alone, and is not told."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if rank == 0 and world > 1 and joined() is False:
+    if rank == 0 and world > 1 and joined() is False and _names_distributed(script_file):
         print(
             f"warning: the script never called init_process_group: its {world} ranks ran "
             "alone, sharing nothing; to train together, call it when WORLD_SIZE > 1 "
             "(torchrun's environment, docs/own-script.md)",
             file=sys.stderr,
         )
+
+
+def _names_distributed(script_file: str) -> bool:
+    """Whether the script's text names torch.distributed, DDP, a DistributedSampler ...
+    (or cannot be read: then it is told)."""
+    try:
+        with open(script_file, "rb") as f:
+            return b"distributed" in f.read().lower()
+    except OSError:
+        return True
 
 
 def install(timeout_s: float) -> None:

@@ -174,14 +174,14 @@ def run_script(run_dir: Path) -> None:
     with tee_output(run.rank_log(rank)):
         try:
             run_as_main(sc)
-            script_arrival.say_if_alone(rank)
+            script_arrival.say_if_alone(rank, sc["file"])
         except SystemExit as exc:
             code = exit_status(exc)
             if code == EXIT_PREEMPTED:  # the script saved its checkpoint: requeue
                 record_preempted(run_dir, rank)
                 return
             if code == 0:  # sys.exit(), sys.exit(0): a clean end, as falling off the end
-                script_arrival.say_if_alone(rank)
+                script_arrival.say_if_alone(rank, sc["file"])
                 return
             write_note(run_dir, rank, None, None, exitcode=code)
             raise SystemExit(code) from None
