@@ -71,19 +71,17 @@ def _free_port() -> str:
 
 
 @pytest.mark.multiproc
-def test_a_script_that_sets_its_own_master_port_meets_there(tmp_path):
-    (tmp_path / "own_port.py").write_text(OWN_PORT)
-    args = ["run", "dp=2", "launcher.rdzv_timeout_s=30", "--", "own_port.py", _free_port()]
-    run = run_dtrain(args, tmp_path, timeout=150)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert sorted(run.stdout.count(f"rank {r} of 2: sum 3.0") for r in (0, 1)) == [1, 1]
-
-
-@pytest.mark.multiproc
-def test_tcp_init_built_from_torchruns_variables_still_meets_at_the_agents_store(tmp_path):
-    (tmp_path / "tcp_env.py").write_text(TCP_FROM_ENV)
-    args = ["run", "dp=2", "launcher.rdzv_timeout_s=30", "--", "tcp_env.py"]
-    run = run_dtrain(args, tmp_path, timeout=150)
+@pytest.mark.parametrize(
+    ("source", "own_port"),
+    [(OWN_PORT, True), (TCP_FROM_ENV, False)],
+    ids=["its-own-master-port", "tcp-at-the-agents-port"],
+)
+def test_a_script_meets_where_it_says(tmp_path, source, own_port):
+    """Its own ``MASTER_PORT`` (rank 0 hosts the store there); ``tcp://`` built from
+    torchrun's variables (the agent's store, as before)."""
+    (tmp_path / "train.py").write_text(source)
+    args = ["run", "dp=2", "launcher.rdzv_timeout_s=30", "--", "train.py"]
+    run = run_dtrain([*args, *([_free_port()] if own_port else [])], tmp_path, timeout=150)
     assert run.returncode == 0, run.stderr[-2000:]
     assert sorted(run.stdout.count(f"rank {r} of 2: sum 3.0") for r in (0, 1)) == [1, 1]
 

@@ -12,6 +12,16 @@ from dtrain_cli.plan.plan import ScriptPlan
 from dtrain_cli.plan.script_checks import own_spawn_line, spawn_warning
 
 MAIN = "def main(rank, world):\n    pass\n\n"
+
+
+def _script(tmp_path, source: str) -> tuple[str, ScriptPlan]:
+    """``source`` as train.py, and the plan of ``dtrain run -- train.py``."""
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
+    return str(script), plan
+
+
 SPAWNING = [
     "import torch.multiprocessing as mp\n" + MAIN + "mp.spawn(main, args=(2,), nprocs=2)\n",
     "import torch.multiprocessing\n" + MAIN + "torch.multiprocessing.spawn(main, (2,), 2)\n",
@@ -45,23 +55,19 @@ PROCESSES = [
 
 @pytest.mark.parametrize("source", PROCESSES)
 def test_a_script_that_starts_a_process_per_rank_is_found(source, tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(source)
+    script, plan = _script(tmp_path, source)
     line = next(n for n, text in enumerate(source.splitlines(), 1) if "Process(" in text)
-    assert own_spawn_line(str(script)) == (line, "multiprocessing.Process")
-    plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
+    assert own_spawn_line(script) == (line, "multiprocessing.Process")
     said = f"script train.py line {line} starts its own processes (multiprocessing.Process)"
     assert spawn_warning(plan, 2).startswith(said)
 
 
 @pytest.mark.parametrize("source", SPAWNING)
 def test_a_script_that_spawns_its_ranks_is_found(source, tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    line, how = own_spawn_line(str(script))
+    script, plan = _script(tmp_path, source)
+    line, how = own_spawn_line(script)
     calls = [n for n, text in enumerate(source.splitlines(), 1) if "(main, " in text]
     assert line == calls[-1] and how.startswith("mp.")
-    plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
     warning = spawn_warning(plan, 2)
     assert warning.startswith(f"script train.py line {line} starts its own processes")
     assert "dtrain run -- train.py" in warning
@@ -70,9 +76,8 @@ def test_a_script_that_spawns_its_ranks_is_found(source, tmp_path):
 
 @pytest.mark.parametrize("source", NOT_SPAWNING)
 def test_other_scripts_are_left_alone(source, tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    assert own_spawn_line(str(script)) is None
+    script, _ = _script(tmp_path, source)
+    assert own_spawn_line(script) is None
 
 
 @pytest.mark.parametrize(
@@ -119,10 +124,8 @@ def test_a_script_that_takes_its_rank_from_local_rank_alone_is_named(source, tmp
     rank of such a script kept the default (-1: 'not distributed', each rank alone)."""
     from dtrain_cli.plan.script_checks import local_rank_flag_line, local_rank_warning
 
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    assert local_rank_flag_line(str(script)) == 3
-    plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
+    script, plan = _script(tmp_path, source)
+    assert local_rank_flag_line(script) == 3
     warning = local_rank_warning(plan, 2)
     assert warning.startswith("script train.py line 3 takes --local_rank")
     assert "read int(os.environ['LOCAL_RANK'])" in warning
@@ -133,9 +136,8 @@ def test_a_script_that_takes_its_rank_from_local_rank_alone_is_named(source, tmp
 def test_a_script_that_reads_local_rank_from_the_environment_is_left_alone(source, tmp_path):
     from dtrain_cli.plan.script_checks import local_rank_flag_line
 
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    assert local_rank_flag_line(str(script)) is None
+    script, _ = _script(tmp_path, source)
+    assert local_rank_flag_line(script) is None
 
 
 def test_an_edited_script_is_read_again(tmp_path):
@@ -146,10 +148,10 @@ def test_an_edited_script_is_read_again(tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text(TAKES_LOCAL_RANK[0])
-    assert local_rank_flag_line(str(script)) == 3
+    assert local_rank_flag_line(script) == 3
     script.write_text(READS_THE_ENVIRONMENT[1] + "\n")
     os.utime(script, ns=(1, 1))  # another version even within the clock's resolution
-    assert local_rank_flag_line(str(script)) is None
+    assert local_rank_flag_line(script) is None
 
 
 SLURM_RANK = [
@@ -170,11 +172,9 @@ def test_a_script_that_takes_its_rank_from_slurm_alone_is_named(source, tmp_path
     node's index there, and on a machine without SLURM it is not set."""
     from dtrain_cli.plan.script_checks import slurm_rank_line, slurm_rank_warning
 
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    line, key = slurm_rank_line(str(script))
+    script, plan = _script(tmp_path, source)
+    line, key = slurm_rank_line(script)
     assert line == 2 and key in source.splitlines()[1]
-    plan = ScriptPlan(path="train.py", module=None, args=[], file=str(script), workdir=".")
     warning = slurm_rank_warning(plan, 2)
     assert warning.startswith(f"script train.py line 2 reads {key}: dtrain starts its ranks")
     assert warning.endswith("read RANK, LOCAL_RANK and WORLD_SIZE (docs/own-script.md)")
@@ -185,6 +185,5 @@ def test_a_script_that_takes_its_rank_from_slurm_alone_is_named(source, tmp_path
 def test_a_script_that_reads_torchruns_rank_first_is_left_alone(source, tmp_path):
     from dtrain_cli.plan.script_checks import slurm_rank_line
 
-    script = tmp_path / "train.py"
-    script.write_text(source)
-    assert slurm_rank_line(str(script)) is None
+    script, _ = _script(tmp_path, source)
+    assert slurm_rank_line(script) is None
