@@ -135,6 +135,20 @@ def run_reference(command: list[str], **kwargs: object) -> subprocess.CompletedP
     return proc
 
 
+def session_processes(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (a command started with
+    ``start_new_session=True``: everything it started that did not leave it)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
 def cache_dir() -> Path:
     """One corpus cache for the whole session (tokenizing the stdlib once)."""
     path = Path(os.environ.get("DTRAIN_TEST_CACHE", "/tmp/dtrain-test-cache"))

@@ -78,6 +78,9 @@ def simulate(
             doc = simulate_layout(layout, (steps, jobs), out)
         except SimulateFailed as exc:
             fail(exc.lines)
+        except KeyboardInterrupt:  # run_ranks has ended every rank it started
+            done = f"; the {len(docs)} layout(s) done are in their run dirs" if docs else ""
+            fail([f"stopped by SIGINT; no simulated rank left running{done}"], 130)
         docs.append(doc)
         if not as_json:
             from dtrain_cli.simulate.report import render

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import DTRAIN, REPO, Run, run_dtrain, run_reference
+from tests.conftest import DTRAIN, REPO, Run, run_dtrain, run_reference, session_processes
 
 SCRIPTS = REPO / "tests" / "scripts"
 DDP = SCRIPTS / "ddp_plain.py"
@@ -539,18 +539,6 @@ def test_lines_of_ranks_never_splice(tmp_path):
         assert len(body) == 300 and all(whole.fullmatch(line) for line in body)
 
 
-def _session_processes(sid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            out.append(int(stat.parent.name))
-    return out
-
-
 @pytest.mark.multiproc
 def test_nothing_dtrain_started_outlives_it(tmp_path):
     """A child the script left running, the fork server, the resource tracker: all gone
@@ -568,7 +556,7 @@ def test_nothing_dtrain_started_outlives_it(tmp_path):
     assert proc.returncode == 0, err
     children = [int(line.split()[1]) for line in out.splitlines() if line.startswith("child ")]
     assert len(children) == 2
-    assert _session_processes(proc.pid) == []
+    assert session_processes(proc.pid) == []
 
 
 @pytest.mark.multiproc

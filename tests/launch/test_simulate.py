@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 
-from tests.conftest import REPO, run_dtrain
+from tests.conftest import DTRAIN, REPO, cache_dir, run_dtrain, session_processes
 
 pytestmark = pytest.mark.multiproc
 
@@ -446,3 +450,35 @@ def _plan_peak(overrides: list[str]) -> str:
     peak = peak_memory(cfg, model_spec(cfg), plan, cfg.hardware)
     assert peak.fits
     return f"{bytes_text(peak.total)} of {bytes_text(peak.capacity)}"
+
+
+def test_ctrl_c_ends_a_simulation_and_every_rank_it_started(tmp_path):
+    """SIGINT to ``dtrain simulate`` while a rank runs (a terminal's Ctrl-C, whose SIGINT
+    a shell's background job would ignore): exit 130 with one line, no rank left."""
+    out = tmp_path / "sim"
+    proc = subprocess.Popen(
+        [*DTRAIN, "simulate", "recipe=gpt_1b", "parallel.strategy=fsdp", "dp=64",
+         "--ranks", "0", "--out", str(out)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())}, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not list(out.glob("*/simulate/rank_0.log")) and time.time() < deadline:
+            time.sleep(0.2)
+        assert list(out.glob("*/simulate/rank_0.log")), "rank 0 never started"
+        time.sleep(1.0)  # inside the rank's start-up
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1] == (
+        "error: stopped by SIGINT; no simulated rank left running"
+    )
+    deadline = time.time() + 5
+    while session_processes(proc.pid) and time.time() < deadline:
+        time.sleep(0.1)
+    assert session_processes(proc.pid) == []
