@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain_cli.rundir.layout import RunDir
-from dtrain_cli.rundir.notes import PEER_LOSS, innermost_frame
+from dtrain_cli.rundir.notes import OWN_SOCKET, innermost_frame, is_peer_loss
 
 # Errors the runtime raises on purpose, with a message that names the cause: shown as one
 # line (their traceback stays in logs/rank_<k>.log).
@@ -55,8 +55,7 @@ class Failed:
 
     @property
     def lost_peer(self) -> bool:
-        text = self.headline.lower()
-        return self.signal is None and any(p in text for p in PEER_LOSS)
+        return self.signal is None and is_peer_loss(self.headline)
 
     @property
     def silent(self) -> bool:
@@ -152,9 +151,15 @@ NO_GPU = ("found no nvidia driver", "no cuda gpus are available")
 
 
 def device_hint(headline: str) -> str | None:
-    """What a CUDA error from code written for GPUs means here, and what runs on both;
-    None for any other error."""
+    """What a CUDA error from code written for GPUs means here, and what runs on both; what
+    a port already in use means; None for any other error."""
     text = headline.lower()
+    if any(p in text for p in OWN_SOCKET):
+        return (
+            "another process on this node holds that port: the script sets its own "
+            "MASTER_PORT on more than one rank (leave it as the launcher sets it), starts "
+            "its own ranks on each of them (run it as one process), or another job uses it"
+        )
     pick = "pick the device with torch.device('cuda' if torch.cuda.is_available() else 'cpu')"
     if any(p in text for p in NO_CUDA):
         return f"the code uses CUDA, which this torch (a CPU wheel) lacks: {pick}"
@@ -194,6 +199,8 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
             text = f"rank {root.rank} was killed by {root.signal}{lost_when}"
         elif root.exited:
             said = f' (its last line: "{root.headline}")' if root.headline else ""
+            if hint := device_hint(root.headline):
+                said += f"; {hint}"
             text = f"rank {root.rank} exited with code {root.exitcode}{when(root.step)}{said}"
         else:
             code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""

@@ -97,6 +97,16 @@ PEER_LOSS = (
     "remote process exited",
     "communicator was aborted",
 )
+OWN_SOCKET = ("address already in use", "eaddrinuse")
+"""A rank that could not listen on a port (``DistNetworkError ... EADDRINUSE``): its own
+failure, not a lost peer."""
+
+
+def is_peer_loss(error: str) -> bool:
+    """Whether an error's text is what a rank reports when another rank died or stopped
+    answering (:data:`PEER_LOSS`), not a failure of its own (:data:`OWN_SOCKET`)."""
+    text = error.lower()
+    return any(p in text for p in PEER_LOSS) and not any(p in text for p in OWN_SOCKET)
 
 
 def attempt_cause(run_dir: Path, attempt: int) -> str:
@@ -115,7 +125,7 @@ def attempt_cause(run_dir: Path, attempt: int) -> str:
             return f"rank {n['rank']} was killed by {n['signal']}{after(n)}"
     for n in notes:
         error = str(n.get("error", "")).split("\n")[0]
-        if error and not any(p in error.lower() for p in PEER_LOSS):
+        if error and not is_peer_loss(error):
             return f"rank {n['rank']} failed{after(n)}: {error}"
     if notes:
         lost = ", ".join(str(n["rank"]) for n in notes)

@@ -176,3 +176,29 @@ def test_a_cuda_error_on_a_machine_without_cuda_says_what_runs_on_both():
     ordinal = "torch.AcceleratorError: CUDA error: invalid device ordinal"
     assert "parallel.nproc_per_node" in device_hint(ordinal)
     assert device_hint("KeyError: 'w'") is None
+
+
+IN_USE = (
+    "torch.distributed.DistNetworkError: The server socket has failed to listen on any local "
+    "network address. port: 12355, useIpv6: false, code: -98, name: EADDRINUSE, message: "
+    "address already in use"
+)
+
+
+def test_a_port_already_in_use_is_the_ranks_own_failure_with_what_holds_it():
+    """The DDP tutorial (mp.spawn, MASTER_PORT=12355) under dp=2: rank 0's spawned ranks
+    could not host their store. It was reported as rank 0 having lost its peer to a rank 1
+    that "ended without an error of its own"."""
+    from dtrain_cli.rundir.notes import is_peer_loss
+
+    assert not is_peer_loss(IN_USE) and is_peer_loss(RESET)
+    ended = Failed(rank=0, exitcode=1, headline=IN_USE, time=1000.0, exited=True)
+    silent = Failed(rank=1, exitcode=None, time=1001.0)
+    code, text = describe([ended, silent], steps_known=False)
+    assert code == 1
+    assert text.startswith(f'rank 0 exited with code 1 (its last line: "{IN_USE}"); another')
+    assert "the script sets its own MASTER_PORT on more than one rank" in text
+    assert "starts its own ranks on each of them (run it as one process)" in text
+    failures = {0: agent_failure(100, 1, 1000, IN_USE)}
+    _, text = describe(from_agent(failures, {}, [0]), steps_known=False)
+    assert text.startswith(f"rank 0 failed (exit code 1): {IN_USE}; another process on this")
