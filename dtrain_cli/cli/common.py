@@ -17,6 +17,7 @@ from dtrain_cli.errors import ConfigError
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.plan.build import Resources
     from dtrain_cli.plan.plan import Plan
 
 EXIT_CONFIG = 2
@@ -138,22 +139,46 @@ def compose_and_plan(
     if note := defaults_note(cfg, rest):
         plan.warnings.insert(0, note)
     plan.warnings += unread_warnings(cfg, rest)
-    if plan.script is None and (said := _fit_warning(cfg, plan, on_hardware)):
+    if plan.script is None and (said := fit_warning(cfg, plan, on_hardware=on_hardware)):
         plan.warnings.append(said)
     return cfg, plan
 
 
-def _fit_warning(cfg: DtrainConfig, plan: Plan, on_hardware: bool) -> str | None:
+def fit_warning(
+    cfg: DtrainConfig, plan: Plan, *, resources: Resources | None = None, on_hardware: bool = False
+) -> str | None:
     """A peak memory above the device's, planned again at smaller micro-batches to name
-    one that fits (:mod:`dtrain_cli.plan.fit`)."""
+    one that fits (:mod:`dtrain_cli.plan.fit`). Each replan gets the plan's own nodes:
+    ``resources`` (a cluster job's), else the hardware profile's node (``on_hardware``),
+    else this machine."""
     from dtrain_cli.models import model_spec
     from dtrain_cli.plan.build import build_plan, node_of
     from dtrain_cli.plan.fit import memory_warning
 
     def replan(other: DtrainConfig) -> Plan:
-        return build_plan(other, node_of(other) if on_hardware else None)
+        node = resources if resources is not None else node_of(other) if on_hardware else None
+        return build_plan(other, node)
 
     return memory_warning(cfg, model_spec(cfg), plan, replan)
+
+
+def cluster_job_warnings(
+    cfg: DtrainConfig, plan: Plan, resources: Resources, overrides: Sequence[str]
+) -> list[str]:
+    """What ``dtrain plan`` adds to a plan's own warnings, for a job planned on a cluster's
+    nodes (``dtrain sbatch``, ``dtrain k8s``): keys the layout never reads, a peak memory
+    above the device's. Said before the job waits in a queue."""
+    from dtrain_cli.plan.unread import unread_warnings
+
+    said = [*plan.warnings, *unread_warnings(cfg, list(overrides))]
+    if plan.script is None and (fit := fit_warning(cfg, plan, resources=resources)):
+        said.append(fit)
+    return said
+
+
+def print_warnings(warnings: Sequence[str]) -> None:
+    for w in warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
 
 
 def _names_nodes(overrides: Sequence[str]) -> bool:

@@ -18,15 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.markup import escape
 from typer.core import TyperGroup
 
 from dtrain_cli.cli.common import (
     CONFIG_DIR_HELP,
     OVERRIDES_HELP,
+    cluster_job_warnings,
     complete_override,
     err_console,
     fail,
+    print_warnings,
 )
 from dtrain_cli.errors import ConfigError
 
@@ -89,6 +90,7 @@ def build(overrides: list[str], config_dirs: list[Path]) -> tuple[DtrainConfig, 
         raise ConfigError(problems + exc.problems) from None
     if problems:
         raise ConfigError(problems)
+    plan.warnings = cluster_job_warnings(cfg, plan, resources, rest)
     pods_cfg = pod_config(cfg, cfg.run.name)
     job = job_from_plan(pods_cfg, plan, cfg.run.name)
     if problems := job_problems(job, plan):
@@ -129,8 +131,7 @@ def job_cmd(
         _, plan, job = build(list(overrides or []), config_dir)
     except ConfigError as exc:
         fail(exc.problems)
-    for w in [*plan.warnings, *job_warnings(job)]:
-        err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
+    print_warnings([*plan.warnings, *job_warnings(job)])
     text = render_manifest(job)
     if out is not None:
         try:

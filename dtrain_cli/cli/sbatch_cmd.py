@@ -28,9 +28,11 @@ import typer
 from dtrain_cli.cli.common import (
     CONFIG_DIR_HELP,
     OVERRIDES_HELP,
+    cluster_job_warnings,
     complete_override,
     err_console,
     fail,
+    print_warnings,
 )
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env as launch_env
@@ -112,10 +114,12 @@ def build_job(
     else:
         # the plan of the job's nodes: their GPUs and CPUs, not this login node's
         cpus = cfg.cluster.cpus_per_task or Resources.detect().num_cpus
+        nodes = Resources(num_gpus=gpus, num_cpus=cpus)
         try:
-            plan = build_plan(cfg, Resources(num_gpus=gpus, num_cpus=cpus), workdir)
+            plan = build_plan(cfg, nodes, workdir)
         except ConfigError as exc:
             raise ConfigError(problems + exc.problems) from None
+        plan.warnings = cluster_job_warnings(cfg, plan, nodes, rest)
         job = job_from_plan(cfg, plan, run_dir, python, workdir)
     return Built(cfg, plan, job, problems + job_problems(job))
 
@@ -155,6 +159,7 @@ def sbatch(
         fail(exc.problems)
     if built.problems:
         fail(built.problems)
+    print_warnings(built.plan.warnings if built.plan is not None else [])
     script = render_sbatch(built.job)
     if not submit:
         sys.stdout.write(script)

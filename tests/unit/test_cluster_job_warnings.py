@@ -1,0 +1,53 @@
+"""``dtrain sbatch`` printed none of the plan's warnings, and neither it nor ``dtrain k8s``
+checked the memory the plan estimates: a layout 12x above its GPUs' memory, or a script
+that reads its rank from SLURM_PROCID, was submitted without a word, to fail after its
+wait in the queue. Both now say what ``dtrain plan`` says, planned on the job's nodes."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from dtrain_cli.cli.app import app
+
+runner = CliRunner()
+TOO_BIG = [
+    "recipe=gpt_1b",
+    "parallel.strategy=fsdp",
+    "parallel.nnodes=2",
+    "cluster.gpus_per_node=8",
+]
+SAYS = "warning: peak memory per device estimated at 971 GiB, above hardware=h100_80g's 78 GiB"
+REMEDY = "train.micro_batch_size=16 (gradient accumulation keeps the global batch)"
+
+
+def _warnings(result) -> list[str]:
+    assert result.exit_code == 0, result.output
+    return [" ".join(w.split()) for w in result.stderr.split("warning: ")[1:]]
+
+
+def test_sbatch_says_a_layout_above_its_gpus_memory_and_what_fits(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["sbatch", *TOO_BIG, "--dry-run"], env={"COLUMNS": "400"})
+    said = _warnings(result)
+    assert any(("warning: " + w).startswith(SAYS) and REMEDY in w for w in said), said
+    assert result.stdout.startswith("#!/bin/bash")  # the script still printed, alone
+    fits = runner.invoke(app, ["sbatch", *TOO_BIG, "train.micro_batch_size=16", "--dry-run"])
+    assert not any("peak memory" in w for w in _warnings(fits))
+
+
+def test_k8s_says_it_too(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    image = "cluster.image=registry.example/team/train:1.0"
+    result = runner.invoke(app, ["k8s", *TOO_BIG, image, "--dry-run"], env={"COLUMNS": "400"})
+    said = _warnings(result)
+    assert any(("warning: " + w).startswith(SAYS) and REMEDY in w for w in said), said
+
+
+def test_sbatch_says_what_the_plan_says_of_a_script_and_of_unread_keys(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("import os\nrank = int(os.environ['SLURM_PROCID'])\n")
+    args = ["sbatch", "parallel.nnodes=2", "dp=4", "--dry-run", "--", "train.py"]
+    said = _warnings(runner.invoke(app, args, env={"COLUMNS": "400"}))
+    assert any(w.startswith("script train.py line 2 reads SLURM_PROCID") for w in said), said
+    unread = runner.invoke(app, ["sbatch", "recipe=gpt_tiny", "pipeline.schedule=gpipe"])
+    assert any("pipeline.schedule" in w for w in _warnings(unread))
