@@ -156,8 +156,9 @@ def fit_warning(
     from dtrain_cli.plan.fit import memory_warning
 
     def replan(other: DtrainConfig) -> Plan:
-        node = resources if resources is not None else node_of(other) if on_hardware else None
-        return build_plan(other, node)
+        if resources is not None:
+            return build_plan(other, resources)
+        return build_plan(other, node_of(other) if on_hardware else None)
 
     return memory_warning(cfg, model_spec(cfg), plan, replan)
 
@@ -177,6 +178,7 @@ def cluster_job_warnings(
 
 
 def print_warnings(warnings: Sequence[str]) -> None:
+    """``warning: ...`` on stderr, one per line as written (launch, sbatch, k8s)."""
     for w in warnings:
         err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
 

@@ -22,6 +22,7 @@ from dtrain_cli.cli.common import (
     console,
     err_console,
     fail,
+    print_warnings,
 )
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env, protocol
@@ -201,8 +202,7 @@ def start_workers(
     from dtrain_cli.launch import worker_server
 
     try:
-        for w in plan.warnings:  # once, here: the workers read the plan and do not repeat them
-            err_console.print(f"[yellow]warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
+        print_warnings(plan.warnings)  # once, here: the workers read the plan, say none
         from dtrain_cli.plan.naming import run_label
 
         # a model without a recipe is named as its run dir is, not after gpt_tiny's values

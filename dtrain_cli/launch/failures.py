@@ -150,9 +150,9 @@ NO_CUDA = ("has no attribute '_cuda_", "not compiled with cuda enabled")
 NO_GPU = ("found no nvidia driver", "no cuda gpus are available")
 
 
-def device_hint(headline: str) -> str | None:
-    """What a CUDA error from code written for GPUs means here, and what runs on both; what
-    a port already in use means; None for any other error."""
+def failure_hint(headline: str) -> str | None:
+    """What an error of a user's code means here and what to do: CUDA in code written for
+    GPUs (and what runs on both), a port already in use; None for any other error."""
     text = headline.lower()
     if any(p in text for p in OWN_SOCKET):
         return (
@@ -199,13 +199,13 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
             text = f"rank {root.rank} was killed by {root.signal}{lost_when}"
         elif root.exited:
             said = f' (its last line: "{root.headline}")' if root.headline else ""
-            if hint := device_hint(root.headline):
+            if hint := failure_hint(root.headline):
                 said += f"; {hint}"
             text = f"rank {root.rank} exited with code {root.exitcode}{when(root.step)}{said}"
         else:
             code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""
             said = f": {root.headline}" if root.headline else ""
-            if hint := device_hint(root.headline):
+            if hint := failure_hint(root.headline):
                 said += f"; {hint}"
             text = f"rank {root.rank} failed{when(root.step)}{code}{said}"
     elif silent and lost:

@@ -163,19 +163,19 @@ def test_a_scripts_exception_is_named_though_its_stdout_landed_after_the_traceba
 def test_a_cuda_error_on_a_machine_without_cuda_says_what_runs_on_both():
     """torch.cuda.set_device in a script written for GPUs, on a CPU wheel, ended in
     "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'" alone."""
-    from dtrain_cli.launch.failures import device_hint
+    from dtrain_cli.launch.failures import failure_hint
 
     cpu_wheel = "AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'"
     failures = {0: agent_failure(100, 1, 1000, cpu_wheel)}
     _, text = describe(from_agent(failures, {}, [0]), steps_known=False)
     assert text.startswith(f"rank 0 failed (exit code 1): {cpu_wheel}; the code uses CUDA, ")
     assert "torch.device('cuda' if torch.cuda.is_available() else 'cpu')" in text
-    assert "CPU wheel" in device_hint("AssertionError: Torch not compiled with CUDA enabled")
+    assert "CPU wheel" in failure_hint("AssertionError: Torch not compiled with CUDA enabled")
     no_gpu = "RuntimeError: Found no NVIDIA driver on your system."
-    assert "this machine has no GPU" in device_hint(no_gpu)
+    assert "this machine has no GPU" in failure_hint(no_gpu)
     ordinal = "torch.AcceleratorError: CUDA error: invalid device ordinal"
-    assert "parallel.nproc_per_node" in device_hint(ordinal)
-    assert device_hint("KeyError: 'w'") is None
+    assert "parallel.nproc_per_node" in failure_hint(ordinal)
+    assert failure_hint("KeyError: 'w'") is None
 
 
 IN_USE = (
