@@ -200,7 +200,7 @@ def _slurm_env(req: Request, f: Facts) -> list[Check]:
                 "add SLURM's bin directory to PATH (e.g. /usr/bin) in cluster.setup",
             )
         )
-    nnodes_env, ntasks = env.get("SLURM_NNODES", ""), env.get("SLURM_NTASKS", "")
+    nnodes_env = env.get("SLURM_NNODES", "")
     if nnodes_env.isdigit() and int(nnodes_env) != req.nnodes:
         out.append(
             Check(
@@ -210,47 +210,52 @@ def _slurm_env(req: Request, f: Facts) -> list[Check]:
                 f"--nnodes {nnodes_env}, or allocate {req.nnodes} nodes (#SBATCH --nodes)",
             )
         )
-    world = env.get("WORLD_SIZE", "")
-    if ntasks.isdigit() and world.isdigit():
-        per_task = int(ntasks) == int(world)  # one task per rank (srun-per-rank)
-        per_node = int(ntasks) * req.nproc_per_node == int(world)  # one launcher per node
-        if not (per_task or per_node):
-            out.append(
-                Check(
-                    "SLURM_NTASKS",
-                    FAIL,
-                    f"WORLD_SIZE={world} but SLURM_NTASKS={ntasks}: neither one task per rank "
-                    f"nor {ntasks} task(s) x {req.nproc_per_node} process(es)",
-                    "let dtrain set WORLD_SIZE (unset it), or fix --ntasks/--nproc-per-node",
-                )
-            )
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if nodelist:
-        hosts = expand_nodelist(nodelist)
-        bad = [h for h in hosts if not f.resolve(h)]
-        if bad:
-            out.append(
-                Check(
-                    "SLURM_JOB_NODELIST",
-                    FAIL,
-                    f"{nodelist} -> {len(hosts)} host(s); not resolvable: {', '.join(bad)}",
-                    "fix DNS or /etc/hosts on this node for those names",
-                )
-            )
-        elif nnodes_env.isdigit() and len(hosts) != int(nnodes_env):
-            out.append(
-                Check(
-                    "SLURM_JOB_NODELIST",
-                    FAIL,
-                    f"{nodelist} lists {len(hosts)} host(s) but SLURM_NNODES={nnodes_env}",
-                    "the job's environment is inconsistent: resubmit",
-                )
-            )
-        else:
-            out.append(Check("SLURM_JOB_NODELIST", PASS, f"{nodelist} -> {', '.join(hosts)}"))
+    out += [c for c in (_slurm_ntasks(req, env), _slurm_nodelist(f, nnodes_env)) if c]
     if not out:
         out.append(Check("SLURM", PASS, f"job {env.get('SLURM_JOB_ID', '?')} consistent"))
     return out
+
+
+def _slurm_ntasks(req: Request, env: Mapping[str, str]) -> Check | None:
+    """WORLD_SIZE set beside SLURM_NTASKS must mean one task per rank or per node."""
+    ntasks, world = env.get("SLURM_NTASKS", ""), env.get("WORLD_SIZE", "")
+    if not (ntasks.isdigit() and world.isdigit()):
+        return None
+    per_task = int(ntasks) == int(world)  # one task per rank (srun-per-rank)
+    per_node = int(ntasks) * req.nproc_per_node == int(world)  # one launcher per node
+    if per_task or per_node:
+        return None
+    return Check(
+        "SLURM_NTASKS",
+        FAIL,
+        f"WORLD_SIZE={world} but SLURM_NTASKS={ntasks}: neither one task per rank "
+        f"nor {ntasks} task(s) x {req.nproc_per_node} process(es)",
+        "let dtrain set WORLD_SIZE (unset it), or fix --ntasks/--nproc-per-node",
+    )
+
+
+def _slurm_nodelist(f: Facts, nnodes_env: str) -> Check | None:
+    """Every host of the job's node list resolves, and there are SLURM_NNODES of them."""
+    nodelist = f.env.get("SLURM_JOB_NODELIST") or f.env.get("SLURM_NODELIST")
+    if not nodelist:
+        return None
+    hosts = expand_nodelist(nodelist)
+    bad = [h for h in hosts if not f.resolve(h)]
+    if bad:
+        return Check(
+            "SLURM_JOB_NODELIST",
+            FAIL,
+            f"{nodelist} -> {len(hosts)} host(s); not resolvable: {', '.join(bad)}",
+            "fix DNS or /etc/hosts on this node for those names",
+        )
+    if nnodes_env.isdigit() and len(hosts) != int(nnodes_env):
+        return Check(
+            "SLURM_JOB_NODELIST",
+            FAIL,
+            f"{nodelist} lists {len(hosts)} host(s) but SLURM_NNODES={nnodes_env}",
+            "the job's environment is inconsistent: resubmit",
+        )
+    return Check("SLURM_JOB_NODELIST", PASS, f"{nodelist} -> {', '.join(hosts)}")
 
 
 def _rendezvous(req: Request, f: Facts) -> list[Check]:
@@ -275,54 +280,50 @@ def _rendezvous(req: Request, f: Facts) -> list[Check]:
                 "use node 0's host name or IP as it resolves on every node",
             )
         ]
-    out = []
     loop = all(is_loopback(a) for a in addrs)
-    if req.nnodes > 1 and loop:
-        nodelist = f.env.get("SLURM_JOB_NODELIST", "")
-        all_here = bool(nodelist) and all(
-            all(is_loopback(a) for a in f.resolve(h)) for h in expand_nodelist(nodelist)
-        )
-        if all_here or req.single_host:
-            out.append(
-                Check(
-                    "rendezvous host",
-                    WARN if req.single_host and not all_here else PASS,
-                    f"{host} -> {', '.join(addrs)} (loopback): all {req.nnodes} nodes must "
-                    "run on this machine",
-                )
-            )
-        else:
-            out.append(
-                Check(
-                    "rendezvous host",
-                    FAIL,
-                    f"{host} -> {', '.join(addrs)} is a loopback address but nnodes="
-                    f"{req.nnodes}: each node would rendezvous with itself and hang",
-                    "use node 0's real host name or IP in --rdzv-endpoint (in SLURM: the "
-                    "first host of `scontrol show hostnames $SLURM_JOB_NODELIST`)",
-                )
-            )
-    else:
-        out.append(Check("rendezvous host", PASS, f"{host} -> {', '.join(addrs)}"))
     hosts_here = loop or bool(set(addrs) & f.local_addresses)
+    return [_rendezvous_host(req, f, host, addrs), _rendezvous_port(req, f, host, port, hosts_here)]
+
+
+def _rendezvous_host(req: Request, f: Facts, host: str, addrs: list[str]) -> Check:
+    """A loopback rendezvous host is right only where every node runs on this machine."""
+    if req.nnodes <= 1 or not all(is_loopback(a) for a in addrs):
+        return Check("rendezvous host", PASS, f"{host} -> {', '.join(addrs)}")
+    nodelist = f.env.get("SLURM_JOB_NODELIST", "")
+    all_here = bool(nodelist) and all(
+        all(is_loopback(a) for a in f.resolve(h)) for h in expand_nodelist(nodelist)
+    )
+    if all_here or req.single_host:
+        return Check(
+            "rendezvous host",
+            WARN if req.single_host and not all_here else PASS,
+            f"{host} -> {', '.join(addrs)} (loopback): all {req.nnodes} nodes must "
+            "run on this machine",
+        )
+    return Check(
+        "rendezvous host",
+        FAIL,
+        f"{host} -> {', '.join(addrs)} is a loopback address but nnodes="
+        f"{req.nnodes}: each node would rendezvous with itself and hang",
+        "use node 0's real host name or IP in --rdzv-endpoint (in SLURM: the "
+        "first host of `scontrol show hostnames $SLURM_JOB_NODELIST`)",
+    )
+
+
+def _rendezvous_port(req: Request, f: Facts, host: str, port: int, hosts_here: bool) -> Check:
+    """The port is checked where node 0 will open it: on this machine."""
     if port == 0:
-        out.append(Check("rendezvous port", PASS, "0: a free port is picked (single node)"))
-    elif hosts_here and req.node_rank in (None, 0):
-        if f.port_free(port):
-            out.append(Check("rendezvous port", PASS, f"{port} is free on this machine"))
-        else:
-            out.append(
-                Check(
-                    "rendezvous port",
-                    FAIL,
-                    f"port {port} is already in use on this machine ({host})",
-                    "pick another port in --rdzv-endpoint, or stop what holds it "
-                    f"(ss -ltnp | grep :{port})",
-                )
-            )
-    else:
-        out.append(Check("rendezvous port", PASS, f"{port} on {host} (node 0 opens it)"))
-    return out
+        return Check("rendezvous port", PASS, "0: a free port is picked (single node)")
+    if not (hosts_here and req.node_rank in (None, 0)):
+        return Check("rendezvous port", PASS, f"{port} on {host} (node 0 opens it)")
+    if f.port_free(port):
+        return Check("rendezvous port", PASS, f"{port} is free on this machine")
+    return Check(
+        "rendezvous port",
+        FAIL,
+        f"port {port} is already in use on this machine ({host})",
+        f"pick another port in --rdzv-endpoint, or stop what holds it (ss -ltnp | grep :{port})",
+    )
 
 
 def _run_dir(req: Request, f: Facts) -> Check:

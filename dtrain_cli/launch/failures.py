@@ -173,6 +173,40 @@ def failure_hint(headline: str) -> str | None:
     return None
 
 
+def _cause_text(root: Failed, when: str, lost_when: str) -> str:
+    """The first failure: its signal, its exit code and last line, or its error, with a
+    hint where one is known."""
+    if root.signal is not None:
+        return f"rank {root.rank} was killed by {root.signal}{lost_when}"
+    hint = failure_hint(root.headline)
+    if root.exited:
+        said = f' (its last line: "{root.headline}")' if root.headline else ""
+        said += f"; {hint}" if hint else ""
+        return f"rank {root.rank} exited with code {root.exitcode}{when}{said}"
+    code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""
+    said = f": {root.headline}" if root.headline else ""
+    said += f"; {hint}" if hint else ""
+    return f"rank {root.rank} failed{when}{code}{said}"
+
+
+def _others_text(root: Failed | None, causes: list[Failed], lost: list[Failed]) -> str:
+    """What the other ranks did: lost their peer, failed the same way, or otherwise."""
+    text = ""
+    followers = [f for f in lost if f is not root]
+    if followers:
+        verb = "lost its peer" if len(followers) == 1 else "lost their peer"
+        text += f"; {_ranks([f.rank for f in followers])} then {verb} ({followers[0].headline})"
+    same = [f.rank for f in causes if f is not root and root and _same(f, root)]
+    if same:
+        text += f"; {_ranks(same)} too"
+    for f in causes:
+        if f is not root and f.rank not in same:
+            how = f"was killed by {f.signal}" if f.signal else f"failed ({f.headline})"
+            how = f"exited with code {f.exitcode}" if f.exited else how
+            text += f"; rank {f.rank} also {how}"
+    return text
+
+
 def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
     """(exit code, report): the first failure in time with its signal or exit code, then
     the ranks that followed it (lost their peer). When every error seen is a lost peer, the
@@ -195,19 +229,7 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
         root = min(causes, key=lambda f: (f.time, f.signal is None))
         # the same error on several ranks: the lowest rank, whichever arrived first
         root = min((f for f in causes if _same(f, root)), key=lambda f: f.rank)
-        if root.signal is not None:
-            text = f"rank {root.rank} was killed by {root.signal}{lost_when}"
-        elif root.exited:
-            said = f' (its last line: "{root.headline}")' if root.headline else ""
-            if hint := failure_hint(root.headline):
-                said += f"; {hint}"
-            text = f"rank {root.rank} exited with code {root.exitcode}{when(root.step)}{said}"
-        else:
-            code = f" (exit code {root.exitcode})" if root.exitcode is not None else ""
-            said = f": {root.headline}" if root.headline else ""
-            if hint := failure_hint(root.headline):
-                said += f"; {hint}"
-            text = f"rank {root.rank} failed{when(root.step)}{code}{said}"
+        text = _cause_text(root, when(root.step), lost_when)
     elif silent and lost:
         root = None
         timeouts = all(
@@ -220,18 +242,7 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
     else:
         root = min(errors or failed, key=lambda f: f.time)
         text = f"rank {root.rank} failed{when(root.step)} (exit code {root.exitcode})"
-    followers = [f for f in lost if f is not root]
-    if followers:
-        verb = "lost its peer" if len(followers) == 1 else "lost their peer"
-        text += f"; {_ranks([f.rank for f in followers])} then {verb} ({followers[0].headline})"
-    same = [f.rank for f in causes if f is not root and root and _same(f, root)]
-    if same:
-        text += f"; {_ranks(same)} too"
-    for f in causes:
-        if f is not root and f.rank not in same:
-            how = f"was killed by {f.signal}" if f.signal else f"failed ({f.headline})"
-            how = f"exited with code {f.exitcode}" if f.exited else how
-            text += f"; rank {f.rank} also {how}"
+    text += _others_text(root, causes, lost)
     detail = root.detail if root is not None else ""
     if detail and detail != root.headline:  # a traceback: dtrain's own errors are one line
         text += f"\n{detail}"

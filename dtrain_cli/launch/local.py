@@ -75,6 +75,15 @@ QUIET_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "tor
 reach them: the parent swallows what they propagate."""
 
 
+AGENT_MODULES = (
+    "torch.distributed.elastic.multiprocessing.api",
+    "torch.distributed.elastic.multiprocessing.errors",
+    "torch.distributed.elastic.rendezvous.api",
+    "torch.distributed.launcher.api",
+)
+"""What :func:`run_agent` imports: torch's elastic agent and its errors."""
+
+
 def launch_local(
     run_dir: Path,
     cfg: DtrainConfig,
@@ -91,10 +100,8 @@ def launch_local(
     shows an outcome, for the one this process ends with by itself: a termination signal
     while its agent waits at torch's exit barrier (:mod:`.exit_barrier`)."""
     with imports_without_collection():  # torch, for the agent: the start-up's critical path
-        from torch.distributed.elastic.multiprocessing.api import SignalException
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-        from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
-        from torch.distributed.launcher.api import elastic_launch
+        for name in AGENT_MODULES:
+            importlib.import_module(name)
 
     from dtrain_cli.launch.rendezvous_events import name_events_cheaply
     from dtrain_cli.launch.script import script_entry
@@ -107,11 +114,7 @@ def launch_local(
         worker = entry_point(WORKER_ENTRY)  # here: forked workers inherit it
         # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
         prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
-    for name in QUIET_LOGGERS:
-        quiet = logging.getLogger(name)
-        quiet.setLevel(logging.CRITICAL)
-        quiet.handlers = [logging.NullHandler()]
-        quiet.propagate = False
+    quiet_torch_loggers()
     os.environ.setdefault("OMP_NUM_THREADS", str(plan.threads_per_proc))
     config = launch_config(run_dir, cfg, plan, node_rank, join)
     if plan.script is not None:  # your own script (dtrain run train.py)
@@ -129,6 +132,39 @@ def launch_local(
             exit_code=protocol.EXIT_INTERRUPTED,
             message="stopped by SIGINT before the workers started",
         )
+    return run_agent(
+        config, entry, args, run_dir, cfg, plan, report, since=milestones["agent_ready"]
+    )
+
+
+def quiet_torch_loggers() -> None:
+    """Silence the loggers of :data:`QUIET_LOGGERS`: dtrain reports what they would say."""
+    for name in QUIET_LOGGERS:
+        quiet = logging.getLogger(name)
+        quiet.setLevel(logging.CRITICAL)
+        quiet.handlers = [logging.NullHandler()]
+        quiet.propagate = False
+
+
+def run_agent(
+    config: Any,
+    entry: Callable[..., Any] | str,
+    args: tuple[Any, ...],
+    run_dir: Path,
+    cfg: DtrainConfig,
+    plan: Plan,
+    report: Callable[[LaunchResult], None] | None,
+    since: float,
+) -> LaunchResult:
+    """torch's elastic agent (``elastic_launch``) under dtrain's guards for signals, the
+    warm pool, orphans, frozen ranks and the exit barrier; its outcome as a result. ``since``:
+    when the agent was ready (a failure's report counts from it)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
+    from torch.distributed.launcher.api import elastic_launch
+
+    run = RunDir(run_dir)
     try:
         with (
             forward_signal(cfg.cluster.signal),
@@ -139,7 +175,7 @@ def launch_local(
         ):
             elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick
-        return failed_result(exc, run_dir, plan, since=milestones["agent_ready"])
+        return failed_result(exc, run_dir, plan, since=since)
     except RendezvousClosedError:  # an elastic node (re)joining a run that has ended
         where = f"{cfg.launcher.rdzv_endpoint} (id {config.run_id})"
         return LaunchResult(ok=False, exit_code=1, message=f"the run at {where} has already ended")

@@ -251,11 +251,7 @@ def setup_lines(job: SbatchJob) -> list[str]:
 
 def render_sbatch(job: SbatchJob) -> str:
     """The script text. Pure: the same job gives the same bytes (golden-file tested)."""
-    c, q = job.cluster, shlex.quote
-    sig = c.signal.upper().removeprefix("SIG")
-    port = str(c.rdzv_port) if c.rdzv_port else "$((20000 + SLURM_JOB_ID % 20000))"
-    node_cmd = " ".join(q(a) for a in job.node_command)
-    script_path = q(str(RunDir(job.run_dir).slurm / SCRIPT_NAME))
+    script_path = shlex.quote(str(RunDir(job.run_dir).slurm / SCRIPT_NAME))
     lines = [
         "#!/bin/bash",
         f"# dtrain sbatch: {comment_text(job.summary)}",
@@ -263,6 +259,20 @@ def render_sbatch(job: SbatchJob) -> str:
         *header_lines(job),
         *setup_lines(job),
         "",
+        *attempt_lines(job),
+        *srun_lines(job),
+        *requeue_lines(job),
+    ]
+    return "\n".join(lines)
+
+
+def attempt_lines(job: SbatchJob) -> list[str]:
+    """This attempt of the job: a finished run stops here; the rendezvous address and id
+    (one per requeue), the signal trap, the stale preemption record gone."""
+    c = job.cluster
+    sig = c.signal.upper().removeprefix("SIG")
+    port = str(c.rdzv_port) if c.rdzv_port else "$((20000 + SLURM_JOB_ID % 20000))"
+    lines = [
         'echo "dtrain: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on'
         ' $SLURM_JOB_NODELIST"',
         f'if [ -e "{FINISHED}" ]; then',
@@ -285,11 +295,18 @@ def render_sbatch(job: SbatchJob) -> str:
             f'echo "$RDZV_HOST:$RDZV_PORT $RDZV_ID" > "{RENDEZVOUS_TMP}" &&'
             f' mv "{RENDEZVOUS_TMP}" "{RENDEZVOUS}"',
         ]
+    return lines
+
+
+def srun_lines(job: SbatchJob) -> list[str]:
+    """One ``dtrain agent`` task per node, waited for through trapped signals; a run its
+    agents finished exits 0."""
+    node_cmd = " ".join(shlex.quote(a) for a in job.node_command)
     # elastic: a task that ends (a lost node) ends alone; the agents left go on without it
     kill = (
         "--no-kill --kill-on-bad-exit=0" if job.min_nnodes is not None else "--kill-on-bad-exit=1"
     )
-    lines += [
+    return [
         # one task per node; SLURM_NODEID (node rank) is read by `dtrain agent` on each node
         f'srun --export=ALL --ntasks-per-node=1 {kill} "$PYTHON" -m dtrain_cli {node_cmd} \\',
         '  --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" --rdzv-id "$RDZV_ID" &',
@@ -308,6 +325,13 @@ def render_sbatch(job: SbatchJob) -> str:
         "  exit 0",
         "fi",
     ]
+
+
+def requeue_lines(job: SbatchJob) -> list[str]:
+    """A preempted attempt requeues the job (up to ``cluster.max_requeues``); any other
+    ending exits with srun's code."""
+    c = job.cluster
+    lines = []
     if job.requeue:
         # requeue on the marker, not on srun's code: srun reports the first task that ended
         # (a node that exited 75 first gets the others killed: 143)
@@ -322,8 +346,7 @@ def render_sbatch(job: SbatchJob) -> str:
             f' failed); continue with: {job.resume_hint}"',
             "fi",
         ]
-    lines += ['echo "dtrain: srun exited with $rc"', 'exit "$rc"', ""]
-    return "\n".join(lines)
+    return [*lines, 'echo "dtrain: srun exited with $rc"', 'exit "$rc"', ""]
 
 
 def comment_text(text: str) -> str:

@@ -92,59 +92,70 @@ def measure_saved(
     whole (:attr:`SavedBytes.block_replicated`, by the innermost module saving them)."""
     import torch
 
-    params = {p.untyped_storage()._cdata for p in model.parameters()}
-    # storage -> (in a block, floating-point, bytes, kept whole under tp)
-    seen: dict[int, tuple[bool, bool, int, bool]] = {}
-    depth = [0]
-    first_input: list[float] = []
-    inner: list[int] = []  # the modules of the blocks being run, innermost last
-    replicated = replicated or set()
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        st = t.untyped_storage()
-        if st._cdata not in params and st._cdata not in seen and not weight_derived(t):
-            whole = bool(inner) and inner[-1] in replicated
-            seen[st._cdata] = (depth[0] > 0, t.is_floating_point(), st.nbytes(), whole)
-        return t
-
-    def push(module: Any, _args: tuple) -> None:
-        inner.append(id(module))
-
-    def pop(_module: Any, _args: tuple, _out: Any) -> None:
-        inner.pop()
-
-    def enter(_module: Any, args: tuple) -> None:
-        if not first_input and args and isinstance(args[0], torch.Tensor):
-            first_input.append(float(args[0].numel() * args[0].element_size()))
-        depth[0] += 1
-
-    def leave(_module: Any, _args: tuple, _out: Any) -> None:
-        depth[0] -= 1
-
-    hooks = [b.register_forward_pre_hook(enter) for b in blocks]
-    hooks += [b.register_forward_hook(leave) for b in blocks]
+    rec = _SavedRecorder(model, replicated or set())
+    hooks = [b.register_forward_pre_hook(rec.enter) for b in blocks]
+    hooks += [b.register_forward_hook(rec.leave) for b in blocks]
     for m in (m for b in blocks for m in b.modules()):
-        hooks += [m.register_forward_pre_hook(push), m.register_forward_hook(pop)]
+        hooks += [m.register_forward_pre_hook(rec.push), m.register_forward_hook(rec.pop)]
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(rec.pack, lambda t: t):
             forward_loss(model, inputs)
     finally:
         for h in hooks:
             h.remove()
+    return rec.saved(max(len(blocks), 1))
 
-    def total(in_block: bool, is_float: bool) -> float:
-        return float(sum(n for b, f, n, _ in seen.values() if b == in_block and f == is_float))
 
-    per = max(len(blocks), 1)
-    whole = sum(n for b, f, n, r in seen.values() if b and f and r)
-    return SavedBytes(
-        block_replicated=whole / per,
-        block_float=total(True, True) / per,
-        block_other=total(True, False) / per,
-        outside_float=total(False, True),
-        outside_other=total(False, False),
-        block_input=first_input[0] if first_input else 0.0,
-    )
+class _SavedRecorder:
+    """The saved-tensor and module hooks of :func:`measure_saved`: each storage autograd
+    saves, once, with whether a block saved it, its kind and size, and whether tensor
+    parallel keeps it whole."""
+
+    def __init__(self, model: Any, replicated: set[int]) -> None:
+        self.params = {p.untyped_storage()._cdata for p in model.parameters()}
+        # storage -> (in a block, floating-point, bytes, kept whole under tp)
+        self.seen: dict[int, tuple[bool, bool, int, bool]] = {}
+        self.depth = 0
+        self.first_input: float | None = None
+        self.inner: list[int] = []  # the modules of the blocks being run, innermost last
+        self.replicated = replicated
+
+    def pack(self, t: Any) -> Any:
+        st = t.untyped_storage()
+        if st._cdata not in self.params and st._cdata not in self.seen and not weight_derived(t):
+            whole = bool(self.inner) and self.inner[-1] in self.replicated
+            self.seen[st._cdata] = (self.depth > 0, t.is_floating_point(), st.nbytes(), whole)
+        return t
+
+    def push(self, module: Any, _args: tuple) -> None:
+        self.inner.append(id(module))
+
+    def pop(self, _module: Any, _args: tuple, _out: Any) -> None:
+        self.inner.pop()
+
+    def enter(self, _module: Any, args: tuple) -> None:
+        import torch
+
+        if self.first_input is None and args and isinstance(args[0], torch.Tensor):
+            self.first_input = float(args[0].numel() * args[0].element_size())
+        self.depth += 1
+
+    def leave(self, _module: Any, _args: tuple, _out: Any) -> None:
+        self.depth -= 1
+
+    def total(self, in_block: bool, is_float: bool) -> float:
+        return float(sum(n for b, f, n, _ in self.seen.values() if b == in_block and f == is_float))
+
+    def saved(self, per: int) -> SavedBytes:
+        whole = sum(n for b, f, n, r in self.seen.values() if b and f and r)
+        return SavedBytes(
+            block_replicated=whole / per,
+            block_float=self.total(True, True) / per,
+            block_other=self.total(True, False) / per,
+            outside_float=self.total(False, True),
+            outside_other=self.total(False, False),
+            block_input=self.first_input or 0.0,
+        )
 
 
 LOW_PRECISION = (("saved_autocast", "float32"), ("saved_bf16", "bfloat16"))

@@ -15,12 +15,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from dtrain_cli.config.compose import config_from_yaml
+from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
@@ -36,6 +37,9 @@ from dtrain_cli.runtime.parallel.mesh import (
     shutdown_distributed,
 )
 from dtrain_cli.runtime.trainer import Trainer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 log = logging.getLogger("dtrain")
 
@@ -57,23 +61,7 @@ def worker_main(
     # (within seconds even when the main thread waits in C code: a store, a collective)
     InterruptGuard(grace_s=2.0, finish_s=5.0).install(_stop_quietly)
     path = Path(run_dir)
-    run = RunDir(path)
-    env.set_run_dir(path)  # where a fault drill notes what it did
-    # an elastic plan carries a layout per node count: the one for the size started
-    plan = Plan.load(run.plan).for_world_size(int(os.environ["WORLD_SIZE"]))
-    cfg = config_from_yaml(run.config)
-    for root in reversed(cfg.run.import_roots):  # the user's _target_ modules, as planned
-        if root not in sys.path:
-            sys.path.insert(0, root)
-    torch.set_num_threads(plan.threads_per_proc)
-    rank = int(os.environ["RANK"])
-    console = make_console(rank == 0)
-    setup_logging(path, rank, console)
-    if plan.elastic is not None and rank == 0:
-        # the agent stops a group with SIGTERM before a scale-up: that group checkpoints
-        # (preemption) and its marker is stale once this group runs
-        protocol.clear_preempted(run)
-    preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
+    plan, cfg, rank, console = arrive(path)
     collective_debug.enable(cfg.debug.check_collectives)
     enable_flight_recorder(plan.backend, cfg.debug.collective_timeout_s)
     timeout = process_group_timeout_s(cfg.debug.collective_timeout_s, cfg.debug.hang_watchdog)
@@ -111,11 +99,38 @@ def worker_main(
             trainer.sink.close()
         shutdown_distributed()
     if result.get("preempted") and result.get("signal") == signal.SIGTERM:
-        # SIGTERM is how the elastic agent stops its workers (a membership change, its own
-        # shutdown): it is closing the group and reads no return value, and torch's worker
-        # wrapper would wait for it to be read until the agent's SIGKILL, 30 s later
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        leave_at_once()
     return result
+
+
+def arrive(path: Path) -> tuple[Plan, DtrainConfig, int, Console | None]:
+    """Read the run directory's plan and config, and set up what this rank needs before its
+    process group: the user's import roots, threads, logging, the preemption flag."""
+    run = RunDir(path)
+    env.set_run_dir(path)  # where a fault drill notes what it did
+    # an elastic plan carries a layout per node count: the one for the size started
+    plan = Plan.load(run.plan).for_world_size(int(os.environ["WORLD_SIZE"]))
+    cfg = config_from_yaml(run.config)
+    for root in reversed(cfg.run.import_roots):  # the user's _target_ modules, as planned
+        if root not in sys.path:
+            sys.path.insert(0, root)
+    torch.set_num_threads(plan.threads_per_proc)
+    rank = int(os.environ["RANK"])
+    console = make_console(rank == 0)
+    setup_logging(path, rank, console)
+    if plan.elastic is not None and rank == 0:
+        # the agent stops a group with SIGTERM before a scale-up: that group checkpoints
+        # (preemption) and its marker is stale once this group runs
+        protocol.clear_preempted(run)
+    preemption.install(cfg.cluster.signal, cfg.cluster.checkpoint_on_sigterm)  # flag only
+    return plan, cfg, rank, console
+
+
+def leave_at_once() -> None:
+    """SIGTERM is how the elastic agent stops its workers (a membership change, its own
+    shutdown): it is closing the group and reads no return value, and torch's worker
+    wrapper would wait for it to be read until the agent's SIGKILL, 30 s later."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -153,25 +153,12 @@ class TrainMetrics:
         """The logging step's one all-reduce (SUM over WORLD): the loss, the votes, and
         ``extra`` slots other components fill (each rank its own slots, zeros elsewhere)."""
         extra = extra or []
-        world, k = self.ctx.world_size, len(RANK_SLOTS)
         comm = self.step_times()  # the strategy's own timings (DDP's), if any
-        slots = [0.0] * (k * world if self.rank_times else 0)
-        if self.rank_times:
-            r = self.ctx.rank
-            slots[k * r : k * r + k] = self.own_times(comm.get("comm_exposed_ms", 0.0))
+        slots = self.rank_slots(comm)
         norm_slot = []
         if self.norm_mean_over_replicas:
             norm_slot = [float(norm) if norm is not None and self.reports_loss else 0.0]
-        window = torch.zeros(
-            NUM_VOTES + len(slots) + len(extra) + len(norm_slot), device=self.ctx.device
-        )
-        if self.reports_loss and self.losses:
-            window[0] = torch.stack(self.losses).sum()
-        window[1], window[2] = float(save_vote), float(stop_vote)
-        window[NUM_VOTES:] = torch.tensor([*slots, *extra, *norm_slot], device=self.ctx.device)
-        with COLLECTIVES.enter("all_reduce", step, "logging"):
-            dist.all_reduce(window, op=dist.ReduceOp.SUM)  # over all ranks: see reports_loss
-        values = window.tolist()
+        values = self.all_reduce_window(step, save_vote, stop_vote, [*slots, *extra, *norm_slot])
         if norm_slot:
             norm = torch.tensor(values.pop() / self.plan.batch.dp)
         loss_sum, save_votes, stop_votes = values[:NUM_VOTES]
@@ -179,9 +166,62 @@ class TrainMetrics:
         loss = loss_sum / (self.loss_steps * self.plan.batch.dp) if self.loss_steps else math.nan
         self.last_loss = loss
         stragglers = self.note_ranks(step, ranks) if self.rank_times else []
+        k = len(RANK_SLOTS)
         per_rank = {f"rank_{n}": ranks[i::k] for i, n in enumerate(RANK_SLOTS)} if ranks else {}
+        loss_steps = self.loss_steps
+        tps, data_wait_ms = self.close_window(step)
+        if self.sink:
+            self.sink.log(
+                step,
+                {
+                    "loss": loss,  # the mean over the window's counted steps
+                    "loss_steps": loss_steps,
+                    "lr": self.plan.lr.lr_at(step - 1),
+                    "grad_norm": float(norm) if norm is not None else float("nan"),
+                    f"{self.plan.batch.unit}_per_s": tps,
+                    "step_time_ms": self.step_ms,
+                    "data_wait_ms": data_wait_ms,  # this rank's, per step of the window
+                    **comm,
+                    **per_rank,
+                    **({"stragglers": stragglers} if self.rank_times else {}),
+                },
+            )
+        return Reduced(
+            loss,
+            save_votes > 0,
+            stop_votes > 0 and step < self.plan.steps,
+            values[NUM_VOTES + len(slots) :],
+        )
+
+    def rank_slots(self, comm: dict[str, float]) -> list[float]:
+        """Three slots per rank, this rank's own filled (:data:`RANK_SLOTS`); none when
+        per-rank times are off."""
+        k = len(RANK_SLOTS)
+        slots = [0.0] * (k * self.ctx.world_size if self.rank_times else 0)
+        if self.rank_times:
+            r = self.ctx.rank
+            slots[k * r : k * r + k] = self.own_times(comm.get("comm_exposed_ms", 0.0))
+        return slots
+
+    def all_reduce_window(
+        self, step: int, save_vote: bool, stop_vote: bool, slots: list[float]
+    ) -> list[float]:
+        """``[loss sum, save votes, stop votes, *slots]`` summed over all ranks (see
+        ``reports_loss``): the logging step's one collective and its one host read."""
+        window = torch.zeros(NUM_VOTES + len(slots), device=self.ctx.device)
+        if self.reports_loss and self.losses:
+            window[0] = torch.stack(self.losses).sum()
+        window[1], window[2] = float(save_vote), float(stop_vote)
+        window[NUM_VOTES:] = torch.tensor(slots, device=self.ctx.device)
+        with COLLECTIVES.enter("all_reduce", step, "logging"):
+            dist.all_reduce(window, op=dist.ReduceOp.SUM)
+        return window.tolist()
+
+    def close_window(self, step: int) -> tuple[float, float]:
+        """The window's tokens/s and data wait (ms per step), kept for the summary with its
+        ms per step; the next window starts now."""
         now = time.perf_counter()
-        elapsed = now - self.window_start  # the record written below counts in the next window
+        elapsed = now - self.window_start  # the record written after counts in the next window
         tps = self.plan.batch.tokens_per_step * self.window_steps / elapsed
         if step - self.window_steps >= self.first_step:  # first window: warm-up costs
             self.tokens_per_s.append(tps)
@@ -193,32 +233,11 @@ class TrainMetrics:
             self._after_warmup = None
         self.step_ms = 1000 * elapsed / self.window_steps
         data_wait_ms = 1000 * (self.batches.wait_s - self._wait0) / self.window_steps
-        if self.sink:
-            self.sink.log(
-                step,
-                {
-                    "loss": self.last_loss,  # the mean over the window's counted steps
-                    "loss_steps": self.loss_steps,
-                    "lr": self.plan.lr.lr_at(step - 1),
-                    "grad_norm": float(norm) if norm is not None else float("nan"),
-                    f"{self.plan.batch.unit}_per_s": tps,
-                    "step_time_ms": self.step_ms,
-                    "data_wait_ms": data_wait_ms,  # this rank's, per step of the window
-                    **comm,
-                    **per_rank,
-                    **({"stragglers": stragglers} if self.rank_times else {}),
-                },
-            )
         self.last_window = list(self.losses)
         self.losses.clear()
         self.window_steps, self.loss_steps, self.window_start = 0, 0, now
         self._wait0 = self.batches.wait_s
-        return Reduced(
-            loss,
-            save_votes > 0,
-            stop_votes > 0 and step < self.plan.steps,
-            values[NUM_VOTES + len(slots) :],
-        )
+        return tps, data_wait_ms
 
     def note_ranks(self, step: int, ranks: list[float]) -> list[int]:
         """Per-rank times of this window (the same on every rank): stragglers named."""

@@ -158,18 +158,7 @@ def check_main(
     if env.validate_hang_rank() == rank:  # a drill: this rank never arrives
         time.sleep(timeout_s + 60)  # never arrives; the agent ends this process
     missing = arrival(store, rank, world, timeout_s)
-    report["checks"].append(
-        _check(
-            "rendezvous",
-            not missing,
-            f"all {world} ranks arrived"
-            if not missing
-            else f"rank(s) {_ranks_text(missing)} of {world} did not arrive within {timeout_s:g} s",
-            ""
-            if not missing
-            else "look at those ranks' node: process started? same --rdzv-endpoint and id?",
-        )
-    )
+    report["checks"].append(_arrival_check(missing, world, timeout_s))
     if missing:
         # A missing rank may hang forever and the agent waits for all of its workers:
         # write the verdict, then stop this node's agent (it ends every worker).
@@ -185,6 +174,37 @@ def check_main(
     dist.init_process_group(
         backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world, timeout=timeout
     )
+    try:
+        _collectives(report, rank, world, device, sizes, run_dir, token)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        _write(report_path, report)
+    return report
+
+
+def _arrival_check(missing: list[int], world: int, timeout_s: float) -> dict[str, Any]:
+    if not missing:
+        return _check("rendezvous", True, f"all {world} ranks arrived", "")
+    return _check(
+        "rendezvous",
+        False,
+        f"rank(s) {_ranks_text(missing)} of {world} did not arrive within {timeout_s:g} s",
+        "look at those ranks' node: process started? same --rdzv-endpoint and id?",
+    )
+
+
+def _collectives(
+    report: dict[str, Any],
+    rank: int,
+    world: int,
+    device: torch.device,
+    sizes: list[int],
+    run_dir: str | None,
+    token: str,
+) -> None:
+    """The hosts, the correctness checks and, where they pass, the bandwidth, into
+    ``report``; a timed-out or broken collective is reported as a failed check."""
     try:
         hosts: list[Any] = [None] * world
         dist.all_gather_object(hosts, socket.gethostname())
@@ -204,11 +224,6 @@ def check_main(
                 "(open them, or set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME)",
             )
         )
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        _write(report_path, report)
-    return report
 
 
 def _write(path: str, report: dict[str, Any]) -> None:
