@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -20,10 +21,15 @@ from dtrain_cli.cli.common import (
     complete_override,
     err_console,
     fail,
+    fit_warning,
 )
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env
 from dtrain_cli.rundir.layout import RunDir
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+    from dtrain_cli.plan.plan import Plan
 
 RESUME_OVERRIDES_HELP = (
     "Overrides for the continued run (key=value, +key=value, ~key, group=option): steps, "
@@ -82,20 +88,7 @@ def resume(
     from dtrain_cli.launch import worker_server
 
     worker_server.start(overrides)
-    from dtrain_cli.config.compose import config_from_yaml, config_to_yaml
-    from dtrain_cli.config.resume_changes import override_config
-    from dtrain_cli.plan.build import build_plan
-    from dtrain_cli.plan.resume import resume_problems
-
-    try:
-        old = config_from_yaml(RunDir(path).config)  # the checkpoint's copy
-        cfg = override_config(old, overrides or [], config_dir)
-        problems = resume_problems(old, cfg)
-        if problems:
-            raise ConfigError(problems)
-        plan = build_plan(cfg)
-    except ConfigError as exc:
-        fail(exc.problems)
+    cfg, plan = replan(path, list(overrides or []), config_dir)
     composed = time.time()
     step = catalog.read_meta(path).get("step", 0)
     if plan.steps <= step:
@@ -107,25 +100,50 @@ def resume(
         )
     for moved in catalog.set_aside_newer(run_dir, step):
         warn(f"newer checkpoint set aside (resuming from step {step}): {moved}")
-    run = RunDir(run_dir)
-    run.config.write_text(config_to_yaml(cfg))
-    plan.save(run.plan)
-    with open(run.resumes, "a") as f:
-        f.write(
-            json.dumps(
-                {
-                    "time": time.time(),
-                    "checkpoint": str(path),
-                    "step": step,
-                    "overrides": list(overrides or []),
-                }
-            )
-            + "\n"
-        )
+    record_resume(run_dir, cfg, plan, path, step, list(overrides or []))
     err_console.print(f"resuming {run_dir.name} from {path.name} (step {step})", highlight=False)
     from dtrain_cli.cli.launch_cmd import start_workers
 
     start_workers(run_dir, cfg, plan, milestones={"composed": composed})
+
+
+def replan(path: Path, overrides: list[str], config_dir: list[Path]) -> tuple[DtrainConfig, Plan]:
+    """The checkpoint's config with the safe ``overrides``, planned again, with what
+    ``dtrain launch`` warns of besides the plan's own: keys the layout never reads, a peak
+    memory above the device's (a resume on fewer devices holds more on each)."""
+    from dtrain_cli.config.compose import config_from_yaml
+    from dtrain_cli.config.resume_changes import override_config
+    from dtrain_cli.plan.build import build_plan
+    from dtrain_cli.plan.resume import resume_problems
+    from dtrain_cli.plan.unread import unread_warnings
+
+    try:
+        old = config_from_yaml(RunDir(path).config)  # the checkpoint's copy
+        cfg = override_config(old, overrides, config_dir)
+        problems = resume_problems(old, cfg)
+        if problems:
+            raise ConfigError(problems)
+        plan = build_plan(cfg)
+    except ConfigError as exc:
+        fail(exc.problems)
+    plan.warnings += unread_warnings(cfg, overrides)
+    if said := fit_warning(cfg, plan):
+        plan.warnings.append(said)
+    return cfg, plan
+
+
+def record_resume(
+    run_dir: Path, cfg: DtrainConfig, plan: Plan, path: Path, step: int, overrides: list[str]
+) -> None:
+    """The run's config and plan as continued, and a line in its record of resumes."""
+    from dtrain_cli.config.compose import config_to_yaml
+
+    run = RunDir(run_dir)
+    run.config.write_text(config_to_yaml(cfg))
+    plan.save(run.plan)
+    line = {"time": time.time(), "checkpoint": str(path), "step": step, "overrides": overrides}
+    with open(run.resumes, "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 def resume_script(run_dir: Path, overrides: list[str]) -> None:
