@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import typer
 from typer.core import TyperGroup
 
+from dtrain_cli.cli import cluster_shorthands
 from dtrain_cli.cli.common import (
     CONFIG_DIR_HELP,
     OVERRIDES_HELP,
@@ -76,7 +77,10 @@ def build(overrides: list[str], config_dirs: list[Path]) -> tuple[DtrainConfig, 
     )
     from dtrain_cli.plan.build import Resources, build_plan
 
-    recipe, rest = split_recipe(overrides, "gpt_tiny")
+    if problems := cluster_shorthands.slurm_only(overrides):
+        raise ConfigError(problems)
+    args = cluster_shorthands.expand(overrides, cluster_shorthands.NODE_SHORTHANDS)
+    recipe, rest = split_recipe(args, "gpt_tiny")
     cfg = compose_config(recipe, rest, config_dirs)
     one_process_per_gpu(cfg, rest)
     cfg.run.name = default_name(cfg)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import typer
 
+from dtrain_cli.cli import cluster_shorthands
 from dtrain_cli.cli.common import (
     CONFIG_DIR_HELP,
     OVERRIDES_HELP,
@@ -42,26 +43,6 @@ if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
     from dtrain_cli.launch.slurm import SbatchJob
     from dtrain_cli.plan.plan import Plan
-
-# sbatch's own shorthands, on top of dtrain's (dp=, steps= ...)
-SBATCH_SHORTHANDS = {
-    "nodes": "parallel.nnodes",
-    "gpus_per_node": "cluster.gpus_per_node",
-    "cpus_per_task": "cluster.cpus_per_task",
-    "partition": "cluster.partition",
-    "account": "cluster.account",
-    "qos": "cluster.qos",
-    "time": "cluster.time",
-    "mem": "cluster.mem",
-}
-
-
-def expand_sbatch_shorthands(overrides: list[str]) -> list[str]:
-    out = []
-    for ov in overrides:
-        key, sep, value = ov.partition("=")
-        out.append(f"{SBATCH_SHORTHANDS[key]}={value}" if sep and key in SBATCH_SHORTHANDS else ov)
-    return out
 
 
 @dataclass
@@ -91,7 +72,7 @@ def build_job(
     from dtrain_cli.launch.slurm import cluster_problems, job_from_plan, job_problems, validate_job
     from dtrain_cli.plan.build import Resources, build_plan
 
-    args = expand_sbatch_shorthands(overrides)
+    args = cluster_shorthands.expand(overrides, cluster_shorthands.SLURM_SHORTHANDS)
     recipe, rest = split_recipe(args, "script" if script else "gpt_tiny")
     if problems := script_problems(script):
         raise ConfigError(problems)

@@ -155,3 +155,33 @@ def test_the_example_site_file_gives_a_valid_manifest():
     assert jobset["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
     ctr = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert ctr["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 8, "memory": "480Gi"}
+
+
+def test_sbatchs_node_shorthands_ask_the_pods_for_the_same():
+    """``nodes= gpus_per_node= cpus_per_task= mem=`` are ``dtrain sbatch``'s words for what a
+    node is asked; ``dtrain k8s`` refused them as unknown keys. The same manifest now."""
+    run = [IMAGE, "cluster.pvc=runs", "run.name=same-1", "--dry-run"]
+    short = ["nodes=2", "gpus_per_node=8", "cpus_per_task=16", "mem=200G"]
+    full = [
+        "parallel.nnodes=2",
+        "cluster.gpus_per_node=8",
+        "cluster.cpus_per_task=16",
+        "cluster.mem=200G",
+    ]
+    by_short = runner.invoke(app, ["k8s", "recipe=gpt_small", *short, *run])
+    by_key = runner.invoke(app, ["k8s", "recipe=gpt_small", *full, *run])
+    assert by_short.exit_code == 0, by_short.output
+    assert by_short.stdout == by_key.stdout
+    (_, jobset) = yaml.safe_load_all(by_short.stdout)
+    pod = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert pod["containers"][0]["resources"]["requests"]["memory"] == "200Gi"
+
+
+@pytest.mark.parametrize("slurm", ["partition=gpu", "time=04:00:00", "account=a", "qos=high"])
+def test_slurms_own_settings_are_named_as_slurms(slurm):
+    result = runner.invoke(app, [*GOOD, slurm, "--dry-run"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {slurm}: SLURM's #SBATCH setting")
+    assert "Traceback" not in result.output
