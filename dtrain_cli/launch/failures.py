@@ -15,6 +15,7 @@ Torch-free: the inputs are the agent's ``ProcessFailure`` objects (duck-typed).
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -143,7 +144,13 @@ def _ranks(ranks: list[int]) -> str:
 
 
 def _same(a: Failed, b: Failed) -> bool:
-    return (a.headline, a.signal) == (b.headline, b.signal)
+    """The same error, told apart only by the numbers each rank puts in it (its rank, its
+    device: ``device_ids [0]`` on rank 0, ``[1]`` on rank 1)."""
+    return (_shape(a.headline), a.signal) == (_shape(b.headline), b.signal)
+
+
+def _shape(headline: str) -> str:
+    return re.sub(r"\d+", "N", headline)
 
 
 NO_CUDA = ("has no attribute '_cuda_", "not compiled with cuda enabled")

@@ -202,3 +202,22 @@ def test_a_port_already_in_use_is_the_ranks_own_failure_with_what_holds_it():
     failures = {0: agent_failure(100, 1, 1000, IN_USE)}
     _, text = describe(from_agent(failures, {}, [0]), steps_known=False)
     assert text.startswith(f"rank 0 failed (exit code 1): {IN_USE}; another process on this")
+
+
+def test_the_same_error_with_each_ranks_own_numbers_is_one_report():
+    """nanoGPT's DDP(model, device_ids=[local_rank]) on CPU parameters fails on every rank
+    with its own device id; the report named rank 1, then 'rank 0 also failed (...)' with
+    the whole message again. The same error told apart only by a rank's numbers is one."""
+    msg = (
+        "ValueError: DistributedDataParallel device_ids and output_device arguments only "
+        "work with single-device/multiple-device GPU modules or CPU modules, but got "
+        "device_ids [{r}], output_device None, and module parameters {{device(type='cpu')}}."
+    )
+    failed = [
+        Failed(rank=r, exitcode=1, headline=msg.format(r=r), time=1000.0 - r) for r in (0, 1)
+    ]
+    code, text = describe(failed, steps_known=False)  # a script's run, as nanoGPT's
+    assert (code, text) == (1, f"rank 0 failed (exit code 1): {msg.format(r=0)}; rank 1 too")
+    other = Failed(rank=1, exitcode=1, headline="KeyError: 'LOCAL_RANK'", time=999.0)
+    _, text = describe([failed[0], other], steps_known=False)
+    assert text.endswith("; rank 0 also failed (" + msg.format(r=0) + ")")
