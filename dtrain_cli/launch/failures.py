@@ -159,7 +159,8 @@ NO_GPU = ("found no nvidia driver", "no cuda gpus are available")
 
 def failure_hint(headline: str) -> str | None:
     """What an error of a user's code means here and what to do: CUDA in code written for
-    GPUs (and what runs on both), a port already in use; None for any other error."""
+    GPUs (and what runs on both: a device, DDP's device_ids), a port already in use; None
+    for any other error."""
     text = headline.lower()
     if any(p in text for p in OWN_SOCKET):
         return (
@@ -172,6 +173,11 @@ def failure_hint(headline: str) -> str | None:
         return f"the code uses CUDA, which this torch (a CPU wheel) lacks: {pick}"
     if any(p in text for p in NO_GPU):
         return f"the code uses CUDA and this machine has no GPU torch can use: {pick}"
+    if "device_ids and output_device arguments only work with" in text:
+        return (
+            "device_ids names the GPU of a module on a GPU; a module on the CPU takes none: "
+            "DDP(model, device_ids=[local_rank] if torch.cuda.is_available() else None)"
+        )
     if "invalid device ordinal" in text:
         return (
             "a rank asked for a GPU this node does not have (cuda:LOCAL_RANK past the "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from dtrain_cli.launch.failures import Failed, describe, from_agent
+from dtrain_cli.launch.failures import Failed, describe, failure_hint, from_agent
 
 RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Read error: Connection reset by peer"
 
@@ -176,6 +176,11 @@ def test_a_cuda_error_on_a_machine_without_cuda_says_what_runs_on_both():
     ordinal = "torch.AcceleratorError: CUDA error: invalid device ordinal"
     assert "parallel.nproc_per_node" in failure_hint(ordinal)
     assert failure_hint("KeyError: 'w'") is None
+    ddp_ids = (
+        "ValueError: DistributedDataParallel device_ids and output_device arguments only work "
+        "with single-device/multiple-device GPU modules or CPU modules, but got device_ids [0]"
+    )
+    assert "if torch.cuda.is_available() else None" in failure_hint(ddp_ids)
 
 
 IN_USE = (
@@ -213,11 +218,12 @@ def test_the_same_error_with_each_ranks_own_numbers_is_one_report():
         "work with single-device/multiple-device GPU modules or CPU modules, but got "
         "device_ids [{r}], output_device None, and module parameters {{device(type='cpu')}}."
     )
-    failed = [
-        Failed(rank=r, exitcode=1, headline=msg.format(r=r), time=1000.0 - r) for r in (0, 1)
-    ]
+    failed = [Failed(rank=r, exitcode=1, headline=msg.format(r=r), time=1000.0 - r) for r in (0, 1)]
     code, text = describe(failed, steps_known=False)  # a script's run, as nanoGPT's
-    assert (code, text) == (1, f"rank 0 failed (exit code 1): {msg.format(r=0)}; rank 1 too")
+    hint = failure_hint(msg.format(r=0))
+    assert hint and "device_ids" in hint
+    assert code == 1
+    assert text == f"rank 0 failed (exit code 1): {msg.format(r=0)}; {hint}; rank 1 too"
     other = Failed(rank=1, exitcode=1, headline="KeyError: 'LOCAL_RANK'", time=999.0)
     _, text = describe([failed[0], other], steps_known=False)
     assert text.endswith("; rank 0 also failed (" + msg.format(r=0) + ")")
