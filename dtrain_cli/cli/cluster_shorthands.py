@@ -36,14 +36,17 @@ def expand(overrides: Sequence[str], shorthands: Mapping[str, str]) -> list[str]
     return out
 
 
-def slurm_only(overrides: Sequence[str]) -> list[str]:
-    """One line per SLURM setting given to ``dtrain k8s`` by its sbatch shorthand."""
-    out = []
+def slurm_only(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(problems, the rest): one line per SLURM setting given to ``dtrain k8s`` by its sbatch
+    shorthand, and the overrides without them (so the other problems are collected too)."""
+    problems, rest = [], []
     for ov in overrides:
         key, sep, _ = ov.partition("=")
         if sep and key in SLURM_SHORTHANDS and key not in NODE_SHORTHANDS:
-            out.append(
+            problems.append(
                 f"{ov}: SLURM's #SBATCH setting (dtrain sbatch); a Kubernetes job's pods are "
                 "placed by cluster.queue (Kueue), cluster.namespace and the GPUs they request"
             )
-    return out
+        else:
+            rest.append(ov)
+    return problems, rest

@@ -77,15 +77,17 @@ def build(overrides: list[str], config_dirs: list[Path]) -> tuple[DtrainConfig, 
     )
     from dtrain_cli.plan.build import Resources, build_plan
 
-    if problems := cluster_shorthands.slurm_only(overrides):
-        raise ConfigError(problems)
-    args = cluster_shorthands.expand(overrides, cluster_shorthands.NODE_SHORTHANDS)
+    slurm, args = cluster_shorthands.slurm_only(overrides)
+    args = cluster_shorthands.expand(args, cluster_shorthands.NODE_SHORTHANDS)
     recipe, rest = split_recipe(args, "gpt_tiny")
-    cfg = compose_config(recipe, rest, config_dirs)
+    try:
+        cfg = compose_config(recipe, rest, config_dirs)
+    except ConfigError as exc:
+        raise ConfigError(slurm + exc.problems) from None
     one_process_per_gpu(cfg, rest)
     cfg.run.name = default_name(cfg)
     c = cfg.cluster
-    problems = cluster_problems(cfg, cfg.run.name)
+    problems = slurm + cluster_problems(cfg, cfg.run.name)
     # the pods' resources, not this machine's: without cpus_per_task, one thread per process
     resources = Resources(num_gpus=c.gpus_per_node, num_cpus=c.cpus_per_task or 1)
     try:

@@ -110,7 +110,7 @@ def resume(
 def replan(path: Path, overrides: list[str], config_dir: list[Path]) -> tuple[DtrainConfig, Plan]:
     """The checkpoint's config with the safe ``overrides``, planned again, with what
     ``dtrain launch`` warns of besides the plan's own: keys the layout never reads, a peak
-    memory above the device's (a resume on fewer devices holds more on each)."""
+    memory above the device's (a larger micro-batch, or a sharded run on fewer devices)."""
     from dtrain_cli.config.compose import config_from_yaml
     from dtrain_cli.config.resume_changes import override_config
     from dtrain_cli.plan.build import build_plan

@@ -185,3 +185,11 @@ def test_slurms_own_settings_are_named_as_slurms(slurm):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {slurm}: SLURM's #SBATCH setting")
     assert "Traceback" not in result.output
+
+
+def test_a_slurm_setting_is_said_with_the_other_problems():
+    result = runner.invoke(app, ["k8s", "recipe=gpt_tiny", "time=4h", "train.stepz=3"])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == ["error", "error"], lines
+    assert lines[0].startswith("error: time=4h: SLURM's") and "'train.stepz'" in lines[1]
