@@ -82,8 +82,11 @@ def serve(path: str) -> None:
             importlib.import_module(name)
     base_path = [p for p in sys.path if p and p not in _pythonpath(os.environ)]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    # the client waits for the path: it appears once connections are taken (bound to
+    # another name, listening, then renamed), not between bind and listen (ECONNREFUSED)
+    listener.bind(path + ".bound")
     listener.listen(8)
+    os.rename(path + ".bound", path)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # monitors are reaped by the kernel
     sys.stdout.flush()
     sys.stderr.flush()
