@@ -66,7 +66,7 @@ def build_job(
     configs; ``run_dir``/``python``/``workdir`` default to the new run dir, this Python and
     the current directory; ``script``: your own script and its arguments (``-- train.py``).
     Raises ConfigError for composition errors."""
-    from dtrain_cli.cli.script_args import apply_script, script_problems
+    from dtrain_cli.cli.script_args import apply_script, one_process_per_device, script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.launch.rundir import new_run_dir
     from dtrain_cli.launch.slurm import cluster_problems, job_from_plan, job_problems, validate_job
@@ -85,6 +85,8 @@ def build_job(
         par = cfg.parallel
         par.nproc_per_node = gpus
         par.dp = max(1, par.nnodes * gpus // (par.tp * par.pp))
+    elif script:  # CPU nodes: nproc_per_node=N without dp is N a node, as torchrun's
+        one_process_per_device(cfg, args, 0)
     if validate:
         cfg.run.name = cfg.run.name or f"validate-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = (run_dir or new_run_dir(cfg)).resolve()

@@ -74,9 +74,15 @@ DP_KEYS = ("dp", "parallel.dp", "parallel.nproc_per_node", "nproc_per_node")
 
 def one_process_per_device(cfg: DtrainConfig, overrides: Sequence[str], num_gpus: int) -> None:
     """``dtrain run train.py`` with GPUs and no layout asked for: one process per GPU (as
-    ``torchrun --nproc-per-node gpu``); on CPU one process unless ``dp=`` says."""
+    ``torchrun --nproc-per-node gpu``); on CPU one process unless ``dp=`` says.
+    ``nproc_per_node=N`` without ``dp=``: N on each node, as torchrun's ``--nproc-per-node``
+    (the script's ranks are ``N x nnodes``)."""
     par = cfg.parallel
-    asked = any(ov.lstrip("+~").split("=")[0] in DP_KEYS for ov in overrides)
+    keys = {ov.lstrip("+~").split("=")[0] for ov in overrides}
+    if par.nproc_per_node and not keys & {"dp", "parallel.dp"} and (par.tp, par.pp) == (1, 1):
+        par.dp = par.nproc_per_node * max(par.nnodes, 1)
+        return
+    asked = bool(keys & set(DP_KEYS))
     if asked or num_gpus <= 0 or (par.dp, par.tp, par.pp) != (1, 1, 1) or par.nproc_per_node:
         return
     par.dp = num_gpus * max(par.nnodes, 1)

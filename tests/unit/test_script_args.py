@@ -145,6 +145,20 @@ def test_one_process_per_gpu_unless_dp_is_given(tmp_path, monkeypatch):
     assert plan.world_size == 1 and plan.device == "cpu"
 
 
+def test_processes_per_node_without_dp_are_torchruns_nproc_per_node(tmp_path, monkeypatch):
+    """``dtrain run nproc_per_node=2 -- train.py``, as ``torchrun --nproc-per-node 2``: the
+    plan refused it ('set dp=2'), though own-script.md names it the number of ranks."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.setattr("dtrain_cli.plan.build.visible_gpu_count", lambda: 0)
+    _, plan = compose_and_plan(["nproc_per_node=2"], [], ["train.py"])
+    assert (plan.world_size, plan.nnodes, plan.nproc_per_node) == (2, 1, 2)
+    _, plan = compose_and_plan(["nproc_per_node=2", "nnodes=3"], [], ["train.py"])
+    assert (plan.world_size, plan.nnodes, plan.nproc_per_node) == (6, 3, 2)
+    with pytest.raises(typer.Exit):  # both given and at odds: still said, not guessed
+        compose_and_plan(["nproc_per_node=2", "dp=3"], [], ["train.py"])
+
+
 def test_plan_and_sbatch_take_a_script_file_without_py_after_dashes(tmp_path, monkeypatch):
     """Colleague's a: Click drops the ``--`` of ``dtrain plan -- exit3``; a file that
     exists is the script (as ``dtrain run -- exit3`` takes it), a word that is no file

@@ -50,3 +50,10 @@ def test_module_job_and_missing_script():
     assert built.plan.script.file == str((SCRIPTS / "probepkg" / "probe.py").resolve())
     with pytest.raises(ConfigError, match=r"script nothere\.py: not found"):
         build_job(["dp=2"], [], workdir=SCRIPTS, script=["nothere.py"], **FIXED)
+
+
+def test_cpu_nodes_take_processes_per_node_as_torchrun_does():
+    """``dtrain sbatch nodes=2 nproc_per_node=4 -- train.py`` on CPU nodes: 4 ranks a node,
+    8 in all, as ``torchrun --nnodes 2 --nproc-per-node 4``; before, 'set dp=8'."""
+    built, _ = script_job(["nodes=2", "nproc_per_node=4"], ["ddp_plain.py"])
+    assert (built.plan.nnodes, built.plan.nproc_per_node, built.plan.world_size) == (2, 4, 8)
