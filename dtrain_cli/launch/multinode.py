@@ -144,9 +144,32 @@ def _check_joined(run: RunDir, marker: dict, config_text: str, wait_s: float) ->
             f"{run.path} already holds a run (rendezvous id {theirs.get('rdzv_id')!r}); "
             "choose another run.name/--rdzv-id"
         )
-    if run.config.read_text() != config_text:
+    if (theirs := run.config.read_text()) != config_text:
+        where = _first_difference(theirs, config_text)
         raise ValueError(
-            f"{run.config} differs from this node's config: every node must run the "
-            "same recipe and overrides"
+            f"{run.config} differs from this node's config{where}: every node must run "
+            "the same recipe, overrides and script arguments"
         )
     return run.path
+
+
+def _first_difference(theirs: str, ours: str) -> str:
+    """`` (script.args: [...] there, [...] here)``: the first key whose values differ."""
+    import yaml
+
+    def flat(tree: object, prefix: str = "") -> dict[str, object]:
+        if not isinstance(tree, dict):
+            return {prefix: tree}
+        out: dict[str, object] = {}
+        for key, value in tree.items():
+            out.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+
+    try:
+        a, b = flat(yaml.safe_load(theirs)), flat(yaml.safe_load(ours))
+    except yaml.YAMLError:
+        return ""
+    for key in sorted(a.keys() | b.keys()):
+        if a.get(key) != b.get(key):
+            return f" ({key}: {a.get(key)!r} there, {b.get(key)!r} here)"
+    return ""

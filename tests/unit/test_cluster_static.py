@@ -210,3 +210,28 @@ def test_one_node_with_an_rdzv_id_names_its_run_dir_after_it(tmp_path):
     assert named.run.name == "mine" and named.launcher.rdzv_id == "exp1"
     plain = compose_config("gpt_tiny")
     assert apply_node_args(plain, NodeArgs()) == [] and plain.run.name is None
+
+
+def test_a_node_whose_config_differs_is_told_which_key(tmp_path):
+    """Two nodes of one run given different script arguments: the second said only that
+    the configs differ; it names the first key that does, with both values."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.launch.multinode import join_run_dir
+    from dtrain_cli.plan.build import build_plan
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+
+    def node(out: str):
+        cfg = compose_config("script", [f"run.root={tmp_path}", "run.name=two"])
+        cfg.script.path, cfg.script.args = str(script), ["--out", out]
+        cfg.launcher.rdzv_id = "two"
+        return cfg, build_plan(cfg)
+
+    first = join_run_dir(*node("o0.json"))
+    assert join_run_dir(*node("o0.json"), wait_s=1) == first  # the same: joins
+    with pytest.raises(ValueError) as err:
+        join_run_dir(*node("o1.json"), wait_s=1)
+    said = str(err.value)
+    assert "(script.args: ['--out', 'o0.json'] there, ['--out', 'o1.json'] here)" in said
+    assert said.endswith("every node must run the same recipe, overrides and script arguments")
