@@ -95,7 +95,7 @@ def compose_and_plan(
     not this machine (``dtrain simulate``; as many nodes as the world needs unless the
     command line says). ``on_composed``: called with the composed config before the plan
     is made (the launch tells its fork server what to import). ConfigError -> exit 2."""
-    from dtrain_cli.cli.script_args import apply_script, script_problems
+    from dtrain_cli.cli.script_args import script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
     from dtrain_cli.config.data_checks import data_problems
     from dtrain_cli.plan.build import build_plan, node_of, nodes_needed
@@ -109,20 +109,15 @@ def compose_and_plan(
     except ConfigError as exc:
         problems = exc.problems
         if exc.config is not None:  # some overrides were wrong: what else is, without them
-            apply_script(exc.config, script)
+            _as_script(exc.config, rest, script)
             try:
                 build_plan(exc.config)
             except ConfigError as more:
                 problems = problems + [p for p in more.problems if p not in problems]
         fail(problems)
-    apply_script(cfg, script)
     if on_composed is not None:
         on_composed(cfg)
-    if script:
-        from dtrain_cli.cli.script_args import one_process_per_device
-        from dtrain_cli.plan.build import visible_gpu_count
-
-        one_process_per_device(cfg, rest, visible_gpu_count())
+    _as_script(cfg, rest, script)
     # paths and targets exist, before any write; a script's data is its own business
     problems = [] if is_script(cfg) else data_problems(cfg, config_dirs)
     if on_hardware and not _names_nodes(rest):
@@ -142,6 +137,19 @@ def compose_and_plan(
     if plan.script is None and (said := fit_warning(cfg, plan, on_hardware=on_hardware)):
         plan.warnings.append(said)
     return cfg, plan
+
+
+def _as_script(cfg: DtrainConfig, overrides: Sequence[str], script: list[str] | None) -> None:
+    """The command line's script in ``cfg``, and its rank count (one per GPU, or
+    ``nproc_per_node`` a node), also when other overrides failed: the rest is checked
+    against what the run would be."""
+    if not script:
+        return
+    from dtrain_cli.cli.script_args import apply_script, one_process_per_device
+    from dtrain_cli.plan.build import visible_gpu_count
+
+    apply_script(cfg, script)
+    one_process_per_device(cfg, overrides, visible_gpu_count())
 
 
 def fit_warning(

@@ -145,7 +145,7 @@ def test_one_process_per_gpu_unless_dp_is_given(tmp_path, monkeypatch):
     assert plan.world_size == 1 and plan.device == "cpu"
 
 
-def test_processes_per_node_without_dp_are_torchruns_nproc_per_node(tmp_path, monkeypatch):
+def test_processes_per_node_without_dp_are_torchruns_nproc_per_node(tmp_path, monkeypatch, capsys):
     """``dtrain run nproc_per_node=2 -- train.py``, as ``torchrun --nproc-per-node 2``: the
     plan refused it ('set dp=2'), though own-script.md names it the number of ranks."""
     monkeypatch.chdir(tmp_path)
@@ -157,6 +157,11 @@ def test_processes_per_node_without_dp_are_torchruns_nproc_per_node(tmp_path, mo
     assert (plan.world_size, plan.nnodes, plan.nproc_per_node) == (6, 3, 2)
     with pytest.raises(typer.Exit):  # both given and at odds: still said, not guessed
         compose_and_plan(["nproc_per_node=2", "dp=3"], [], ["train.py"])
+    capsys.readouterr()
+    with pytest.raises(typer.Exit):  # another mistake is said alone, not with 'set dp=4'
+        compose_and_plan(["nproc_per_node=2", "nnodes=2", "train.stepz=3"], [], ["train.py"])
+    said = capsys.readouterr().err
+    assert "unknown key 'train.stepz'" in said and "set dp" not in said, said
 
 
 def test_plan_and_sbatch_take_a_script_file_without_py_after_dashes(tmp_path, monkeypatch):
