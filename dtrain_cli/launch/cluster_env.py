@@ -318,10 +318,11 @@ def _rendezvous_port(req: Request, f: Facts, host: str, port: int, hosts_here: b
         return Check("rendezvous port", PASS, f"{port} on {host} (node 0 opens it)")
     if f.port_free(port):
         return Check("rendezvous port", PASS, f"{port} is free on this machine")
+    twice = " (another node of this run started here as node 0 too?)" if req.nnodes > 1 else ""
     return Check(
         "rendezvous port",
         FAIL,
-        f"port {port} is already in use on this machine ({host})",
+        f"port {port} is already in use on this machine ({host}){twice}",
         f"pick another port in --rdzv-endpoint, or stop what holds it (ss -ltnp | grep :{port})",
     )
 

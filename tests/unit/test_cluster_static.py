@@ -104,6 +104,10 @@ def test_port_taken_and_unresolvable_rendezvous_host():
     req = Request(rdzv_endpoint="node1:29500", node_rank=0)
     fails = by_status(static_checks(req, facts(port_free=lambda port: False)), "fail")
     assert "port 29500 is already in use" in fails["rendezvous port"]
+    assert "node 0 too" not in fails["rendezvous port"]  # one node: nothing else to suspect
+    req.nnodes = 2
+    fails = by_status(static_checks(req, facts(port_free=lambda port: False)), "fail")
+    assert "(another node of this run started here as node 0 too?)" in fails["rendezvous port"]
     # another node does not bind node 0's port
     req.node_rank = 1
     assert by_status(static_checks(req, facts(port_free=lambda port: False)), "fail") == {}

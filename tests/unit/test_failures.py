@@ -227,3 +227,42 @@ def test_the_same_error_with_each_ranks_own_numbers_is_one_report():
     other = Failed(rank=1, exitcode=1, headline="KeyError: 'LOCAL_RANK'", time=999.0)
     _, text = describe([failed[0], other], steps_known=False)
     assert text.endswith("; rank 0 also failed (" + msg.format(r=0) + ")")
+
+
+def test_nodes_that_never_meet_are_one_line_not_torchs_traceback():
+    """A node 0 whose other nodes never came, and a node that found no store at the
+    endpoint, ended in torch's RendezvousTimeoutError / RendezvousConnectionError trace."""
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
+
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.launch.local import rendezvous_failure
+
+    cfg = compose_config("gpt_tiny", ["launcher.rdzv_timeout_s=5"])
+    cfg.launcher.rdzv_endpoint = "node0:29500"
+
+    def config(is_host: bool | None, nodes: tuple[int, int] = (2, 2)) -> SimpleNamespace:
+        hosting = {} if is_host is None else {"is_host": is_host}
+        return SimpleNamespace(
+            run_id="exp1", min_nodes=nodes[0], max_nodes=nodes[1], rdzv_configs=hosting
+        )
+
+    said = rendezvous_failure(RendezvousTimeoutError(), config(True), cfg)
+    assert said.startswith(
+        "the rendezvous at node0:29500 (id exp1) did not gather --nnodes 2 within "
+        "launcher.rdzv_timeout_s=5: start every node with the same --rdzv-endpoint"
+    )
+    elastic = rendezvous_failure(RendezvousTimeoutError(), config(True, (1, 4)), cfg)
+    assert "did not gather --nnodes 1:4 within" in elastic
+    lost = RendezvousConnectionError("The connection to the C10d store has failed.")
+    lost.__cause__ = RuntimeError("client socket has timed out after 60s while connecting")
+    said = rendezvous_failure(lost, config(False), cfg)
+    assert said.startswith("this node could not reach the rendezvous store at node0:29500")
+    assert "(client socket has timed out after 60s while connecting)" in said
+    assert "start node 0 (--node-rank 0) first" in said
+    lost.__cause__ = RuntimeError("The server socket has failed to listen (errno: 98 - EADDRINUSE)")
+    said = rendezvous_failure(lost, config(None), cfg)
+    assert said.startswith("this node could not host the rendezvous store at node0:29500")
+    assert "another node started as --node-rank 0" in said
