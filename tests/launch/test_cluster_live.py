@@ -200,3 +200,20 @@ def test_sigusr1_checkpoints_at_a_step_boundary_and_resume_finishes(tmp_path):
     lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in lines if r["kind"] == "train"]
     assert steps == list(range(5, 301, 5))  # no window lost or repeated across the stop
+
+
+def test_a_node_0_whose_peers_never_come_ends_in_one_line(tmp_path):
+    """Node 0 of two, alone: after launcher.rdzv_timeout_s the launch ended in torch's
+    RendezvousTimeoutError traceback; now one line that says what to check, exit 1."""
+    port = free_port()
+    args = ["launch", "recipe=gpt_tiny", "dp=2", "train.steps=2", "launcher.rdzv_timeout_s=3"]
+    args += ["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    run = run_dtrain([*args, "--rdzv-id", "alone"], tmp_path, timeout=120)
+    assert run.returncode == 1, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: the rendezvous at 127.0.0.1:{port} (id alone) did not gather --nnodes 2 "
+        "within launcher.rdzv_timeout_s=3: start every node with the same --rdzv-endpoint, "
+        "--rdzv-id and --nnodes (one of them --node-rank 0)"
+    ], run.stderr
+    assert "Traceback" not in run.stderr
