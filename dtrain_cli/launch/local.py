@@ -200,7 +200,10 @@ def run_agent(
 def rendezvous_failure(exc: BaseException, config: Any, cfg: DtrainConfig) -> str:
     """Why the nodes never met: the others did not come within the rendezvous timeout, or
     this node could not host (node 0) or reach (the others) the store at the endpoint."""
-    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.api import (
+        RendezvousConnectionError,
+        RendezvousTimeoutError,
+    )
 
     where = f"{cfg.launcher.rdzv_endpoint} (id {config.run_id})"
     nodes = f"{config.min_nodes}:{config.max_nodes}"
@@ -211,6 +214,8 @@ def rendezvous_failure(exc: BaseException, config: Any, cfg: DtrainConfig) -> st
             f"launcher.rdzv_timeout_s={cfg.launcher.rdzv_timeout_s}: start every node with the "
             "same --rdzv-endpoint, --rdzv-id and --nnodes (one of them --node-rank 0)"
         )
+    if not isinstance(exc, RendezvousConnectionError):  # its state broken: torch's words
+        return f"the rendezvous at {where} failed: {type(exc).__name__}: {exc}"
     cause = exc.__cause__ or exc.__context__
     said = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
     said = f" ({said})" if said else ""

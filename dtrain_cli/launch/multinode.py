@@ -144,8 +144,8 @@ def _check_joined(run: RunDir, marker: dict, config_text: str, wait_s: float) ->
             f"{run.path} already holds a run (rendezvous id {theirs.get('rdzv_id')!r}); "
             "choose another run.name/--rdzv-id"
         )
-    if (theirs := run.config.read_text()) != config_text:
-        where = _first_difference(theirs, config_text)
+    if (their_config := run.config.read_text()) != config_text:
+        where = _first_difference(their_config, config_text)
         raise ValueError(
             f"{run.config} differs from this node's config{where}: every node must run "
             "the same recipe, overrides and script arguments"

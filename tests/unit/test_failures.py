@@ -234,6 +234,7 @@ def test_nodes_that_never_meet_are_one_line_not_torchs_traceback():
     endpoint, ended in torch's RendezvousTimeoutError / RendezvousConnectionError trace."""
     from torch.distributed.elastic.rendezvous.api import (
         RendezvousConnectionError,
+        RendezvousStateError,
         RendezvousTimeoutError,
     )
 
@@ -266,3 +267,9 @@ def test_nodes_that_never_meet_are_one_line_not_torchs_traceback():
     said = rendezvous_failure(lost, config(None), cfg)
     assert said.startswith("this node could not host the rendezvous store at node0:29500")
     assert "another node started as --node-rank 0" in said
+    broken = RendezvousStateError("The rendezvous state is corrupt.")
+    said = rendezvous_failure(broken, config(True), cfg)
+    assert said == (
+        "the rendezvous at node0:29500 (id exp1) failed: RendezvousStateError: "
+        "The rendezvous state is corrupt."
+    )
