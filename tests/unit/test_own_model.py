@@ -62,6 +62,17 @@ def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
         (["tp=2"], "has no tensor-parallel plan; give one over your blocks' Linear layers"),
         (["pp=2"], "name its layer list with pipeline.layers"),
         (["pp=2", "pipeline.layers=body"], "pipeline.layers=body"),
+        (  # accepted before, and failed in step 1: stage 0 fed the input to trunk[0]
+            ["pp=2", "pipeline.layers=trunk"],
+            "error: pipeline.layers=trunk: no pipeline stage runs Net's stem and readout, "
+            "which hold parameters: name them as its forward runs them beside trunk, e.g. "
+            "pipeline.first=[stem] pipeline.last=[readout]",
+        ),
+        (
+            ["pp=2", "pipeline.layers=trunk", "pipeline.first=[stem]"],
+            "Net's readout, which holds parameters: name it as its forward runs it beside "
+            "trunk, e.g. pipeline.last=[readout]",
+        ),
         (["tp=2", "parallel.tp_plan={trunk.*.up:diagonal}"], "unknown style"),
         (["train.loss=os.path.join"], "standard library"),
         (["train.loss=huber"], "train.loss=huber: not allowed"),
@@ -346,3 +357,26 @@ def test_the_tp_hint_names_the_model_s_own_layers_and_its_override_plans(tmp_pat
     assert override == "parallel.tp_plan={trunk.*.up:colwise,trunk.*.down:rowwise}"
     result = CliRunner().invoke(app, ["plan", *OWN, "tp=2", override])
     assert result.exit_code == 0, result.output
+
+
+def test_parameters_of_the_model_itself_are_named_when_a_pipeline_would_drop_them(monkeypatch):
+    """TinyLM adds its own ``pos`` parameter in its forward, which a pipeline stage replaces
+    (first -> layers -> last): no stage would add it, and the run would train a different
+    model. The plan says so; at pp=1 the same pipeline keys are only unread."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.errors import ConfigError
+    from dtrain_cli.plan.build import build_plan
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    lm = ["model=custom", "model._target_=own_targets.TinyLM", "model.block_size=32"]
+    lm += ["model.vocab_size=256", "pipeline.layers=blocks", "pipeline.first=[embed]"]
+    lm += ["pipeline.last=[head]"]
+    with pytest.raises(ConfigError) as err:
+        build_plan(compose_config("gpt_tiny", [*lm, "pp=2"]))
+    assert err.value.problems == [
+        "pipeline.layers=blocks: no pipeline stage runs TinyLM's own parameters (pos), used "
+        "only by its forward, which a stage replaces: keep them in a module named in "
+        "pipeline.first or pipeline.last"
+    ]
+    assert build_plan(compose_config("gpt_tiny", lm)).world_size == 1

@@ -24,6 +24,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from dtrain_cli.models.custom import stages
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.custom.tp_layout import (
@@ -110,6 +111,8 @@ class CustomSpec(ModelSpec):
             out = super().problems(cfg)  # counts the layers: may find pipeline.* wrong
         except ValueError as exc:
             return [str(exc)]
+        if cfg.parallel.pp > 1 and (unstaged := measured.get("unstaged")):
+            out.append(stages.unstaged_problem(self.cfg.target, str(self._layer_attr()), unstaged))
         plan = cfg.parallel.tp_plan or {}
         bad = {k: v for k, v in plan.items() if v not in TP_STYLES}
         if bad:
@@ -133,10 +136,7 @@ class CustomSpec(ModelSpec):
         return tp_plan_hint(self)  # in the model's own names
 
     def pp_hint(self) -> str:
-        return (
-            ": it is not an nn.Sequential; name its layer list with pipeline.layers=<attribute> "
-            "(and pipeline.first / pipeline.last for the modules before and after it)"
-        )
+        return stages.PP_HINT
 
     @functools.cache  # noqa: B019 - one spec per plan; the model is its own meta build
     def meta_model(self) -> Any:
@@ -158,7 +158,7 @@ class CustomSpec(ModelSpec):
         options.append(sorted(self._tp_plan().items()))
         options += [pipe.layers, list(pipe.first or []), list(pipe.last or [])]
         options.append(list(run.parallel.fsdp_units or []))  # the blocks when no layers named
-        return record_key([*options, list(run.run.import_roots)])
+        return record_key([*options, list(run.run.import_roots), "unstaged"])  # its fields
 
     @functools.cached_property
     def _measured(self) -> dict[str, Any]:
@@ -179,6 +179,7 @@ class CustomSpec(ModelSpec):
         measured = {
             "facts": asdict(self._count(model)),
             "pipeline_layers": len(self._layer_list(model)),
+            "unstaged": stages.unstaged_modules(model, self._layer_attr(), *self._end_names()),
             **saved,
             "module_classes": sorted({type(m).__name__ for m in model.modules() if m is not model}),
         }
@@ -390,9 +391,9 @@ class CustomSpec(ModelSpec):
             out.append(module)
         return out
 
-    def pipeline_stage(self, model: Any, stage: Any) -> Any:
-        from dtrain_cli.models.custom.stages import stage_module
-
+    def _end_names(self) -> tuple[list[str], list[str]]:
         pipe = self.run.pipeline if self.run else None
-        first, last = (list(pipe.first or []), list(pipe.last or [])) if pipe else ([], [])
-        return stage_module(model, stage, self._layer_attr(), first, last)
+        return (list(pipe.first or []), list(pipe.last or [])) if pipe else ([], [])
+
+    def pipeline_stage(self, model: Any, stage: Any) -> Any:
+        return stages.stage_module(model, stage, self._layer_attr(), *self._end_names())

@@ -46,3 +46,51 @@ def stage_module(
 
     part.forward = types.MethodType(forward, part)
     return part
+
+
+PP_HINT = (
+    ": it is not an nn.Sequential; name its layer list with pipeline.layers=<attribute> "
+    "(and pipeline.first / pipeline.last for the modules before and after it)"
+)
+
+
+def unstaged_modules(model: Any, attr: str | None, first: list[str], last: list[str]) -> list:
+    """``[name, where]`` for each module of ``model`` that holds parameters and that no
+    stage would run: neither the layer list ``attr`` nor ``pipeline.first``/``last``.
+    ``where``: first or last by where the model registers it beside ``attr``; ``own`` for
+    parameters of the model itself (only its forward, which a stage replaces, uses them)."""
+    if not attr:
+        return []
+    out, seen_layers = [], False
+    for name, child in model.named_children():
+        seen_layers = seen_layers or name == attr
+        if name not in (attr, *first, *last) and any(True for _ in child.parameters()):
+            out.append([name, "last" if seen_layers else "first"])
+    own = [name for name, _ in model.named_parameters(recurse=False)]
+    return out + [[name, "own"] for name in own]
+
+
+def unstaged_problem(target: str, attr: str, unstaged: list) -> str:
+    """One line: what no stage runs, and the pipeline.first / pipeline.last that would."""
+    cls = target.rsplit(".", 1)[-1]
+    names = [n for n, where in unstaged if where != "own"]
+    own = [n for n, where in unstaged if where == "own"]
+    parts = []
+    if names:
+        ends = [
+            f"pipeline.{end}=[{','.join(n for n, w in unstaged if w == end)}]"
+            for end in ("first", "last")
+            if any(w == end for _, w in unstaged)
+        ]
+        one = len(names) == 1
+        parts.append(
+            f"{cls}'s {' and '.join(names)}, which {'holds' if one else 'hold'} parameters: "
+            f"name {'it' if one else 'them'} as its forward runs {'it' if one else 'them'} "
+            f"beside {attr}, e.g. {' '.join(ends)}"
+        )
+    if own:
+        parts.append(
+            f"{cls}'s own parameters ({', '.join(own)}), used only by its forward, which a "
+            "stage replaces: keep them in a module named in pipeline.first or pipeline.last"
+        )
+    return f"pipeline.layers={attr}: no pipeline stage runs " + "; nor ".join(parts)
