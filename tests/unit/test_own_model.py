@@ -60,7 +60,12 @@ def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
         (["model._target_=my_models.net.Nope"], "has no attribute 'Nope'"),
         (["model.colour=3"], "model._target_=my_models.net.Net"),
         (["tp=2"], "has no tensor-parallel plan; give one over your blocks' Linear layers"),
-        (["pp=2"], "name its layer list with pipeline.layers"),
+        (  # in the model's own names, as tp's plan is
+            ["pp=2"],
+            "not an nn.Sequential; name its layer list and what runs before and after it, as "
+            "its forward runs them: pipeline.layers=trunk 'pipeline.first=[stem]' "
+            "'pipeline.last=[readout]'",
+        ),
         (["pp=2", "pipeline.layers=body"], "pipeline.layers=body"),
         (  # accepted before, and failed in step 1: stage 0 fed the input to trunk[0]
             ["pp=2", "pipeline.layers=trunk"],
@@ -380,3 +385,9 @@ def test_parameters_of_the_model_itself_are_named_when_a_pipeline_would_drop_the
         "pipeline.first or pipeline.last"
     ]
     assert build_plan(compose_config("gpt_tiny", lm)).world_size == 1
+    with pytest.raises(ConfigError) as err:  # no layer list named: the hint names them all
+        build_plan(compose_config("gpt_tiny", [*lm[:4], "pp=2"]))
+    assert err.value.problems[0].endswith(
+        "pipeline.layers=blocks 'pipeline.first=[embed]' 'pipeline.last=[head]'; its own "
+        "parameters (pos) would run on no stage"
+    )

@@ -136,7 +136,7 @@ class CustomSpec(ModelSpec):
         return tp_plan_hint(self)  # in the model's own names
 
     def pp_hint(self) -> str:
-        return stages.PP_HINT
+        return stages.pp_hint(self.meta_model())
 
     @functools.cache  # noqa: B019 - one spec per plan; the model is its own meta build
     def meta_model(self) -> Any:

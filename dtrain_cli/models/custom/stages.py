@@ -54,6 +54,37 @@ PP_HINT = (
 )
 
 
+def pp_hint(model: Any) -> str:
+    """:data:`PP_HINT`, with the model's own names where it has a list of layers: its
+    largest ``nn.ModuleList`` (or ``nn.Sequential``) and the modules registered before and
+    after it, in the order its forward should run them."""
+    from torch import nn
+
+    def size(module: Any) -> int:
+        return sum(p.numel() for p in module.parameters())
+
+    lists = [
+        (size(child), name)
+        for name, child in model.named_children()
+        if isinstance(child, nn.ModuleList | nn.Sequential) and len(child) > 1
+    ]
+    if not lists:
+        return PP_HINT
+    attr = max(lists)[1]
+    ends = unstaged_modules(model, attr, [], [])
+    keys = [f"pipeline.layers={attr}"] + [
+        f"'pipeline.{end}=[{','.join(n for n, w in ends if w == end)}]'"
+        for end in ("first", "last")
+        if any(w == end for _, w in ends)
+    ]
+    own = [n for n, w in ends if w == "own"]
+    own_said = f"; its own parameters ({', '.join(own)}) would run on no stage" if own else ""
+    return (
+        f": it is not an nn.Sequential; name its layer list and what runs before and after "
+        f"it, as its forward runs them: {' '.join(keys)}{own_said}"
+    )
+
+
 def unstaged_modules(model: Any, attr: str | None, first: list[str], last: list[str]) -> list:
     """``[name, where]`` for each module of ``model`` that holds parameters and that no
     stage would run: neither the layer list ``attr`` nor ``pipeline.first``/``last``.
