@@ -24,7 +24,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from dtrain_cli.models.custom import stages
+import dtrain_cli.models.custom.stages as stages
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.custom.tp_layout import (
