@@ -209,6 +209,19 @@ def test_export_safetensors_still_works_for_hf(tmp_path):
             1,
             "model.block_size=32: more than the model's max_position_embeddings=16",
         ),
+        (  # transformers' own assert in nn.Embedding came out as a traceback
+            lambda: HFSpec(HFConfig(model_type="phi3", config=LLAMA, block_size=T)),
+            1,
+            1,
+            f"model.config.pad_token_id=32000: not below model.config.vocab_size={VOCAB} "
+            "(phi3's default); set model.config.pad_token_id=0 (or null)",
+        ),
+        (  # any other refusal of transformers': its words, in one line
+            lambda: spec_of("llama", hidden_act="no_such_act"),
+            1,
+            1,
+            "model.model_type=llama: transformers cannot build it from this config (KeyError: ",
+        ),
     ],
 )
 def test_bad_input_is_one_line(spec, tp, pp, expected):

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from dtrain_cli.errors import ConfigError
 from dtrain_cli.models.hf.library import transformers_module
 from dtrain_cli.models.hf.tensor_parallel import (
     tp_patterns,
@@ -143,7 +144,27 @@ def plan_facts(spec: HFSpec) -> dict[str, Any]:
             counts, saved = meta_counts(spec, model), saved_per_sample(spec, model)
             low = saved_low_precision(spec, model) if saved else {}
             return {**counts, "saved": saved, **low}
-    return {**meta_counts(spec), "saved": None}
+    try:
+        return {**meta_counts(spec), "saved": None}
+    except Exception as exc:  # transformers' own checks of the config: one line, no trace
+        raise ConfigError([build_problem(spec, exc)]) from None
+
+
+def build_problem(spec: HFSpec, exc: Exception) -> str:
+    """Why transformers would not build the model from its config, with the key to change
+    where the error names one (a pad_token_id past a smaller vocab_size)."""
+    conf, kind = spec.hf_config, spec.hf_config.model_type
+    said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    pad = getattr(conf, "pad_token_id", None)
+    if "padding_idx" in said.lower() and pad is not None and pad >= conf.vocab_size:
+        return (
+            f"model.config.pad_token_id={pad}: not below model.config.vocab_size="
+            f"{conf.vocab_size} ({kind}'s default); set model.config.pad_token_id=0 (or null)"
+        )
+    return (
+        f"model.model_type={kind}: transformers cannot build it from this config "
+        f"({type(exc).__name__}: {said}); check the model.config.* values"
+    )
 
 
 def unpacked_windows() -> contextlib.AbstractContextManager:
