@@ -44,6 +44,7 @@ GPT2 = {  # tied input/output embeddings (GPT-2's default); no dropout: comparab
     "eos_token_id": 0,
 }
 QWEN2_TIED = {**LLAMA, "tie_word_embeddings": True}
+GPT_LIKE = {"n_layer": 2, "hidden_size": 64, "n_head": 4, "vocab_size": 256}
 FAMILIES = {"llama": LLAMA, "gpt2": GPT2, "qwen2": QWEN2_TIED, "mistral": LLAMA}
 
 
@@ -215,6 +216,13 @@ def test_export_safetensors_still_works_for_hf(tmp_path):
             1,
             f"model.config.pad_token_id=32000: not below model.config.vocab_size={VOCAB} "
             "(phi3's default); set model.config.pad_token_id=0 (or null)",
+        ),
+        (
+            lambda: HFSpec(HFConfig(model_type="bloom", config=GPT_LIKE, block_size=T)),
+            1,
+            1,
+            "model.attn_implementation=sdpa: transformers' bloom does not support it; set "
+            "model.attn_implementation=eager",
         ),
         (  # any other refusal of transformers': its words, in one line
             lambda: spec_of("llama", hidden_act="no_such_act"),

@@ -161,6 +161,11 @@ def build_problem(spec: HFSpec, exc: Exception) -> str:
             f"model.config.pad_token_id={pad}: not below model.config.vocab_size="
             f"{conf.vocab_size} ({kind}'s default); set model.config.pad_token_id=0 (or null)"
         )
+    if "does not support an attention implementation" in said:
+        return (
+            f"model.attn_implementation={spec.cfg.attn_implementation}: transformers' {kind} "
+            "does not support it; set model.attn_implementation=eager"
+        )
     return (
         f"model.model_type={kind}: transformers cannot build it from this config "
         f"({type(exc).__name__}: {said}); check the model.config.* values"
