@@ -224,6 +224,13 @@ def test_export_safetensors_still_works_for_hf(tmp_path):
             "model.attn_implementation=sdpa: transformers' bloom does not support it; set "
             "model.attn_implementation=eager",
         ),
+        (  # built, then failed in step 1 of a launch the plan accepted
+            lambda: spec_of("llama", num_key_value_heads=3),
+            1,
+            1,
+            "model.config.num_key_value_heads=3: must divide model.config.num_attention_heads=4"
+            " (each key/value head serves heads / kv heads query heads); use one of [1, 2, 4]",
+        ),
         (  # any other refusal of transformers': its words, in one line
             lambda: spec_of("llama", hidden_act="no_such_act"),
             1,

@@ -28,7 +28,7 @@ from dtrain_cli.errors import ConfigError
 from dtrain_cli.hub import download_hint
 from dtrain_cli.models.hf.facts_cache import FOLDER, facts_key
 from dtrain_cli.models.hf.library import transformers_module
-from dtrain_cli.models.hf.tp_checks import tp_problems
+from dtrain_cli.models.hf.tp_checks import head_problems, tp_problems
 from dtrain_cli.models.records import cache_root, load, store
 from dtrain_cli.models.saved_bytes import SavedBytes, autocast_extra_bytes, low_precision_bytes
 from dtrain_cli.models.spec import ModelFacts, ModelSpec
@@ -297,6 +297,7 @@ class HFSpec(ModelSpec):
                 f"model.block_size={m.block_size}: more than the model's "
                 f"max_position_embeddings={c['max_positions']}"
             )
+        out += head_problems(c)
         if par.tp > 1:
             out += tp_problems(par.tp, self.model_type, c)
         if par.pp > 1 and self.model_type not in PIPELINE_FAMILIES:

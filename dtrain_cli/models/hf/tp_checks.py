@@ -1,5 +1,6 @@
-"""Tensor-parallel checks of a Hugging Face model, from its meta-build counts: the model's own
-tp plan (``base_model_tp_plan``) in styles dtrain maps, and sizes that tp divides.
+"""Checks of a Hugging Face model's sizes, from its meta-build counts: the attention heads
+its key/value heads are shared among, and for tensor parallel the model's own tp plan
+(``base_model_tp_plan``) in styles dtrain maps and the sizes that tp divides.
 """
 
 from __future__ import annotations
@@ -16,6 +17,20 @@ TP_STYLES = (
     "embedding_rowwise",
 )
 """transformers' tp style names that :func:`.tensor_parallel.torch_style` maps to torch styles."""
+
+
+def head_problems(c: dict[str, Any]) -> list[str]:
+    """Grouped-query attention shares each key/value head among heads / kv_heads query heads:
+    a config whose kv heads do not divide its heads builds, and fails in its first forward
+    (gemma's default num_key_value_heads=16 under num_attention_heads=4)."""
+    heads, kv = c["heads"], c["kv_heads"]
+    if not heads or not kv or heads % kv == 0:
+        return []
+    fits = [k for k in range(1, heads + 1) if heads % k == 0]
+    return [
+        f"model.config.num_key_value_heads={kv}: must divide model.config.num_attention_heads="
+        f"{heads} (each key/value head serves heads / kv heads query heads); use one of {fits}"
+    ]
 
 
 def tp_problems(tp: int, model_type: str, c: dict[str, Any]) -> list[str]:
