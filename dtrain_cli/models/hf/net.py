@@ -157,9 +157,10 @@ def build_problem(spec: HFSpec, exc: Exception) -> str:
     said = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     pad = getattr(conf, "pad_token_id", None)
     if "padding_idx" in said.lower() and pad is not None and pad >= conf.vocab_size:
+        whose = "" if "pad_token_id" in spec.cfg.config else f" ({kind}'s default)"
         return (
             f"model.config.pad_token_id={pad}: not below model.config.vocab_size="
-            f"{conf.vocab_size} ({kind}'s default); set model.config.pad_token_id=0 (or null)"
+            f"{conf.vocab_size}{whose}; set model.config.pad_token_id=0 (or null)"
         )
     if "does not support an attention implementation" in said:
         return (
