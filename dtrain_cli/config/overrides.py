@@ -150,7 +150,10 @@ class _Checker:
         self.problems: list[str] = []
 
     def check(self, tok: str, nxt: str | None) -> int:
-        """Check ``tok``; returns how many of the following tokens it used (0 or 1)."""
+        """Check ``tok``; returns how many of the following tokens it used (0, 1, or all)."""
+        if said := suggest.script_given(tok):  # what follows is the script's own arguments
+            self.problems.append(f"{tok!r}: {said}")
+            return 1 << 30
         m = TOKEN_RE.match(tok)
         taken = nxt is not None and "=" not in nxt and not nxt.startswith(("-", "~", "+"))
         if tok.startswith("-"):
@@ -235,8 +238,7 @@ class _Checker:
 
 
 def _node_range(tok: str, value_text: str, good: list[Override]) -> list[str]:
-    """``nnodes=MIN:MAX`` -> ``parallel.min_nnodes=MIN`` and ``parallel.nnodes=MAX``
-    (their order is checked with the other values, in config/validate.py)."""
+    """``nnodes=MIN:MAX`` -> parallel.min_nnodes and parallel.nnodes (ordered: validate.py)."""
     low, _, high = value_text.partition(":")
     if not (low.strip().lstrip("-").isdigit() and high.strip().isdigit()):
         return [f"{tok}: expected MIN:MAX node counts, e.g. parallel.nnodes=1:4"]

@@ -76,3 +76,14 @@ def unquoted_keys_hint(key: str, value_text: str) -> str:
         return ""
     unquoted = re.sub(r"""["']([^"']+)["']\s*:""", r"\1:", value_text)
     return f"a dict's keys go unquoted: '{key}={unquoted}'"
+
+
+def script_given(token: str) -> str | None:
+    """A script's path where overrides are read (``dtrain launch -- train.py``, ``dtrain
+    simulate``): the commands that run a script of one's own, for it."""
+    if not token.endswith(".py") or "=" in token or token.startswith(("-", "~", "+")):
+        return None
+    return (
+        f"a script of your own runs with dtrain run [OVERRIDES] -- {token} (dtrain plan and "
+        "dtrain sbatch take it too); this command runs dtrain's own trainer"
+    )

@@ -451,3 +451,19 @@ def test_the_removed_timeout_key_names_its_replacement(tmp_path, monkeypatch):
     assert r.exit_code == 2, r.output
     assert "launcher.collective_timeout_s: removed: debug.collective_timeout_s" in r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("command", [["advise"], ["simulate"], ["k8s", "cluster.image=x"]])
+@pytest.mark.parametrize("script", ["train.py", "./train.py", "/abs/train.py"])
+def test_a_script_given_to_a_trainer_command_is_pointed_to_dtrain_run(command, script):
+    """``dtrain simulate dp=2 -- train.py --steps 3``: the script's path was read as an
+    override ('no value; write train.py=VALUE', or 'not an override' for a path) and its
+    arguments each as another mistake. One line names the commands that run it."""
+    result = CliRunner().invoke(app, [*command, "dp=2", "--", script, "--steps", "3"])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"error: {script!r}: a script of your own runs with dtrain run [OVERRIDES] -- "
+        f"{script} (dtrain plan and dtrain sbatch take it too); this command runs dtrain's "
+        "own trainer"
+    ], result.output
