@@ -74,8 +74,8 @@ def override_config(
 
 def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
     """One line per key a resume may not change, naming the checkpoint's value."""
-    a = _flatten(OmegaConf.to_container(OmegaConf.structured(old)))
-    b = _flatten(OmegaConf.to_container(OmegaConf.structured(new)))
+    a = flat_keys(OmegaConf.to_container(OmegaConf.structured(old)))
+    b = flat_keys(OmegaConf.to_container(OmegaConf.structured(new)))
     out = []
     for key in sorted(a):
         unsafe = key.startswith(UNSAFE_ON_RESUME) and key not in SAFE_ON_RESUME
@@ -95,10 +95,11 @@ def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
     return out
 
 
-def _flatten(d: object, prefix: str = "") -> dict[str, object]:
+def flat_keys(d: object, prefix: str = "") -> dict[str, object]:
+    """A nested config as ``{"parallel.dp": 2, ...}`` (dotted keys, leaf values)."""
     if not isinstance(d, dict):
         return {prefix.rstrip("."): d}
     out: dict[str, object] = {}
     for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}."))
+        out.update(flat_keys(v, f"{prefix}{k}."))
     return out

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.compose import config_to_yaml
+from dtrain_cli.config.resume_changes import flat_keys
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import name_problems
 from dtrain_cli.plan.plan import Plan
@@ -157,16 +158,8 @@ def _first_difference(theirs: str, ours: str) -> str:
     """`` (script.args: [...] there, [...] here)``: the first key whose values differ."""
     import yaml
 
-    def flat(tree: object, prefix: str = "") -> dict[str, object]:
-        if not isinstance(tree, dict):
-            return {prefix: tree}
-        out: dict[str, object] = {}
-        for key, value in tree.items():
-            out.update(flat(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-
     try:
-        a, b = flat(yaml.safe_load(theirs)), flat(yaml.safe_load(ours))
+        a, b = flat_keys(yaml.safe_load(theirs)), flat_keys(yaml.safe_load(ours))
     except yaml.YAMLError:
         return ""
     for key in sorted(a.keys() | b.keys()):
