@@ -129,13 +129,10 @@ def compose_and_plan(
     if problems:
         fail(problems)
     from dtrain_cli.plan.naming import defaults_note
-    from dtrain_cli.plan.unread import unread_warnings
 
     if note := defaults_note(cfg, rest):
         plan.warnings.insert(0, note)
-    plan.warnings += unread_warnings(cfg, rest)
-    if plan.script is None and (said := fit_warning(cfg, plan, on_hardware=on_hardware)):
-        plan.warnings.append(said)
+    plan.warnings += more_warnings(cfg, plan, rest, on_hardware=on_hardware)
     return cfg, plan
 
 
@@ -175,12 +172,27 @@ def cluster_job_warnings(
     cfg: DtrainConfig, plan: Plan, resources: Resources, overrides: Sequence[str]
 ) -> list[str]:
     """What ``dtrain plan`` adds to a plan's own warnings, for a job planned on a cluster's
-    nodes (``dtrain sbatch``, ``dtrain k8s``): keys the layout never reads, a peak memory
-    above the device's. Said before the job waits in a queue."""
+    nodes (``dtrain sbatch``, ``dtrain k8s``). Said before the job waits in a queue."""
+    return [*plan.warnings, *more_warnings(cfg, plan, overrides, resources=resources)]
+
+
+def more_warnings(
+    cfg: DtrainConfig,
+    plan: Plan,
+    overrides: Sequence[str],
+    *,
+    resources: Resources | None = None,
+    on_hardware: bool = False,
+) -> list[str]:
+    """What the commands say beside the plan's own warnings (plan, launch, resume, sbatch,
+    k8s): keys of ``overrides`` the layout never reads, a peak memory above the device's
+    (planned again on the plan's nodes: see :func:`fit_warning`)."""
     from dtrain_cli.plan.unread import unread_warnings
 
-    said = [*plan.warnings, *unread_warnings(cfg, list(overrides))]
-    if plan.script is None and (fit := fit_warning(cfg, plan, resources=resources)):
+    said = unread_warnings(cfg, list(overrides))
+    if plan.script is None and (
+        fit := fit_warning(cfg, plan, resources=resources, on_hardware=on_hardware)
+    ):
         said.append(fit)
     return said
 

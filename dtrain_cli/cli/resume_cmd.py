@@ -21,7 +21,7 @@ from dtrain_cli.cli.common import (
     complete_override,
     err_console,
     fail,
-    fit_warning,
+    more_warnings,
 )
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env
@@ -115,7 +115,6 @@ def replan(path: Path, overrides: list[str], config_dir: list[Path]) -> tuple[Dt
     from dtrain_cli.config.resume_changes import override_config
     from dtrain_cli.plan.build import build_plan
     from dtrain_cli.plan.resume import resume_problems
-    from dtrain_cli.plan.unread import unread_warnings
 
     try:
         old = config_from_yaml(RunDir(path).config)  # the checkpoint's copy
@@ -126,9 +125,7 @@ def replan(path: Path, overrides: list[str], config_dir: list[Path]) -> tuple[Dt
         plan = build_plan(cfg)
     except ConfigError as exc:
         fail(exc.problems)
-    plan.warnings += unread_warnings(cfg, overrides)
-    if said := fit_warning(cfg, plan):
-        plan.warnings.append(said)
+    plan.warnings += more_warnings(cfg, plan, overrides)
     return cfg, plan
 
 
