@@ -84,7 +84,8 @@ def build(overrides: list[str], config_dirs: list[Path]) -> tuple[DtrainConfig, 
         cfg = compose_config(recipe, rest, config_dirs)
     except ConfigError as exc:
         raise ConfigError(slurm + exc.problems) from None
-    one_process_per_gpu(cfg, rest)
+    if cfg.cluster.gpus_per_node:
+        cluster_shorthands.fill_nodes(cfg, rest)
     cfg.run.name = default_name(cfg)
     c = cfg.cluster
     problems = slurm + cluster_problems(cfg, cfg.run.name)
@@ -99,19 +100,11 @@ def build(overrides: list[str], config_dirs: list[Path]) -> tuple[DtrainConfig, 
     plan.warnings = cluster_job_warnings(cfg, plan, resources, rest)
     pods_cfg = pod_config(cfg, cfg.run.name)
     job = job_from_plan(pods_cfg, plan, cfg.run.name)
-    if problems := job_problems(job, plan):
+    if problems := job_problems(job, plan) + cluster_shorthands.idle_gpu_problems(
+        c.gpus_per_node, plan
+    ):
         raise ConfigError(problems)
     return pods_cfg, plan, job
-
-
-def one_process_per_gpu(cfg: DtrainConfig, overrides: list[str]) -> None:
-    """As ``dtrain sbatch``: ``cluster.gpus_per_node`` processes per node and dp filling the
-    nodes, unless dp or the processes per node were given."""
-    given = {ov.split("=")[0].lstrip("+~") for ov in overrides}
-    gpus, par = cfg.cluster.gpus_per_node, cfg.parallel
-    if gpus and not given & {"dp", "parallel.dp", "parallel.nproc_per_node"}:
-        par.nproc_per_node = gpus
-        par.dp = max(1, par.nnodes * gpus // (par.tp * par.pp))
 
 
 @k8s_app.command("job", context_settings=OVERRIDE_SETTINGS)

@@ -80,11 +80,8 @@ def build_job(
     apply_script(cfg, script)
     problems = cluster_problems(cfg.cluster)
     gpus = cfg.cluster.gpus_per_node
-    if gpus and not any(a.split("=")[0] in ("dp", "parallel.dp") for a in args):
-        # one worker per GPU on every node, unless dp was given
-        par = cfg.parallel
-        par.nproc_per_node = gpus
-        par.dp = max(1, par.nnodes * gpus // (par.tp * par.pp))
+    if gpus:
+        cluster_shorthands.fill_nodes(cfg, args)
     elif script:  # CPU nodes: nproc_per_node=N without dp is N a node, as torchrun's
         one_process_per_device(cfg, args, 0)
     if validate:
@@ -104,6 +101,7 @@ def build_job(
             raise ConfigError(problems + exc.problems) from None
         plan.warnings = cluster_job_warnings(cfg, plan, nodes, rest)
         job = job_from_plan(cfg, plan, run_dir, python, workdir)
+        problems += cluster_shorthands.idle_gpu_problems(gpus, plan)
     return Built(cfg, plan, job, problems + job_problems(job))
 
 

@@ -8,6 +8,7 @@ import yaml
 from typer.testing import CliRunner
 
 from dtrain_cli.cli.app import app
+from dtrain_cli.rundir.layout import PLAN_FILE
 
 runner = CliRunner()
 IMAGE = "cluster.image=registry.example/team/train:1.0"
@@ -58,6 +59,10 @@ def test_help_names_the_guide():
         (
             [IMAGE, "cluster.gpus_per_node=8", "dp=4"],
             "cluster.gpus_per_node=8 but the plan runs 4 process(es) per node",
+        ),
+        (
+            [IMAGE, "cluster.gpus_per_node=8", "nproc_per_node=4"],
+            "set cluster.gpus_per_node=4 or leave dp and nproc_per_node unset",
         ),
         ([IMAGE, "run.name=My_Run"], "run.name='My_Run': not a DNS label for the JobSet"),
         (
@@ -193,3 +198,14 @@ def test_a_slurm_setting_is_said_with_the_other_problems():
     lines = result.stderr.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == ["error", "error"], lines
     assert lines[0].startswith("error: time=4h: SLURM's") and "'train.stepz'" in lines[1]
+
+
+def test_processes_per_node_given_fill_the_nodes():
+    """``nproc_per_node=4`` without dp: four ranks a node and dp filling the nodes, as
+    ``dtrain sbatch`` reads it (the plan was left at dp=1 and refused)."""
+    args = ["nodes=2", "gpus_per_node=4", "nproc_per_node=4", "train.global_batch_size=64"]
+    result = runner.invoke(app, ["k8s", "recipe=gpt_small", *args, *GOOD[2:], "--dry-run"])
+    assert result.exit_code == 0, result.output
+    configmap, _ = yaml.safe_load_all(result.stdout)
+    plan = yaml.safe_load(configmap["data"][PLAN_FILE])
+    assert (plan["nnodes"], plan["nproc_per_node"], plan["world_size"]) == (2, 4, 8)

@@ -95,7 +95,7 @@ def test_plus_on_a_known_key_sets_it():
 # issue 11.4: a whole dict for a dict field works (replacing it); entries too.
 def test_dict_override_replaces_the_dict(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    base = ["sbatch", "recipe=gpt_tiny", "cluster=example_gpu", "dp=2", "parallel.nnodes=2"]
+    base = ["sbatch", "recipe=gpt_tiny", "cluster=example_gpu", "gpus_per_node=1", "nodes=2"]
     whole = runner.invoke(app, [*base, "cluster.env={X:abc}", "--dry-run"])
     assert whole.exit_code == 0, whole.output
     exports = [ln for ln in whole.output.splitlines() if ln.startswith("export ")]

@@ -85,6 +85,33 @@ def test_gpu_variant_runs_one_worker_per_gpu():
     assert "#SBATCH --signal=B:USR1@300" in text and "#SBATCH --requeue" in text
 
 
+def test_processes_per_node_given_are_kept_and_idle_gpus_refused(tmp_path):
+    """``nproc_per_node=4`` on 8-GPU nodes was overridden to 8 processes without a word;
+    it is kept, and a recipe that would leave GPUs idle is refused (as dtrain k8s does),
+    while a script's process may drive several GPUs."""
+    node = ["recipe=gpt_small", "nodes=2", "train.global_batch_size=64"]
+    built = build_job([*node, "gpus_per_node=4", "nproc_per_node=4"], [], **FIXED)
+    assert built.problems == [] and built.plan is not None
+    assert (built.plan.nproc_per_node, built.plan.world_size) == (4, 8)
+    for extra in (["nproc_per_node=4"], ["dp=4"]):
+        built = build_job([*node, "gpus_per_node=8", *extra], [], **FIXED)
+        assert built.problems == [
+            f"cluster.gpus_per_node=8 but the plan runs {built.plan.nproc_per_node} process(es) "
+            "per node (dp*tp*pp / nnodes); dtrain's trainer runs one process per GPU: set "
+            f"cluster.gpus_per_node={built.plan.nproc_per_node} or leave dp and nproc_per_node "
+            "unset"
+        ]
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    built = build_job(
+        ["nodes=2", "gpus_per_node=8", "nproc_per_node=4"],
+        [],
+        **{**FIXED, "workdir": tmp_path},
+        script=[str(tmp_path / "train.py")],
+    )
+    assert built.problems == [] and built.plan is not None
+    assert (built.plan.nproc_per_node, built.plan.world_size) == (4, 8)
+
+
 def test_values_that_cannot_be_quoted_are_refused():
     built = build_job(
         ["recipe=gpt_tiny"], [], run_dir=Path("/r/a\nb"), python="/p", workdir=Path("/w")

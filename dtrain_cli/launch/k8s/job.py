@@ -232,12 +232,6 @@ def job_problems(job: K8sJob, plan: Plan) -> list[str]:
             "dtrain k8s runs recipes; your own script (-- train.py) is not supported on "
             "Kubernetes yet (dtrain sbatch and dtrain run are)"
         )
-    if job.gpus_per_node and plan.nproc_per_node != job.gpus_per_node:
-        problems.append(
-            f"cluster.gpus_per_node={job.gpus_per_node} but the plan runs "
-            f"{plan.nproc_per_node} process(es) per node (dp*tp*pp / nnodes); one process "
-            f"per GPU: set cluster.gpus_per_node={plan.nproc_per_node} or leave dp unset"
-        )
     size = sum(len(text.encode()) for text in job.files.values())
     if size > CONFIGMAP_MAX_BYTES:
         problems.append(
