@@ -317,7 +317,7 @@ def layout_of(
     if script is None and (w := batchnorm_warning(cfg, facts, batch)):
         warnings.append(w)
     if script is not None:
-        warnings += script_warnings(script, world.size)
+        warnings += script_warnings(script, world.size, world.device)
     return Layout(batch=batch, pipeline=pipeline, script=script, warnings=warnings), problems
 
 

@@ -2,7 +2,8 @@
 syntax tree (``ast``, parsed once per file version), never by running it. A script that
 starts its own ranks (``mp.spawn``, a ``multiprocessing.Process`` per rank), takes its
 rank from ``--local_rank`` (the deprecated ``torch.distributed.launch``'s flag) or from
-SLURM's per-task variables: each would misbehave on the ranks dtrain starts. Torch-free."""
+SLURM's per-task variables, or asks for NCCL or CUDA on a CPU plan: each would misbehave on
+the ranks dtrain starts. Torch-free."""
 
 from __future__ import annotations
 
@@ -176,11 +177,112 @@ def slurm_rank_warning(script: ScriptPlan, world_size: int) -> str | None:
     )
 
 
-def script_warnings(script: ScriptPlan, world_size: int) -> list[str]:
-    """What the plan says about a script that would misbehave on ``world_size`` ranks."""
+def nccl_backend_line(file: str) -> int | None:
+    """The line of an ``init_process_group`` that asks for NCCL whatever the machine:
+    ``backend="nccl"``, or a name only ever set to ``"nccl"`` (nanoGPT's ``backend =
+    'nccl'``). A backend chosen at run time (``"nccl" if torch.cuda.is_available() else
+    "gloo"``) is not."""
+    if (tree := _syntax_tree(file)) is None:
+        return None
+    values: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    values.setdefault(target.id, set()).add(ast.unparse(node.value).lower())
+    nccl = {"'nccl'", '"nccl"'}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not ast.unparse(node.func).endswith(
+            "init_process_group"
+        ):
+            continue
+        given = [kw.value for kw in node.keywords if kw.arg == "backend"] + node.args[:1]
+        for arg in given:
+            if isinstance(arg, ast.Constant) and str(arg.value).lower() == "nccl":
+                return node.lineno
+            if isinstance(arg, ast.Name) and values.get(arg.id) and values[arg.id] <= nccl:
+                return node.lineno
+    return None
+
+
+GPU_QUESTIONS = (
+    "cuda.is_available",
+    "cuda.device_count",
+    "accelerator.is_available",
+    "accelerator.current_accelerator",
+    "accelerator.device_count",
+)
+
+
+def _checks_for_gpus(tree: ast.Module) -> bool:
+    """Whether the script asks if there is a GPU (``torch.cuda.is_available()``,
+    ``torch.accelerator``'s) or which device it got (``device.type == 'cuda'``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith(GPU_QUESTIONS):
+            return True
+        if isinstance(node, ast.Compare) and any(
+            _names_cuda(side) for side in (node.left, *node.comparators)
+        ):
+            return True
+    return False
+
+
+def _names_cuda(node: ast.expr) -> bool:
+    """``"cuda"``, ``"cuda:0"`` or ``f"cuda:{local_rank}"``."""
+    if isinstance(node, ast.JoinedStr) and node.values:
+        node = node.values[0]
+    return isinstance(node, ast.Constant) and str(node.value).startswith("cuda")
+
+
+def cuda_line(file: str) -> tuple[int, str] | None:
+    """Where a script that never asks ``torch.cuda.is_available()`` (or the device count)
+    puts work on a GPU, and how: ``x.cuda()``, ``torch.cuda.set_device``,
+    ``torch.device("cuda...")`` or ``.to("cuda...")``."""
+    if (tree := _syntax_tree(file)) is None or _checks_for_gpus(tree):
+        return None
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = ast.unparse(node.func)
+        first = node.args[0] if node.args else None
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "cuda":
+            found.append((node.lineno, ".cuda()"))
+        elif func.endswith("cuda.set_device"):
+            found.append((node.lineno, "torch.cuda.set_device"))
+        elif func.endswith(("torch.device", ".to")) and first is not None and _names_cuda(first):
+            found.append((node.lineno, f"{func.split('.')[-1]}({ast.unparse(first)})"))
+    return min(found, default=None)
+
+
+def device_warnings(script: ScriptPlan, device: str) -> list[str]:
+    """A script written for GPUs, planned where there are none: what the run would fail on,
+    said before it starts (the worker's hints say it again if it does)."""
+    if device != "cpu":
+        return []
+    name, warnings = script.path or script.module, []
+    if (line := nccl_backend_line(script.file)) is not None:
+        warnings.append(
+            f"script {name} line {line} asks for backend='nccl', which needs CUDA GPUs, and "
+            "this plan runs on the CPU (gloo): leave backend unset (torch picks gloo on CPU, "
+            "nccl on CUDA)"
+        )
+    if (found := cuda_line(script.file)) is not None:
+        warnings.append(
+            f"script {name} line {found[0]} puts work on CUDA ({found[1]}) and this plan runs "
+            "on the CPU: pick the device with torch.device('cuda' if "
+            "torch.cuda.is_available() else 'cpu')"
+        )
+    return warnings
+
+
+def script_warnings(script: ScriptPlan, world_size: int, device: str) -> list[str]:
+    """What the plan says about a script that would misbehave on ``world_size`` ranks of
+    ``device``."""
     found = (
         spawn_warning(script, world_size),
         local_rank_warning(script, world_size),
         slurm_rank_warning(script, world_size),
     )
-    return [w for w in found if w]
+    return [w for w in found if w] + device_warnings(script, device)

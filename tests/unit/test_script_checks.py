@@ -2,14 +2,21 @@
 warnings (dtrain_cli/plan/script_checks.py): one that starts its own ranks with
 torch.multiprocessing.spawn (under dp=2 each rank spawned two more on one rendezvous
 address and the run failed with a lost peer), takes its rank from --local_rank, or from
-SLURM's per-task variables."""
+SLURM's per-task variables; on a CPU plan, one that asks for NCCL or CUDA whatever the
+machine (said only when the ranks failed, before)."""
 
 from __future__ import annotations
 
 import pytest
 
 from dtrain_cli.plan.plan import ScriptPlan
-from dtrain_cli.plan.script_checks import own_spawn_line, spawn_warning
+from dtrain_cli.plan.script_checks import (
+    cuda_line,
+    device_warnings,
+    nccl_backend_line,
+    own_spawn_line,
+    spawn_warning,
+)
 
 MAIN = "def main(rank, world):\n    pass\n\n"
 
@@ -187,3 +194,77 @@ def test_a_script_that_reads_torchruns_rank_first_is_left_alone(source, tmp_path
 
     script, _ = _script(tmp_path, source)
     assert slurm_rank_line(script) is None
+
+
+DIST = "import os, torch\nimport torch.distributed as dist\n"
+# (source, the nccl line, the CUDA line and how): pytorch/examples' ddp-tutorial-series
+# multigpu_torchrun.py (set_device, then backend="nccl"), nanoGPT's train.py (backend a name
+# set once; its device checked with 'cuda' in device), a plain .cuda(), an f-string device
+WRITTEN_FOR_GPUS = [
+    (
+        DIST + "torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\n"
+        "dist.init_process_group(backend='nccl')\n",
+        4,
+        (3, "torch.cuda.set_device"),
+    ),
+    (
+        DIST + "backend = 'nccl'\ndevice = 'cuda'\ndist.init_process_group(backend=backend)\n"
+        "device_type = 'cuda' if 'cuda' in device else 'cpu'\n",
+        5,
+        None,
+    ),
+    (
+        DIST + "dist.init_process_group('NCCL')\nmodel = torch.nn.Linear(2, 2).cuda()\n",
+        3,
+        (4, ".cuda()"),
+    ),
+    (
+        DIST + "x = torch.ones(2).to(f\"cuda:{os.environ['LOCAL_RANK']}\")\n",
+        None,
+        (3, "to(f\"cuda:{os.environ['LOCAL_RANK']}\")"),
+    ),
+]
+# what runs on both: the backend and the device chosen at run time
+CHOOSES_AT_RUN_TIME = [
+    DIST + "dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo')\n"
+    "device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')\n",
+    DIST + "backend = 'gloo'\nif torch.cuda.is_available():\n    backend = 'nccl'\n"
+    "    torch.cuda.set_device(0)\ndist.init_process_group(backend)\n",
+    DIST + "use = torch.accelerator.is_available()\nmodel = torch.nn.Linear(2, 2)\n"
+    "if use:\n    model.cuda()\ndist.init_process_group()\n",
+]
+
+
+@pytest.mark.parametrize("source, nccl, cuda", WRITTEN_FOR_GPUS)
+def test_a_script_written_for_gpus_is_named_on_a_cpu_plan(source, nccl, cuda, tmp_path):
+    script, plan = _script(tmp_path, source)
+    assert (nccl_backend_line(script), cuda_line(script)) == (nccl, cuda)
+    said = device_warnings(plan, "cpu")
+    assert len(said) == (nccl is not None) + (cuda is not None)
+    if nccl is not None:
+        assert said[0].startswith(f"script train.py line {nccl} asks for backend='nccl'")
+    if cuda is not None:
+        assert said[-1].startswith(f"script train.py line {cuda[0]} puts work on CUDA")
+    assert device_warnings(plan, "cuda") == []
+
+
+@pytest.mark.parametrize("source", CHOOSES_AT_RUN_TIME)
+def test_a_script_that_picks_its_backend_and_device_is_left_alone(source, tmp_path):
+    _, plan = _script(tmp_path, source)
+    assert device_warnings(plan, "cpu") == []
+
+
+def test_the_plan_says_it_before_the_ranks_start(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    (tmp_path / "train.py").write_text(WRITTEN_FOR_GPUS[0][0])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("dtrain_cli.plan.build.visible_gpu_count", lambda: 0)
+    result = CliRunner().invoke(app, ["plan", "dp=2", "--", "train.py"])
+    assert result.exit_code == 0, result.output
+    assert "warning: script train.py line 4 asks for backend='nccl'" in result.output
+    assert "warning: script train.py line 3 puts work on CUDA (torch.cuda.set_device)" in (
+        result.output
+    )
