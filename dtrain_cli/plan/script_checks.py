@@ -2,14 +2,15 @@
 syntax tree (``ast``, parsed once per file version), never by running it. A script that
 starts its own ranks (``mp.spawn``, a ``multiprocessing.Process`` per rank), takes its
 rank from ``--local_rank`` (the deprecated ``torch.distributed.launch``'s flag) or from
-SLURM's per-task variables, or asks for NCCL or CUDA on a CPU plan: each would misbehave on
-the ranks dtrain starts. Torch-free."""
+SLURM's per-task variables, joins a group only where ``--dist-url`` is given, or asks for
+NCCL or CUDA on a CPU plan: each would misbehave on the ranks dtrain starts. Torch-free."""
 
 from __future__ import annotations
 
 import ast
 import functools
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from dtrain_cli.plan.plan import ScriptPlan
@@ -94,13 +95,63 @@ def _ranks_its_own_group(tree: ast.Module) -> bool:
     return False
 
 
+def _arguments(tree: ast.Module) -> dict[str, tuple[str, dict[str, ast.expr]]]:
+    """The script's ``add_argument("--dist-backend", default="nccl")`` flags: the name of
+    the attribute argparse gives them (``dist_backend``) -> (the flag, its keywords)."""
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("add_argument"):
+            keywords = {kw.arg: kw.value for kw in node.keywords if kw.arg}
+            for flag in (a.value for a in node.args if isinstance(a, ast.Constant)):
+                if str(flag).startswith("--"):
+                    found[str(flag)[2:].replace("-", "_")] = (str(flag), keywords)
+    return found
+
+
+def _given(flag: str, args: Sequence[str]) -> bool:
+    """``--dist-url env://`` or ``--dist-url=env://`` (either spelling of the dashes)."""
+    spellings = {flag, "--" + flag[2:].replace("-", "_"), "--" + flag[2:].replace("_", "-")}
+    return any(a.split("=")[0] in spellings for a in args)
+
+
+def spawn_switch(file: str, line: int) -> str | None:
+    """The flag that turns on the spawn at ``line``: an ``add_argument("--X",
+    action="store_true")`` whose ``args.X`` is the test of an ``if`` around it
+    (pytorch/examples' ImageNet script spawns only with ``--multiprocessing-distributed``)."""
+    if (tree := _syntax_tree(file)) is None:
+        return None
+    switches = {
+        attr: flag
+        for attr, (flag, keywords) in _arguments(tree).items()
+        if _constant(keywords.get("action")) == "store_true"
+    }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and any(
+            getattr(inner, "lineno", None) == line for body in node.body for inner in ast.walk(body)
+        ):
+            for name in ast.walk(node.test):
+                if isinstance(name, ast.Attribute) and name.attr in switches:
+                    return switches[name.attr]
+    return None
+
+
 def spawn_warning(script: ScriptPlan, world_size: int) -> str | None:
     """A script that spawns its own ranks, run on more than one: every rank spawns them
-    again and their process groups collide on one address."""
+    again and their process groups collide on one address. Not where the spawn waits for a
+    flag the arguments do not give."""
     if world_size <= 1 or (found := own_spawn_line(script.file)) is None:
+        return None
+    switch = spawn_switch(script.file, found[0])
+    if switch is not None and not _given(switch, script.args):
         return None
     line, how = found
     name = script.path or script.module
+    if switch is not None:
+        return (
+            f"script {name} line {line} starts its own processes ({how}) with {switch}: "
+            f"each of the {world_size} ranks dtrain starts would start them again, on one "
+            f"rendezvous address; drop {switch} (dtrain's ranks are the processes)"
+        )
     return (
         f"script {name} line {line} starts its own processes ({how}): each of the "
         f"{world_size} ranks dtrain starts would start them again, on one rendezvous address; "
@@ -177,13 +228,44 @@ def slurm_rank_warning(script: ScriptPlan, world_size: int) -> str | None:
     )
 
 
-def nccl_backend_line(file: str) -> int | None:
-    """The line of an ``init_process_group`` that asks for NCCL whatever the machine:
-    ``backend="nccl"``, or a name only ever set to ``"nccl"`` (nanoGPT's ``backend =
-    'nccl'``). A backend chosen at run time (``"nccl" if torch.cuda.is_available() else
-    "gloo"``) is not."""
+def dist_url_flag(file: str) -> tuple[int, str] | None:
+    """The line and default of an ``add_argument("--dist-url", default=...)`` whose default
+    is not ``env://`` (pytorch/examples' ImageNet script: ``tcp://224.66.41.62:23456``,
+    with ``--world-size -1``, "not distributed", unless ``--dist-url env://`` is given)."""
+    if (tree := _syntax_tree(file)) is None or "dist_url" not in (flags := _arguments(tree)):
+        return None
+    default = flags["dist_url"][1].get("default")
+    text = _constant(default)
+    return None if text == "env://" or default is None else (default.lineno, str(text))
+
+
+def dist_url_warning(script: ScriptPlan, world_size: int) -> str | None:
+    """A script that joins a process group only where ``--dist-url`` (and the world size) is
+    given, run on more than one rank without it: every rank trains alone."""
+    given = _given("--dist-url", script.args)
+    if world_size <= 1 or given or (found := dist_url_flag(script.file)) is None:
+        return None
+    return (
+        f"script {script.path or script.module} line {found[0]} takes --dist-url (default "
+        f"{found[1]}), which the arguments do not give: its ranks would not join one process "
+        "group; add --dist-url env:// after the script (the world size and rank then come "
+        "from the environment dtrain sets, as under torchrun)"
+    )
+
+
+def nccl_backend_line(file: str) -> tuple[int, str | None] | None:
+    """The line of an ``init_process_group`` that asks for NCCL whatever the machine, and
+    the flag that would change it: ``backend="nccl"``, a name only ever set to ``"nccl"``
+    (nanoGPT's ``backend = 'nccl'``), or a flag's default (ImageNet's ``--dist-backend``).
+    A backend chosen at run time (``"nccl" if torch.cuda.is_available() else "gloo"``) is
+    not."""
     if (tree := _syntax_tree(file)) is None:
         return None
+    flags = {
+        attr: flag
+        for attr, (flag, keywords) in _arguments(tree).items()
+        if str(_constant(keywords.get("default"))).lower() == "nccl"
+    }
     values: dict[str, set[str]] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
@@ -199,11 +281,17 @@ def nccl_backend_line(file: str) -> int | None:
             continue
         given = [kw.value for kw in node.keywords if kw.arg == "backend"] + node.args[:1]
         for arg in given:
-            if isinstance(arg, ast.Constant) and str(arg.value).lower() == "nccl":
-                return node.lineno
+            if str(_constant(arg)).lower() == "nccl":
+                return node.lineno, None
             if isinstance(arg, ast.Name) and values.get(arg.id) and values[arg.id] <= nccl:
-                return node.lineno
+                return node.lineno, None
+            if isinstance(arg, ast.Attribute) and arg.attr in flags:
+                return node.lineno, flags[arg.attr]
     return None
+
+
+def _constant(node: ast.expr | None) -> object:
+    return node.value if isinstance(node, ast.Constant) else None
 
 
 GPU_QUESTIONS = (
@@ -262,11 +350,17 @@ def device_warnings(script: ScriptPlan, device: str) -> list[str]:
     if device != "cpu":
         return []
     name, warnings = script.path or script.module, []
-    if (line := nccl_backend_line(script.file)) is not None:
+    nccl = nccl_backend_line(script.file)
+    if nccl is not None and not (nccl[1] and _given(nccl[1], script.args)):
+        line, flag = nccl
         warnings.append(
             f"script {name} line {line} asks for backend='nccl', which needs CUDA GPUs, and "
-            "this plan runs on the CPU (gloo): leave backend unset (torch picks gloo on CPU, "
-            "nccl on CUDA)"
+            "this plan runs on the CPU (gloo): "
+            + (
+                f"add {flag} gloo after the script"
+                if flag
+                else "leave backend unset (torch picks gloo on CPU, nccl on CUDA)"
+            )
         )
     if (found := cuda_line(script.file)) is not None:
         warnings.append(
@@ -284,5 +378,6 @@ def script_warnings(script: ScriptPlan, world_size: int, device: str) -> list[st
         spawn_warning(script, world_size),
         local_rank_warning(script, world_size),
         slurm_rank_warning(script, world_size),
+        dist_url_warning(script, world_size),
     )
     return [w for w in found if w] + device_warnings(script, device)

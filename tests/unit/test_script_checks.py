@@ -15,6 +15,7 @@ from dtrain_cli.plan.script_checks import (
     device_warnings,
     nccl_backend_line,
     own_spawn_line,
+    script_warnings,
     spawn_warning,
 )
 
@@ -238,7 +239,8 @@ CHOOSES_AT_RUN_TIME = [
 @pytest.mark.parametrize("source, nccl, cuda", WRITTEN_FOR_GPUS)
 def test_a_script_written_for_gpus_is_named_on_a_cpu_plan(source, nccl, cuda, tmp_path):
     script, plan = _script(tmp_path, source)
-    assert (nccl_backend_line(script), cuda_line(script)) == (nccl, cuda)
+    found = nccl_backend_line(script)
+    assert (found and found[0], cuda_line(script)) == (nccl, cuda)
     said = device_warnings(plan, "cpu")
     assert len(said) == (nccl is not None) + (cuda is not None)
     if nccl is not None:
@@ -268,3 +270,59 @@ def test_the_plan_says_it_before_the_ranks_start(tmp_path, monkeypatch):
     assert "warning: script train.py line 3 puts work on CUDA (torch.cuda.set_device)" in (
         result.output
     )
+
+
+# pytorch/examples' ImageNet script, in short: distributed only with --dist-url env:// (or a
+# world size), spawning only with --multiprocessing-distributed, NCCL a flag's default
+IMAGENET = (
+    "import argparse\nimport torch.distributed as dist\nimport torch.multiprocessing as mp\n"
+    "p = argparse.ArgumentParser()\n"
+    "p.add_argument('--world-size', default=-1, type=int)\n"
+    "p.add_argument('--dist-url', default='tcp://224.66.41.62:23456', type=str)\n"
+    "p.add_argument('--dist-backend', default='nccl', type=str)\n"
+    "p.add_argument('--multiprocessing-distributed', action='store_true')\n"
+    "def main_worker(gpu, n, args):\n"
+    "    dist.init_process_group(backend=args.dist_backend, init_method=args.dist_url)\n"
+    "args = p.parse_args()\n"
+    "if args.multiprocessing_distributed:\n"
+    "    mp.spawn(main_worker, nprocs=2, args=(2, args))\n"
+    "else:\n"
+    "    main_worker(None, 1, args)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (
+            [],
+            [
+                "line 6 takes --dist-url (default tcp://224.66.41.62:23456), which the "
+                "arguments do not give",
+                "line 10 asks for backend='nccl', which needs CUDA GPUs, and this plan runs on "
+                "the CPU (gloo): add --dist-backend gloo after the script",
+            ],
+        ),
+        (["--dist-url", "env://", "--dist-backend", "gloo"], []),
+        (["--dist-url=env://", "--dist-backend=gloo"], []),
+        (
+            ["--dist-url", "env://", "--dist-backend", "gloo", "--multiprocessing-distributed"],
+            [
+                "line 13 starts its own processes (mp.spawn) with --multiprocessing-distributed:"
+                " each of the 2 ranks dtrain starts would start them again, on one rendezvous "
+                "address; drop --multiprocessing-distributed"
+            ],
+        ),
+    ],
+)
+def test_a_script_distributed_by_its_flags_is_told_which_to_give(args, said, tmp_path):
+    """ImageNet's script under ``dtrain run dp=2``: without ``--dist-url env://`` every rank
+    trained alone (said only at the end), and its ``mp.spawn`` was named although it waits
+    for ``--multiprocessing-distributed``."""
+    _, plan = _script(tmp_path, IMAGENET)
+    plan.args = args
+    warnings = script_warnings(plan, 2, "cpu")
+    assert len(warnings) == len(said), warnings
+    for warning, text in zip(warnings, said, strict=True):
+        assert warning.startswith(f"script train.py {text}"), warning
+    assert script_warnings(plan, 1, "cuda") == []
