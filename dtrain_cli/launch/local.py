@@ -125,6 +125,8 @@ def launch_local(
     if not join:  # a joining node's records are the running group's, not this start's
         protocol.clear_preempted(run)
         hang_report.clear(run_dir)
+    if config.rdzv_configs.get("is_host") is False and (why := _store_unreached(cfg)):
+        return LaunchResult(ok=False, exit_code=1, message=why)
     milestones["agent_ready"] = time.time()
     if interrupted():  # a Ctrl-C during start-up that an import swallowed
         return LaunchResult(
@@ -134,6 +136,22 @@ def launch_local(
         )
     return run_agent(
         config, entry, args, run_dir, cfg, plan, report, since=milestones["agent_ready"]
+    )
+
+
+def _store_unreached(cfg: DtrainConfig) -> str | None:
+    """Why node 0's store cannot be reached (None: it answers), before torch's client tries
+    and prints its C++ stack frames at each retry."""
+    from dtrain_cli.launch.multinode import STORE_WAIT_S, wait_for_store
+
+    lc = cfg.launcher
+    say = partial(print, file=sys.stderr, flush=True)
+    if (why := wait_for_store(lc.rdzv_endpoint, min(lc.rdzv_timeout_s, STORE_WAIT_S), say)) is None:
+        return None
+    return (
+        f"this node could not reach the rendezvous store at {lc.rdzv_endpoint} (id "
+        f"{lc.rdzv_id}): {why}; start node 0 (--node-rank 0) first, with the same "
+        "--rdzv-endpoint, and check that this node reaches its host and port"
     )
 
 

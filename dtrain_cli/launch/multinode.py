@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +66,36 @@ def parse_endpoint(endpoint: str) -> tuple[str, int] | None:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         return None
     return host.strip("[]"), int(port)
+
+
+STORE_WAIT_S = 120
+"""How long a node other than 0 waits for node 0's rendezvous store to answer: about what
+torch's own client takes to give up (a 60 s connect, then one retry)."""
+
+
+def wait_for_store(
+    endpoint: str, timeout_s: float, say: Callable[[str], None], poll_s: float = 0.5
+) -> str | None:
+    """Wait until something listens at node 0's ``endpoint``; None then, or why not (the
+    last connection error) after ``timeout_s``. Asked before torch's agent connects, whose
+    client prints C++ stack frames while it retries. Says once that it waits."""
+    parsed = parse_endpoint(endpoint)
+    if parsed is None:
+        return None  # the plan's checks name it; torch's client says the rest
+    start, said, error = time.monotonic(), False, "no answer"
+    while True:
+        try:
+            socket.create_connection(parsed, timeout=max(poll_s, 1.0)).close()
+            return None
+        except OSError as exc:
+            error = exc.strerror or str(exc) or type(exc).__name__
+        waited = time.monotonic() - start
+        if waited >= timeout_s:
+            return f"nothing answered there within {timeout_s:g} s ({error})"
+        if not said and waited >= 5:
+            said = True
+            say(f"waiting for node 0's rendezvous store at {endpoint} (up to {timeout_s:g} s)")
+        time.sleep(poll_s)
 
 
 def apply_node_args(cfg: DtrainConfig, args: NodeArgs) -> list[str]:

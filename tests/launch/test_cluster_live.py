@@ -217,3 +217,22 @@ def test_a_node_0_whose_peers_never_come_ends_in_one_line(tmp_path):
         "--rdzv-id and --nnodes (one of them --node-rank 0)"
     ], run.stderr
     assert "Traceback" not in run.stderr
+
+
+def test_a_node_without_node_0_ends_in_one_line_without_cpp_frames(tmp_path):
+    """Node 1 of two, node 0 never started: torch's store client retried for 1 min 47 s,
+    printing C++ stack frames (``frame #0: c10::Error::Error``) above dtrain's line; the
+    node now waits for the store itself, up to launcher.rdzv_timeout_s, and says so."""
+    port = free_port()
+    args = ["launch", "recipe=gpt_tiny", "dp=2", "train.steps=2", "launcher.rdzv_timeout_s=3"]
+    args += ["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+    run = run_dtrain([*args, "--rdzv-id", "no-node-0"], tmp_path, timeout=120)
+    assert run.returncode == 1, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: this node could not reach the rendezvous store at 127.0.0.1:{port} (id "
+        "no-node-0): nothing answered there within 3 s (Connection refused); start node 0 "
+        "(--node-rank 0) first, with the same --rdzv-endpoint, and check that this node "
+        "reaches its host and port"
+    ], run.stderr
+    assert "frame #" not in run.stderr and "Traceback" not in run.stderr

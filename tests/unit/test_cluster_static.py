@@ -239,3 +239,21 @@ def test_a_node_whose_config_differs_is_told_which_key(tmp_path):
     said = str(err.value)
     assert "(script.args: ['--out', 'o0.json'] there, ['--out', 'o1.json'] here)" in said
     assert said.endswith("every node must run the same recipe, overrides and script arguments")
+
+
+def test_a_node_waits_for_node_0s_store_and_says_why_it_gave_up():
+    """Before torch's store client (which prints C++ stack frames at each retry), a node
+    other than 0 waits for something to listen at the endpoint itself."""
+    import socket
+
+    from dtrain_cli.launch.multinode import wait_for_store
+
+    said: list[str] = []
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        assert wait_for_store(f"127.0.0.1:{port}", 5, said.append) is None
+    why = wait_for_store(f"127.0.0.1:{port}", 0.3, said.append, poll_s=0.1)
+    assert why == "nothing answered there within 0.3 s (Connection refused)"
+    assert said == []  # 'waiting for node 0's ...' only after 5 s
