@@ -44,6 +44,7 @@ from dtrain_cli.runtime.simulate_measure import (
     storage_bytes,
     tensor_bytes,
 )
+from dtrain_cli.sync_modes.base import mode_for
 
 
 def init_fake(plan: Plan, rank: int) -> DistContext:
@@ -62,6 +63,7 @@ def init_fake(plan: Plan, rank: int) -> DistContext:
     for key, value in (("RANK", own), ("WORLD_SIZE", size), ("LOCAL_RANK", 0)):
         os.environ[key] = str(value)
     dist.init_process_group("fake", store=FakeStore(), rank=own, world_size=size)
+    _all_reduce_futures_hold_their_tensor()
     device = torch.device("cpu")
     ps = None
     if servers:
@@ -79,6 +81,45 @@ def init_fake(plan: Plan, rank: int) -> DistContext:
         ps=ps,
         simulated=True,
     )
+
+
+def _compressed_at_last_step(cfg: Any, steps: int) -> str | None:
+    """PowerSGD compresses after ``comm.powersgd_start_iter`` exact steps (at least two:
+    torch's error feedback needs them): from the last simulated step where it can, as the
+    plan's bytes assume; else why the measured step is an exact all-reduce."""
+    if cfg.comm.compression != "powersgd":
+        return None
+    if steps >= 3:
+        cfg.comm.powersgd_start_iter = min(cfg.comm.powersgd_start_iter, steps - 1)
+        return None
+    return "PowerSGD's first two steps are exact all-reduces: --steps 3 measures a compressed one"
+
+
+class _HeldWork:
+    """A fake collective's work whose future holds its tensors, as a real backend's does."""
+
+    def __init__(self, work: Any, tensors: list[torch.Tensor]) -> None:
+        self._work, self._future = work, torch.futures.Future()
+        self._future.set_result(tensors)
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
+
+
+def _all_reduce_futures_hold_their_tensor() -> None:
+    """The fake backend's work futures complete empty; torch's DDP communication hooks
+    (fp16/bf16 compression, PowerSGD, post-local-SGD's warm-up) read the reduced tensor from
+    them (``fut.value()[0]``). The collective itself still goes to the fake group, counted."""
+    real = dist.all_reduce
+
+    def all_reduce(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        work = real(tensor, *args, **kwargs)
+        return None if work is None else _HeldWork(work, [tensor])
+
+    dist.all_reduce = all_reduce
 
 
 def _agree_on_static_shapes() -> None:
@@ -133,6 +174,9 @@ def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[st
     plan = Plan.load(run.plan)
     plan = replace(plan, device="cpu", backend="fake")
     cfg = config_from_yaml(run.config)
+    if plan.sync is not None and plan.sync.every > 1:  # local SGD, DiLoCo: one sync measured
+        mode_for(cfg.sync.mode).sync_at(cfg, steps - 1)
+    note = _compressed_at_last_step(cfg, steps)
     for root in reversed(cfg.run.import_roots):
         if root not in sys.path:
             sys.path.insert(0, root)
@@ -151,6 +195,8 @@ def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[st
         for cls in (DeviceMesh, Batches):
             _outside_fake_mode(cls)
     out: dict[str, Any] = {"rank": rank, "coords": mesh_coordinates(ctx), "compute": compute}
+    if note:
+        out["dp_note"] = note
     with contextlib.ExitStack() as mode:
         if fake:  # the model's own forward path, on tensors that hold no data
             from torch._subclasses.fake_tensor import FakeTensorMode

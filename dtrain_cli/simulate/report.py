@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.plan.render import bytes_text
 
 MIB = 1024**2
 DP_AXES = ("dp", "dp_replicate", "dp_shard", "ps")
@@ -42,17 +43,21 @@ def compare(
     def mine(estimate: int) -> int:
         return round(estimate * stage_share)
 
+    every = plan.sync.every if plan.sync is not None else 1
     pairs = {
         "params": (result["params_bytes"], mine(est.bytes_params)),
         "grads": (result["grads_bytes"], mine(est.bytes_grads)),
         "optimizer": (result["optimizer_bytes"], mine(est.bytes_optimizer)),
         "activations": (result["activation_bytes"], stage_activations(plan, result["coords"])),
-        "dp_bytes_per_step": (_dp_sent(result), mine(est.comm_bytes_per_step)),
+        "dp_bytes_per_step": (_dp_sent(result), mine(est.comm_bytes_per_step) * every),
     }
     note = None
-    if plan.sync is not None and plan.sync.every > 1:  # local SGD, DiLoCo
-        note = f"plan: one sync every {plan.sync.every} steps, per step; measured: the last step"
-    doc = _rank_doc(result, pairs, exact_params, note, allocated)
+    if every > 1:  # local SGD, DiLoCo: the simulated rank syncs at its last step
+        note = (
+            f"one sync: the plan's {bytes_text(est.comm_bytes_per_step)} a step x {every} steps; "
+            "measured at the last step, which syncs"
+        )
+    doc = _rank_doc(result, pairs, exact_params, result.get("dp_note") or note, allocated)
     if doc["params_count"] < doc["params_allocated"]:  # its optimizer state is unpadded
         doc["bytes"]["optimizer"]["note"] = (
             f"for its {doc['params_count']:,} params; the plan's: the fullest rank's"

@@ -138,6 +138,12 @@ class SyncMode:
         """``dtrain plan`` rows of the mode's own settings (roles, cadence)."""
         return []
 
+    def sync_at(self, cfg: DtrainConfig, step: int) -> None:
+        """Make the 0-based ``step`` a sync step, for ``dtrain simulate``, which counts the
+        collectives of its last step: one sync's bytes do not depend on the period. Here
+        (DiLoCo) a replica syncs after every ``sync.every``-th inner step."""
+        cfg.sync.every = step + 1
+
 
 def amortized_allreduce(cfg: DtrainConfig, facts: ModelFacts) -> int:
     """One ring all-reduce of the fp32 parameters every ``sync.every`` steps, per step."""

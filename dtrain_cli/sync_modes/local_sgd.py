@@ -75,6 +75,11 @@ class LocalSGD(SyncMode):
     def plan_rows(self, s: SyncPlan) -> list[tuple[str, object]]:
         return [("parameters averaged every", f"{s.every} steps (after the warm-up's)")]
 
+    def sync_at(self, cfg: DtrainConfig, step: int) -> None:
+        """torch's ``PeriodicModelAverager`` averages at the first step past the warm-up,
+        then every period: the steps before ``step`` are the (synchronous) warm-up."""
+        cfg.sync.warmup_steps = step
+
     def sync_plan(self, cfg: DtrainConfig, facts: ModelFacts, ddp_bytes: int) -> SyncPlan:
         """Bytes per step after the synchronous warm-up (one average every ``every``)."""
         return periodic_sync_plan(self.name, cfg, facts, ddp_bytes)

@@ -482,3 +482,28 @@ def test_ctrl_c_ends_a_simulation_and_every_rank_it_started(tmp_path):
     while session_processes(proc.pid) and time.time() < deadline:
         time.sleep(0.1)
     assert session_processes(proc.pid) == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["comm.compression=fp16"],
+        ["comm.compression=powersgd", "--steps", "3"],
+        ["sync.mode=local_sgd", "sync.warmup_steps=5"],
+        ["sync.mode=diloco"],
+    ],
+    ids=["fp16", "powersgd", "local_sgd", "diloco"],
+)
+def test_communication_hooks_and_periodic_syncs_send_what_the_plan_says(tmp_path, args):
+    """DDP's communication hooks read the reduced tensor from the collective's future, which
+    the fake backend left empty: fp16, bf16 and PowerSGD compression and local SGD's warm-up
+    failed in step 1 ('NoneType' object is not subscriptable). Local SGD and DiLoCo measured
+    a step without a sync (ratio 0.00 against the plan's amortized bytes); the simulated
+    rank now syncs at its last step, compared with one sync's bytes. PowerSGD's plan is its
+    compressed step, measured from the third."""
+    (doc,) = _simulate(tmp_path, "recipe=gpt_tiny", "dp=2", *args, "--ranks", "0")
+    (rank,) = doc["ranks"]
+    row = rank["bytes"]["dp_bytes_per_step"]
+    assert row["ratio"] == pytest.approx(1.0, abs=0.01), row
+    if "sync.mode" in args[0]:
+        assert row["note"].startswith("one sync: the plan's 427.4 KiB a step x 8 steps")
