@@ -147,13 +147,19 @@ class Optimizers:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The checkpoint's state and hyperparameters; how this layout runs the optimizer
+        (:data:`KERNEL_CHOICES`) stays this layout's."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         for part, opt in zip(self.parts, self.optimizers, strict=True):
+            local = opt.optim if is_zero(opt) else opt
+            kernels = [{k: g[k] for k in KERNEL_CHOICES if k in g} for g in local.param_groups]
             if is_zero(opt):
                 load_zero_state_dict(part, opt, state)
             else:
                 set_optimizer_state_dict(part, opt, optim_state_dict=state, options=flat_options())
+            for group, mine in zip(local.param_groups, kernels, strict=True):
+                group.update(mine)  # the loaded groups are new dicts
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (its shard under ZeRO / FSDP)."""
@@ -166,6 +172,12 @@ class Optimizers:
                         t = local_tensor(v)
                         total += t.numel() * t.element_size()
         return total
+
+
+KERNEL_CHOICES = ("foreach", "fused", "capturable", "differentiable")
+"""Param-group keys that say how the step runs, not what it computes: a checkpoint saved
+without tensor parallel holds ``foreach=True``, whose kernels cannot mix the plain tensors
+and DTensors of a tp layout (``aten._foreach_mul_ got mixed torch.Tensor and DTensor``)."""
 
 
 def flat_options() -> Any:
