@@ -7,6 +7,7 @@ they load the checkpoint (DCP reshards to the new layout) and continue the sampl
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -100,11 +101,22 @@ def resume(
         )
     for moved in catalog.set_aside_newer(run_dir, step):
         warn(f"newer checkpoint set aside (resuming from step {step}): {moved}")
-    record_resume(run_dir, cfg, plan, path, step, list(overrides or []))
+    before = record_resume(run_dir, cfg, plan, path, step, list(overrides or []))
     err_console.print(f"resuming {run_dir.name} from {path.name} (step {step})", highlight=False)
     from dtrain_cli.cli.launch_cmd import start_workers
 
-    start_workers(run_dir, cfg, plan, milestones={"composed": composed})
+    try:
+        start_workers(run_dir, cfg, plan, milestones={"composed": composed})
+    except BaseException as exc:
+        ok = isinstance(exc, typer.Exit) and exc.exit_code == 0
+        if not ok and undo_if_untrained(run_dir, step, before):
+            err_console.print(
+                f"nothing trained past step {step}: the run's config.yaml and plan.yaml "
+                "are as before this resume",
+                highlight=False,
+                soft_wrap=True,
+            )
+        raise
 
 
 def replan(path: Path, overrides: list[str], config_dir: list[Path]) -> tuple[DtrainConfig, Plan]:
@@ -131,16 +143,44 @@ def replan(path: Path, overrides: list[str], config_dir: list[Path]) -> tuple[Dt
 
 def record_resume(
     run_dir: Path, cfg: DtrainConfig, plan: Plan, path: Path, step: int, overrides: list[str]
-) -> None:
-    """The run's config and plan as continued, and a line in its record of resumes."""
+) -> dict[str, str | float]:
+    """The run's config and plan as continued, and a line in its record of resumes. Returns
+    what they were before (for :func:`undo_if_untrained`) and when the resume began."""
     from dtrain_cli.config.compose import config_to_yaml
 
     run = RunDir(run_dir)
+    before: dict[str, str | float] = {"time": time.time()}
+    for file in (run.config, run.plan, run.resumes):
+        if file.is_file():
+            before[file.name] = file.read_text()
     run.config.write_text(config_to_yaml(cfg))
     plan.save(run.plan)
-    line = {"time": time.time(), "checkpoint": str(path), "step": step, "overrides": overrides}
+    line = {"time": before["time"], "checkpoint": str(path), "step": step, "overrides": overrides}
     with open(run.resumes, "a") as f:
         f.write(json.dumps(line) + "\n")
+    return before
+
+
+def undo_if_untrained(run_dir: Path, step: int, before: dict[str, str | float]) -> bool:
+    """A resume that failed before it left anything past ``step`` (a newer checkpoint, a
+    logged step): the run dir describes its checkpoints again, not a layout that never
+    trained (its config and plan as they were, the resume's line gone)."""
+    from dtrain_cli.checkpoint import catalog
+
+    run = RunDir(run_dir)
+    if any(c.step > step for c in catalog.list_checkpoints(run_dir)):
+        return False
+    with contextlib.suppress(OSError, ValueError):
+        for line in run.metrics.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("step", 0) > step and record.get("time", 0) >= before["time"]:
+                return False
+    for file in (run.config, run.plan, run.resumes):
+        if file.name in before:
+            file.write_text(str(before[file.name]))
+        else:
+            file.unlink(missing_ok=True)
+    return True
 
 
 def resume_script(run_dir: Path, overrides: list[str]) -> None:

@@ -124,6 +124,30 @@ def test_resume_at_another_world_size_continues_the_curve(
     assert done.summary()["param_sum"] == pytest.approx(straight[2].summary()["param_sum"], rel=rel)
 
 
+def test_a_resume_that_trains_nothing_leaves_the_run_dir_as_it_was(killed_dp2, tmp_path):
+    """A resume into another layout that fails before anything past its checkpoint is kept
+    (no newer checkpoint, no logged step) left the run's config.yaml and plan.yaml in the
+    layout that never trained, and a line in resumes.jsonl; they are as before now. The
+    steps logged before the resume (11-13, after the step-10 checkpoint) do not count."""
+    run_dir = copy_run(killed_dp2, tmp_path)
+    files = ("config.yaml", "plan.yaml", "resumes.jsonl")
+    before = {f: (run_dir / f).read_bytes() if (run_dir / f).exists() else None for f in files}
+    run = run_dtrain(
+        ["resume", "--ckpt", str(run_dir), "dp=1", "tp=2"],
+        tmp_path,
+        env={"DTRAIN_FAULTS": "kill:step=11:rank=0"},
+    )
+    assert run.returncode != 0
+    assert "nothing trained past step 10: the run's config.yaml and plan.yaml are as before" in (
+        run.stderr
+    ), run.stderr[-2000:]
+    after = {f: (run_dir / f).read_bytes() if (run_dir / f).exists() else None for f in files}
+    assert after == before
+    done = resume(run_dir)  # and it still resumes as it was
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.summary()["world_size"] == 2
+
+
 def test_crash_during_save_keeps_the_previous_checkpoint(straight, tmp_path):
     run_dir = interrupted(tmp_path, 2, "kill_in_save:step=20:rank=1")
     root = catalog.checkpoints_dir(run_dir)
