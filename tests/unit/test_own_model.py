@@ -79,6 +79,24 @@ def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
             "trunk, e.g. pipeline.last=[readout]",
         ),
         (["tp=2", "parallel.tp_plan={trunk.*.up:diagonal}"], "unknown style"),
+        # accepted before: the first failed in step 1 (a shape error in the next layer), the
+        # others split nothing or failed in parallelize_module
+        (
+            ["tp=2", "parallel.tp_plan={trunk.*.up:colwise}"],
+            "error: parallel.tp_plan: trunk.*.up column-wise and no layer row-wise: a "
+            "column-wise layer's output stays split over the tp ranks",
+        ),
+        (
+            ["tp=2", "parallel.tp_plan={trunk.*.upp:colwise,trunk.*.down:rowwise}"],
+            "error: parallel.tp_plan: trunk.*.upp matches no module of my_models.net.Net (one "
+            "pattern per level of the name), so nothing would be split there; its Linear and "
+            "Embedding layers: stem, trunk.0.up, trunk.0.down, trunk.1.up, trunk.1.down,",
+        ),
+        (
+            ["tp=2", "parallel.tp_plan={trunk.*:colwise,trunk.*.down:rowwise}"],
+            "error: parallel.tp_plan: trunk.*:colwise names Unit modules; a colwise split takes "
+            "nn.Linear and nn.Embedding layers only (inside: trunk.0.up, trunk.0.down,",
+        ),
         (["train.loss=os.path.join"], "standard library"),
         (["train.loss=huber"], "train.loss=huber: not allowed"),
         (["model._targt_=x"], "model._targt_: did you mean model._target_? (arguments of"),

@@ -28,9 +28,9 @@ import dtrain_cli.models.custom.stages as stages
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.custom.tp_layout import (
-    TP_STYLES,
     apply_tp_plan,
     tp_plan_hint,
+    tp_plan_problems,
     tp_replicated,
     tp_whole_by_place,
     tp_whole_modules,
@@ -113,13 +113,8 @@ class CustomSpec(ModelSpec):
             return [str(exc)]
         if cfg.parallel.pp > 1 and (unstaged := measured.get("unstaged")):
             out.append(stages.unstaged_problem(self.cfg.target, str(self._layer_attr()), unstaged))
-        plan = cfg.parallel.tp_plan or {}
-        bad = {k: v for k, v in plan.items() if v not in TP_STYLES}
-        if bad:
-            out.append(
-                f"parallel.tp_plan: unknown style {', '.join(f'{k}={v}' for k, v in bad.items())}; "
-                f"choose one of {', '.join(TP_STYLES)}"
-            )
+        plan = dict(cfg.parallel.tp_plan or {})
+        out += tp_plan_problems(self.meta_model, plan, cfg.parallel.tp, self.cfg.target)
         if cfg.parallel.fsdp_units and not set(cfg.parallel.fsdp_units) & set(
             measured["module_classes"]
         ):

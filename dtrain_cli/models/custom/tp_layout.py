@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable
 from typing import Any
 
 TP_STYLES = ("colwise", "rowwise", "colwise_rep", "rowwise_rep", "sequence")
@@ -19,12 +20,21 @@ SPLIT_ALL = ("colwise", "colwise_rep")
 SPLIT_WEIGHT = ("rowwise", "rowwise_rep")
 
 
+def matches(pattern: str, name: str) -> bool:
+    """As torch's ``parallelize_module`` reads a plan's key: one ``fnmatch`` pattern per
+    level of the module path (``blocks.*`` is ``blocks.0``, not ``blocks.0.fc1``)."""
+    atoms, parts = pattern.split("."), name.split(".")
+    return len(atoms) == len(parts) and all(
+        fnmatch.fnmatchcase(part, atom) for part, atom in zip(parts, atoms, strict=True)
+    )
+
+
 def style_of(plan: dict[str, str], name: str) -> str | None:
-    return next((s for k, s in plan.items() if fnmatch.fnmatchcase(name, k)), None)
+    return next((s for k, s in plan.items() if matches(k, name)), None)
 
 
 def matches_any(pattern: str, names: set[str]) -> bool:
-    return any(fnmatch.fnmatchcase(n, pattern) for n in names)
+    return any(matches(pattern, n) for n in names)
 
 
 def _held_whole(plan: dict[str, str]) -> Any:
@@ -110,3 +120,52 @@ def tp_plan_hint(spec: Any) -> str:
         "; give one over your blocks' Linear layers, column-wise the first of a pair and "
         f"row-wise the second: {example}"
     )
+
+
+def tp_plan_problems(
+    meta_model: Callable[[], Any], plan: dict[str, str], tp: int, target: str
+) -> list[str]:
+    """What ``parallel.tp_plan`` asks that no step can do: a style torch lacks; at tp > 1,
+    what the model's own (meta) build rules out before a step fails on it: a pattern that
+    matches no module (it splits nothing), a split style on a module torch's styles cannot
+    split (only ``nn.Linear`` and ``nn.Embedding``), column-wise layers with no row-wise one
+    to read their split output."""
+    from torch import nn
+
+    if bad := {k: v for k, v in plan.items() if v not in TP_STYLES}:
+        return [
+            f"parallel.tp_plan: unknown style {', '.join(f'{k}={v}' for k, v in bad.items())}; "
+            f"choose one of {', '.join(TP_STYLES)}"
+        ]
+    if not plan or tp <= 1:
+        return []
+    modules = {n: m for n, m in meta_model().named_modules() if n}
+    splittable = [n for n, m in modules.items() if isinstance(m, nn.Linear | nn.Embedding)]
+    out = []
+    if unmatched := [k for k in plan if not matches_any(k, set(modules))]:
+        shown = ", ".join(splittable[:6]) + (", ..." if len(splittable) > 6 else "")
+        out.append(
+            f"parallel.tp_plan: {', '.join(unmatched)} matches no module of {target} (one "
+            f"pattern per level of the name), so nothing would be split there; its Linear "
+            f"and Embedding layers: {shown}"
+        )
+    for pattern, style in plan.items():
+        named = {n: m for n, m in modules.items() if matches(pattern, n)}
+        wrong = sorted({type(m).__name__ for m in named.values()} - {"Linear", "Embedding"})
+        if wrong and style in SPLIT_ALL + SPLIT_WEIGHT:
+            inside = [n for n in splittable if any(n.startswith(f"{k}.") for k in named)]
+            hint = f" (inside: {', '.join(inside[:4])})" if inside else ""
+            out.append(
+                f"parallel.tp_plan: {pattern}:{style} names {', '.join(wrong)} modules; a "
+                f"{style} split takes nn.Linear and nn.Embedding layers only{hint}"
+            )
+    if out:
+        return out
+    columns = [k for k, v in plan.items() if v == "colwise"]
+    if columns and "rowwise" not in plan.values():
+        out.append(
+            f"parallel.tp_plan: {', '.join(columns)} column-wise and no layer row-wise: a "
+            "column-wise layer's output stays split over the tp ranks, and the layer that reads "
+            "it gets a part of its features; name that layer rowwise, or give colwise_rep"
+        )
+    return out
