@@ -6,7 +6,8 @@
 Run by every command that composes a config, before a run dir exists. Torch-free: paths are
 checked with ``pathlib``, a JSONL file's first record with ``json``, a tokenizer's vocabulary
 with ``tokenizers`` when installed; a ``data._target_`` is imported (that is the user's module)
-and must be a class or a callable. Whether the built object is a map-style dataset is checked
+and must be a class or a callable whose signature takes the other ``data.*`` keys (and not
+an ``IterableDataset`` class). Whether the built object is a map-style dataset is checked
 when the launcher builds it (:mod:`dtrain_cli.corpus.custom`), before workers start.
 """
 
@@ -266,7 +267,7 @@ def target_problems(data: DataConfig, roots: Sequence[str]) -> list[str]:
     if data.val_target:
         wanted.append(("data.val_target", data.val_target))
     wanted += list(nested_targets(data.kwargs, "data"))
-    problems = []
+    problems, builders = [], []
     for key, dotted in wanted:
         if not dotted:
             problems.append(f"{key} is required for data=custom (e.g. my_data.Pairs)")
@@ -281,4 +282,39 @@ def target_problems(data: DataConfig, roots: Sequence[str]) -> list[str]:
                 f"{key}={dotted}: is a {type(obj).__name__}, not a class or function "
                 "that builds a dataset"
             )
-    return problems
+        elif key in ("data._target_", "data.val_target"):
+            builders.append((key, str(dotted), obj))
+    if problems:  # a nested target that does not resolve is the one thing said
+        return problems
+    return [
+        p for key, dotted, obj in builders for p in _builder_problems(key, dotted, obj, data.kwargs)
+    ]
+
+
+def _builder_problems(key: str, dotted: str, obj: object, kwargs: dict) -> list[str]:
+    """What the launcher's build would refuse, told without building (which may load the
+    data): an ``IterableDataset`` class, or ``data.*`` keys its signature does not take."""
+    if isinstance(obj, type) and any(
+        c.__name__ == "IterableDataset" and c.__module__.startswith("torch.utils.data")
+        for c in obj.__mro__
+    ):
+        return [
+            f"{key}={dotted}: an IterableDataset, not a map-style dataset (__len__ and "
+            "__getitem__); dtrain indexes samples so every layout sees the same ones"
+        ]
+    import inspect
+
+    try:
+        signature = inspect.signature(obj)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # a builtin or C callable: its build says
+        return []
+    try:
+        signature.bind(**kwargs)
+    except TypeError as exc:
+        named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        takes = ", ".join(f"data.{n}" for n, p in signature.parameters.items() if p.kind in named)
+        return [
+            f"{key}={dotted}: {getattr(obj, '__name__', dotted)}() {exc}"
+            + (f" (it takes {takes})" if takes else " (it takes no arguments)")
+        ]
+    return []

@@ -129,7 +129,7 @@ def test_custom_val_target_and_function_target():
 @pytest.mark.parametrize(
     ("target", "kwargs", "message"),
     [
-        ("tests.own_data.Stream", {}, "built a Stream, not a map-style dataset"),
+        ("tests.own_data.Stream", {}, "Stream: an IterableDataset, not a map-style dataset"),
         ("tests.own_data.Numbers", {}, "item 0 is a int; items must be (inputs, targets)"),
         ("tests.own_data.Failing", {"n": 3}, "failed: ValueError: cannot open shard 3 second"),
         ("tests.own_data.Pairs", {"n": 0}, "the dataset is empty"),
@@ -170,6 +170,16 @@ BAD = [
         "data.f._target_=os.getcwd: targets in the standard library",
     ),
     (["plan", "++data.n=3"], "only data=custom takes extra keys"),
+    # refused by the launch's build only, before: the plan said nothing
+    (
+        ["plan", "data=custom", "data._target_=tests.own_data.Pairs", "++data.nn=3"],
+        "data._target_=tests.own_data.Pairs: Pairs() got an unexpected keyword argument 'nn' "
+        "(it takes data.n",
+    ),
+    (
+        ["plan", "data=custom", "data._target_=tests.own_data.Stream"],
+        "data._target_=tests.own_data.Stream: an IterableDataset, not a map-style dataset",
+    ),
     # set, but never read by the source chosen: the run trained on the built-in corpus
     (["plan", "data.path=CORPUS"], "only read by data=text, data=tokens or data=hf"),
     (["plan", "data=synthetic", "data.tokenizer=TOK"], "only read by data=hf"),
