@@ -29,6 +29,10 @@ def did_you_mean_key(key: str, known: Sequence[str]) -> str:
         union = sum(map(len, words | theirs))
         return sum(map(len, words & theirs)) / union if union else 0.0
 
+    leaf = bare.split(".")[-1]
+    same_leaf = [k for k in known if "." in k and k.split(".")[-1] == leaf and k != bare]
+    if "." in bare and same_leaf:  # parallel.steps: train.steps, not parallel.tp
+        return f" (did you mean {' or '.join(map(repr, same_leaf[:2]))}?)"
     elsewhere = [k for k in known if k.split(".")[0] != section and k not in close]
     best = max(elsewhere, key=shared, default=None)
     names = [*close, *([best] if best is not None and shared(best) >= 0.5 else [])]

@@ -24,6 +24,10 @@ KNOWN = [*schema_fields(), *SHORTHANDS]
         ),
         # the right section: its own words are no reason to name a sibling key
         ("checkpoint.keepp", " (did you mean 'checkpoint.keep_last'?)"),
+        # a key of another section by its exact name: that one, not the nearest spelling
+        # here (it said 'parallel.tp')
+        ("parallel.steps", " (did you mean 'train.steps'?)"),
+        ("optim.micro_batch_size", " (did you mean 'train.micro_batch_size'?)"),
         ("zzz.qqq", ""),
     ],
 )
