@@ -151,7 +151,10 @@ def join_run_dir(cfg: DtrainConfig, plan: Plan, wait_s: float = 60.0) -> Path:
         return _check_joined(run, marker, config_text, wait_s)
     if run.plan.exists():  # a run from before multi-node launches wrote one
         os.close(fd)
-        raise FileExistsError(f"{run.path} already holds a run; choose another run.name/--rdzv-id")
+        raise FileExistsError(
+            f"{run.path} already holds a run; choose another run.name/--rdzv-id, or continue "
+            f"that one: dtrain resume {run.path}"
+        )
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(marker))
     tmp = run.config.with_name(".config.yaml.tmp")

@@ -36,7 +36,10 @@ def materialize(cfg: DtrainConfig, plan: Plan, path: Path | None = None) -> Path
     """Create the run dir and write config.yaml + plan.yaml; returns the absolute path."""
     run = RunDir((path or new_run_dir(cfg)).resolve())
     if run.plan.exists():
-        raise FileExistsError(f"{run.path} already holds a run; choose another run.name")
+        raise FileExistsError(
+            f"{run.path} already holds a run; choose another run.name, or continue that one: "
+            f"dtrain resume {run.path}"
+        )
     run.logs.mkdir(parents=True, exist_ok=True)
     run.config.write_text(config_to_yaml(cfg))
     plan.save(run.plan)

@@ -298,6 +298,7 @@ def test_reusing_a_run_name_is_blamed_on_the_name(tmp_path):
     assert run.returncode == 2
     assert run.stderr.startswith(f"error: run.name=exp: {old} already holds a run"), run.stderr
     assert "run.root" not in run.stderr
+    assert run.stderr.strip().endswith(f"or continue that one: dtrain resume {old}"), run.stderr
     assert sorted(p.name for p in old.iterdir()) == ["plan.yaml"]  # an existing run untouched
     by_id = run_dtrain(["launch", "recipe=gpt_tiny", "--rdzv-id", "exp"], tmp_path, timeout=60)
     assert by_id.returncode == 2  # one node: --rdzv-id names the run dir, as on many
