@@ -140,9 +140,8 @@ class SyncMode:
 
     def sync_at(self, cfg: DtrainConfig, step: int) -> None:
         """Make the 0-based ``step`` a sync step, for ``dtrain simulate``, which counts the
-        collectives of its last step: one sync's bytes do not depend on the period. Here
-        (DiLoCo) a replica syncs after every ``sync.every``-th inner step."""
-        cfg.sync.every = step + 1
+        collectives of its last step (one sync's bytes do not depend on the period). A mode
+        that syncs every step has nothing to set."""
 
 
 def amortized_allreduce(cfg: DtrainConfig, facts: ModelFacts) -> int:

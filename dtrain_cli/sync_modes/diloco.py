@@ -71,6 +71,10 @@ class DiLoCo(SyncMode):
             ("inner steps / outer lr / momentum", f"{s.every} / {s.outer_lr} / {s.outer_momentum}")
         ]
 
+    def sync_at(self, cfg: DtrainConfig, step: int) -> None:
+        """A replica's outer step follows every ``sync.every``-th inner step."""
+        cfg.sync.every = step + 1
+
     def sync_plan(self, cfg: DtrainConfig, facts: ModelFacts, ddp_bytes: int) -> SyncPlan:
         return periodic_sync_plan(
             self.name,
