@@ -185,12 +185,12 @@ class Trainer:
                     self.metrics.log(self.step, record, "staleness")
                 if self.validator.should_validate(self.step):
                     self.sync.before_validate(self.step)
-                    self.metrics.log(self.step, {"val_loss": self.validator.validate()}, "val")
-                    self.metrics.restart_clock()  # keep validation out of tokens/s
+                    with self.metrics.paused():  # validation: not in tokens/s
+                        self.metrics.log(self.step, {"val_loss": self.validator.validate()}, "val")
                 asked = votes is not None and (votes.save or votes.stop)  # a logging-step vote
                 # a slow save is no hang: the watchdog pauses while it runs
-                if self.checkpointer.maybe_save(self.step, self.meta, asked, self.watchdog.paused):
-                    self.metrics.restart_clock()
+                with self.metrics.paused():
+                    self.checkpointer.maybe_save(self.step, self.meta, asked, self.watchdog.paused)
                 if votes is not None and votes.stop:
                     return self.preempted()
                 if self.sink:
