@@ -40,9 +40,11 @@ def _split(overrides: list[str]) -> tuple[list[str], dict[str, int]]:
 def advise(
     overrides: list[str] = typer.Argument(None, help=OVERRIDES_HELP + " Also world=N, dp_max=N."),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
-    top: int = typer.Option(5, "--top", "-n", help="How many ranked layouts to show."),
+    top: int | None = typer.Option(
+        None, "--top", "-n", help="How many ranked layouts to show (default 5; --json: all)."
+    ),
     as_json: bool = typer.Option(
-        False, "--json", help="Every layout (ranked and rejected) as JSON."
+        False, "--json", help="The ranked layouts (--top of them) and every rejected one as JSON."
     ),
     apply: bool = typer.Option(
         False, "--apply", help="Print the winner as overrides (xargs dtrain launch < that file)."
@@ -65,6 +67,8 @@ def advise(
     from dtrain_cli.errors import ConfigError
     from dtrain_cli.plan.advise import advise as run_advice
 
+    if top is not None and top < 1:
+        fail([f"--top={top}: must be at least 1 (the layouts to show)"])
     rest, opts = _split(overrides or [])
     recipe, rest = split_recipe(rest)
     try:
@@ -94,13 +98,13 @@ def advise(
         typer.echo(" ".join(shlex.quote(x) for x in [*kept, *winner]))
         return
     if as_json:
-        typer.echo(json.dumps(_json(advice, checked), indent=2))
+        typer.echo(json.dumps(_json(advice, checked, top), indent=2))
         return
     from dtrain_cli.cli.common import is_tty, print_whole
     from dtrain_cli.plan.advise_render import render_advice
 
     width = console.width if is_tty() else None  # piped: whole lines, never wrapped
-    print_whole(render_advice(advice, top, console, width))
+    print_whole(render_advice(advice, top or 5, console, width))
     if checked is not None:
         from dtrain_cli.cli.advise_simulate import render
 
@@ -116,13 +120,13 @@ def _kept(overrides: list[str], recipe: str) -> list[str]:
     return kept
 
 
-def _json(advice, checked: list[dict] | None) -> dict:
+def _json(advice, checked: list[dict] | None, top: int | None = None) -> dict:
     out = {
         "hardware": advice.hardware,
         "world_size": advice.world_size,
         "nnodes": advice.nnodes,
         "activations_estimated": advice.activations_estimated,
-        "ranked": [v.to_dict() for v in advice.ranked],
+        "ranked": [v.to_dict() for v in advice.ranked[:top]],
         "rejected": [v.to_dict() for v in advice.rejected],
     }
     if advice.reference is not None:

@@ -109,6 +109,9 @@ def _cli(*args: str):
         ),
         (["hardware=cpu", "world=3", "train.global_batch_size=7"], "global_batch_size=7"),
         (["hardware=cpu", "world=zero"], "world must be a whole number"),
+        # exit 0 before: an empty ranking and a 30,000-character line; all but the last
+        (["hardware=cpu", "--top", "0"], "--top=0: must be at least 1"),
+        (["hardware=cpu", "--top", "-1"], "--top=-1: must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -141,6 +144,9 @@ def test_json_lists_ranked_and_rejected_with_columns():
         m[k] for k in ("params", "grads", "optimizer", "activations", "temporary")
     )
     assert all(r["rejected"] for r in out["rejected"])
+    # --top limits the ranked ones (the docs' example asks for 5; it gave all 147)
+    top = json.loads(_cli("recipe=gpt_small", "hardware=cpu", "--top", "5", "--json").output)
+    assert top["ranked"] == out["ranked"][:5] and top["rejected"] == out["rejected"]
 
 
 def test_table_shows_top_layouts_and_rejections():
