@@ -32,9 +32,12 @@ def parse_size(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     t = text.strip().upper().removesuffix("B")
     try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+        size = int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
     except (ValueError, IndexError):
         raise ValueError(f"--sizes: {text!r} is not a size (e.g. 1K, 64K, 1M, 64M)") from None
+    if size < 4:  # one float32: a smaller all_reduce measured 4 B anyway
+        raise ValueError(f"--sizes: {text!r} is below one float (4 B); e.g. 1K, 64K, 1M, 64M")
+    return size
 
 
 def validate_cluster(

@@ -163,30 +163,34 @@ def spawn_warning(script: ScriptPlan, world_size: int) -> str | None:
 LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 
 
-def local_rank_flag_line(file: str) -> int | None:
+def local_rank_flag_line(file: str) -> tuple[int, str] | None:
     """The line of an ``add_argument("--local_rank", ...)`` in a script that never names
-    ``LOCAL_RANK``: the deprecated ``torch.distributed.launch`` passed that flag to each
-    rank; torchrun and dtrain set ``LOCAL_RANK`` in the environment and pass no flag."""
+    ``LOCAL_RANK``, and the flag as the script spells it: the deprecated
+    ``torch.distributed.launch`` passed that flag to each rank; torchrun and dtrain set
+    ``LOCAL_RANK`` in the environment and pass no flag."""
     if (tree := _syntax_tree(file)) is None:
         return None
-    line = None
+    found = None
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and node.value == "LOCAL_RANK":
             return None  # read from the environment too (os.environ.get("LOCAL_RANK", ...))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             flags = [a.value for a in node.args if isinstance(a, ast.Constant)]
-            if node.func.attr == "add_argument" and set(flags) & set(LOCAL_RANK_FLAGS):
-                line = node.lineno if line is None else min(line, node.lineno)
-    return line
+            ours = [f for f in flags if f in LOCAL_RANK_FLAGS]
+            earliest = found is None or node.lineno < found[0]
+            if node.func.attr == "add_argument" and ours and earliest:
+                found = (node.lineno, str(ours[0]))
+    return found
 
 
 def local_rank_warning(script: ScriptPlan, world_size: int) -> str | None:
     """A script that takes its rank from ``--local_rank`` alone, run on more than one rank:
     every rank keeps the flag's default (often -1: "not distributed", each rank alone)."""
-    if world_size <= 1 or (line := local_rank_flag_line(script.file)) is None:
+    if world_size <= 1 or (found := local_rank_flag_line(script.file)) is None:
         return None
+    line, flag = found
     return (
-        f"script {script.path or script.module} line {line} takes --local_rank, which the "
+        f"script {script.path or script.module} line {line} takes {flag}, which the "
         "deprecated torch.distributed.launch passed; torchrun and dtrain do not, so every "
         "rank keeps its default: read int(os.environ['LOCAL_RANK']) (docs/own-script.md)"
     )

@@ -257,3 +257,20 @@ def test_a_node_waits_for_node_0s_store_and_says_why_it_gave_up():
     why = wait_for_store(f"127.0.0.1:{port}", 0.3, said.append, poll_s=0.1)
     assert why == "nothing answered there within 0.3 s (Connection refused)"
     assert said == []  # 'waiting for node 0's ...' only after 5 s
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ("1X", "--sizes: '1X' is not a size"),
+        ("0", "--sizes: '0' is below one float (4 B)"),  # measured a 4 B row, exit 0
+        ("1K,-5", "--sizes: '-5' is below one float (4 B)"),
+    ],
+)
+def test_validate_cluster_refuses_sizes_it_cannot_measure(sizes, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["validate-cluster", "--sizes", sizes])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.output
+    assert list(tmp_path.iterdir()) == []

@@ -133,9 +133,10 @@ def test_a_script_that_takes_its_rank_from_local_rank_alone_is_named(source, tmp
     from dtrain_cli.plan.script_checks import local_rank_flag_line, local_rank_warning
 
     script, plan = _script(tmp_path, source)
-    assert local_rank_flag_line(script) == 3
+    flag = "--local-rank" if "'--local-rank'" in source else "--local_rank"  # as it spells it
+    assert local_rank_flag_line(script) == (3, flag)
     warning = local_rank_warning(plan, 2)
-    assert warning.startswith("script train.py line 3 takes --local_rank")
+    assert warning.startswith(f"script train.py line 3 takes {flag}, which")
     assert "read int(os.environ['LOCAL_RANK'])" in warning
     assert local_rank_warning(plan, 1) is None
 
@@ -156,7 +157,7 @@ def test_an_edited_script_is_read_again(tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text(TAKES_LOCAL_RANK[0])
-    assert local_rank_flag_line(script) == 3
+    assert local_rank_flag_line(script) == (3, "--local_rank")
     script.write_text(READS_THE_ENVIRONMENT[1] + "\n")
     os.utime(script, ns=(1, 1))  # another version even within the clock's resolution
     assert local_rank_flag_line(script) is None
