@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -13,8 +14,12 @@ from dtrain_cli.cli.common import (
     compose_and_plan,
     console,
     fail,
+    print_warnings,
     print_whole,
 )
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
 
 FORMATS = ("table", "yaml", "json")
 
@@ -46,6 +51,8 @@ def plan(
         fail([f"--format={fmt}: not a format; choose one of {', '.join(FORMATS)}"])
     overrides, script = split_script(overrides or [])
     cfg, the_plan = compose_and_plan(overrides, config_dir, script)
+    if the_plan.nnodes > 1:
+        print_warnings(node_warnings(cfg))
     if fmt in ("yaml", "json"):
         import sys
 
@@ -70,6 +77,17 @@ def plan(
     print_whole(render_plan(the_plan, recipe_named=not borrows_defaults(cfg)))
     if the_plan.script is None:  # a script's step time is its own business
         console.print(step_line(cfg, the_plan), highlight=False)
+
+
+def node_warnings(cfg: DtrainConfig) -> list[str]:
+    """What ``dtrain launch``/``run`` of this multi-node plan would still need on each node
+    (their refusals, as warnings): ``dtrain sbatch`` and ``dtrain k8s`` set both."""
+    import copy
+
+    from dtrain_cli.launch.multinode import NodeArgs, apply_node_args
+
+    needs = apply_node_args(copy.deepcopy(cfg), NodeArgs())
+    return [f"{w}; dtrain sbatch and dtrain k8s set it for you" for w in needs]
 
 
 def step_line(cfg, the_plan) -> str:

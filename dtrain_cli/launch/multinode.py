@@ -123,15 +123,17 @@ def apply_node_args(cfg: DtrainConfig, args: NodeArgs) -> list[str]:
     if nnodes > 1:
         parsed = parse_endpoint(cfg.launcher.rdzv_endpoint)
         if parsed is None or parsed[1] == 0:
+            given = args.rdzv_endpoint is not None
             problems.append(
-                f"--rdzv-endpoint={cfg.launcher.rdzv_endpoint}: {nnodes} nodes need a fixed "
-                "host:port they all reach (node 0's address, e.g. --rdzv-endpoint node0:29500)"
+                (f"--rdzv-endpoint={args.rdzv_endpoint}: " if given else f"nnodes={nnodes}: ")
+                + f"{nnodes} nodes need a fixed host:port they all reach: node 0's address, "
+                "the same on every node (e.g. --rdzv-endpoint node0:29500)"
             )
         cfg.launcher.rdzv_id = cfg.launcher.rdzv_id or cfg.run.name
         cfg.run.name = cfg.run.name or cfg.launcher.rdzv_id
         if not cfg.launcher.rdzv_id:
             problems.append(
-                f"--nnodes {nnodes}: every node must name the same run; pass the same "
+                f"nnodes={nnodes}: every node must name the same run; pass the same "
                 "--rdzv-id ID (or run.name=NAME) on every node"
             )
     return problems

@@ -19,6 +19,10 @@ runner = CliRunner()
         (["--nnodes", "1:2"], "pass the same --rdzv-id"),  # elastic: a multi-node run
         (["--nnodes", "2", "--rdzv-endpoint", "h:29500"], "pass the same --rdzv-id"),
         (["--nnodes", "2", "--rdzv-id", "x"], "need a fixed host:port"),
+        # the node count as an override: named so (it said '--rdzv-endpoint=localhost:0'
+        # and '--nnodes 2', neither of them typed)
+        (["nnodes=2", "--rdzv-id", "x"], "error: nnodes=2: 2 nodes need a fixed host:port"),
+        (["nnodes=2", "--rdzv-endpoint", "h:1"], "error: nnodes=2: every node must name"),
         (
             ["--nnodes", "2", "--rdzv-id", "x", "--rdzv-endpoint", "h:1", "--node-rank", "5"],
             "[0, 2)",

@@ -153,7 +153,8 @@ def test_nnodes_and_endpoint_parsing():
 def test_multinode_flags_need_a_shared_name_and_a_fixed_endpoint():
     cfg = compose_config("gpt_tiny", ["parallel.nnodes=2", "dp=2"])
     problems = apply_node_args(cfg, NodeArgs(2, 0, None, None))
-    assert any("--rdzv-endpoint=localhost:0" in p for p in problems)
+    # no endpoint given: the node count is named, not a '--rdzv-endpoint=localhost:0'
+    assert any(p.startswith("nnodes=2: 2 nodes need a fixed host:port") for p in problems)
     assert any("pass the same --rdzv-id" in p for p in problems)
     cfg = compose_config("gpt_tiny", ["parallel.nnodes=2", "dp=2"])
     assert apply_node_args(cfg, NodeArgs(2, 1, "10.0.0.1:29500", "exp1")) == []
@@ -274,3 +275,23 @@ def test_validate_cluster_refuses_sizes_it_cannot_measure(sizes, message, tmp_pa
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {message}"), result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_plan_of_several_nodes_says_what_each_launch_still_needs(tmp_path, monkeypatch):
+    """``dtrain plan nnodes=2`` printed the plan without a word, and the same overrides
+    under ``dtrain run`` or ``launch`` were refused: the plan names both as warnings."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "dp=2", "nnodes=2"])
+    assert result.exit_code == 0, result.output
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: nnodes")]
+    assert warned == [
+        "warning: nnodes=2: 2 nodes need a fixed host:port they all reach: node 0's address, "
+        "the same on every node (e.g. --rdzv-endpoint node0:29500); dtrain sbatch and dtrain "
+        "k8s set it for you",
+        "warning: nnodes=2: every node must name the same run; pass the same --rdzv-id ID (or "
+        "run.name=NAME) on every node; dtrain sbatch and dtrain k8s set it for you",
+    ]
+    named = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "dp=2", "nnodes=2", "run.name=x"])
+    assert "every node must name" not in named.stderr
+    one = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "dp=2"])
+    assert "warning: nnodes" not in one.stderr
