@@ -194,6 +194,13 @@ def more_warnings(
         fit := fit_warning(cfg, plan, resources=resources, on_hardware=on_hardware)
     ):
         said.append(fit)
+    if plan.script is None and plan.device == "cpu" and resources is None and not on_hardware:
+        import os
+
+        from dtrain_cli.plan.fit import host_warnings
+
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        said += host_warnings(plan, len(os.sched_getaffinity(0)), ram)
     return said
 
 

@@ -102,8 +102,8 @@ def step_line(cfg, the_plan) -> str:
     return (
         f"estimated on hardware={cfg.hardware.name}: step {est.step_s * 1e3:,.1f} ms, "
         f"{est.tokens_per_s:,.0f} {unit}/s, MFU {est.mfu:.0%}, bubble {est.bubble:.0%}; peak "
-        f"memory {m.total / GIB:.2f}{unknown} of {m.capacity / GIB:.2f} GiB per device "
-        f"(dtrain advise ranks every layout)"
+        f"memory {m.total / GIB:.2f}{unknown} of {m.capacity / GIB:.2f} GiB per device, as "
+        f"the step runs (dtrain advise ranks every layout)"
     )
 
 

@@ -134,3 +134,25 @@ def smaller_micro_batch(
 
 def _gib(n: float) -> str:
     return f"{n / GIB:,.0f}" if n >= 10 * GIB else f"{n / GIB:.1f}"
+
+
+def host_warnings(plan: Plan, cpus: int, ram_bytes: int) -> list[str]:
+    """A CPU plan this machine would run as it is: its ranks' memory above the machine's
+    (each builds and holds its own share: gpt_1b at dp=8 tp=8 pp=2 is 128 ranks of 1.4 GiB
+    here), or far more ranks than cores."""
+    n, each = plan.nproc_per_node, plan.estimates.bytes_total
+    elsewhere = (
+        "plan it for its cluster (dtrain sbatch, dtrain k8s) or run one rank of it "
+        "(dtrain simulate)"
+    )
+    if plan.estimates.activations_estimated and n * each > ram_bytes:
+        return [
+            f"{n} process(es) on this machine would hold about {_gib(n * each)} GiB ("
+            f"{_gib(each)} GiB each), above its {_gib(ram_bytes)} GiB of memory: {elsewhere}"
+        ]
+    if n > 8 * cpus:
+        return [
+            f"{n} processes on this machine's {cpus} CPU core(s) take turns (each step about "
+            f"{n // cpus}x slower than with a core each): fewer ranks here, or {elsewhere}"
+        ]
+    return []

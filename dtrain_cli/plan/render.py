@@ -151,7 +151,12 @@ def _estimates(plan: Plan) -> Table:
         ("gradients", bytes_text(e.bytes_grads)),
         ("optimizer state", bytes_text(e.bytes_optimizer)),
         (
-            "activations (per micro batch" + recompute,
+            (
+                "activations (per micro batch, largest stage"
+                if plan.pipeline
+                else "activations (per micro batch"
+            )
+            + recompute,
             bytes_text(e.bytes_activations)
             if e.activations_estimated
             else "not estimated (the model's inputs come from your dataset)",
@@ -163,8 +168,8 @@ def _estimates(plan: Plan) -> Table:
         rows.append(("one unit gathered (transient)", bytes_text(e.bytes_gathered)))
     unit = "token" if plan.batch.unit == "tokens" else "sample"
     rows += [
-        (
-            "total",
+        (  # the peak, with every micro-batch a pipeline keeps in flight: the step line
+            "total (one micro batch in flight)",
             bytes_text(e.bytes_total) + ("" if e.activations_estimated else " + activations"),
         ),
         (f"FLOPs per {unit} (fwd+bwd)", f"{e.flops_per_token:,}"),

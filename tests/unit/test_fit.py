@@ -100,3 +100,28 @@ def test_the_plan_command_prints_it():
     assert result.exit_code == 0, result.output
     assert "warning: peak memory per device estimated at 1,942 GiB" in result.output
     assert _warning(["recipe=gpt_tiny", "dp=2"]) is None
+
+
+def test_a_cpu_plan_this_machine_cannot_hold_or_crowds_is_named():
+    """``dtrain plan recipe=gpt_1b dp=8 tp=8 pp=2`` planned 128 CPU ranks here without a
+    word: launched, each would build its 1.4 GiB share (168 GiB with a micro-batch's
+    activations). Far more ranks than cores is said too; a laptop's dp=4 pp=2 is not."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.plan.build import Resources, build_plan
+    from dtrain_cli.plan.fit import host_warnings
+
+    laptop = Resources(num_gpus=0, num_cpus=2)
+    gib = 1024**3
+
+    def said(*overrides: str) -> list[str]:
+        plan = build_plan(compose_config(overrides[0], list(overrides[1:])), laptop)
+        return host_warnings(plan, 2, 24 * gib)
+
+    (big,) = said("gpt_1b", "dp=8", "tp=8", "pp=2")
+    assert big.startswith("128 process(es) on this machine would hold about 21,450 GiB (168")
+    assert big.endswith("above its 24 GiB of memory: plan it for its cluster (dtrain sbatch, "
+                        "dtrain k8s) or run one rank of it (dtrain simulate)")  # fmt: skip
+    (crowded,) = said("gpt_tiny", "dp=64", "train.global_batch_size=64")
+    assert crowded.startswith("64 processes on this machine's 2 CPU core(s) take turns (each "
+                              "step about 32x slower")  # fmt: skip
+    assert said("gpt_small", "dp=4", "pp=2") == []
