@@ -239,6 +239,8 @@ def start_workers(
     if not result.ok:
         report_failure(result, run_dir=run_dir, fresh=fresh, fresh_root=fresh_root)
         raise typer.Exit(result.exit_code)
+    if plan.script is not None:  # a recipe's end is its summary.json
+        protocol.write_finished(RunDir(run_dir))
     console.print(f"[green]done[/]: {run_dir}", highlight=False, soft_wrap=True)
 
 

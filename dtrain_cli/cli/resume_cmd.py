@@ -25,7 +25,7 @@ from dtrain_cli.cli.common import (
     more_warnings,
 )
 from dtrain_cli.errors import ConfigError
-from dtrain_cli.rundir import env
+from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
 
 if TYPE_CHECKING:
@@ -201,6 +201,14 @@ def resume_script(run_dir: Path, overrides: list[str]) -> None:
         )
     if plan.nnodes > 1:
         fail([f"{run_dir}: a multi-node script run continues with dtrain agent on every node"])
+    if (done := protocol.read_finished(run)) is not None:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(done.get("time", 0)))
+        fail(
+            [
+                f"{run_dir}: its script finished (exit 0, {when}); dtrain resume continues a "
+                "run that stopped: start a new one with dtrain run"
+            ]
+        )
     from dtrain_cli.launch import worker_server
     from dtrain_cli.launch.preload import SCRIPT_FIRST
 

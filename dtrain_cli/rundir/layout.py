@@ -25,6 +25,7 @@ ENTRIES: dict[str, str] = {
     "checkpoints/": "step_<N>/ (sharded DCP checkpoints with a manifest), latest",
     "resumes.jsonl": "one line per `dtrain resume` of this run (checkpoint, overrides)",
     "preempted.json": "the run stopped for a preemption with its checkpoint saved (exit 75)",
+    "finished.json": "a dtrain run script's run that ended well (exit 0): when",
     "launch.json": "multi-node launches: the rendezvous id of the node that created the dir",
     "logs/rank_<k>.log": "every rank's log (your script's stdout and stderr under dtrain run)",
     "logs/elastic/": "torch's elastic agent: its error files per attempt",
@@ -83,6 +84,10 @@ class RunDir:
     @property
     def preempted(self) -> Path:
         return self.path / "preempted.json"
+
+    @property
+    def finished(self) -> Path:
+        return self.path / "finished.json"
 
     @property
     def launch_record(self) -> Path:

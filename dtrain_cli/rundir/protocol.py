@@ -95,6 +95,16 @@ def clear_preempted(run: RunDir) -> None:
     run.preempted.unlink(missing_ok=True)
 
 
+# -- a script run's end -------------------------------------------------------------------------
+def write_finished(run: RunDir) -> None:
+    """Launcher: a ``dtrain run`` script's run ended well (``dtrain resume`` refuses it)."""
+    _write_json(run.finished, {"exit_code": 0, "time": time.time()})
+
+
+def read_finished(run: RunDir) -> dict[str, Any] | None:
+    return _read_json(run.finished)
+
+
 # -- the first step ----------------------------------------------------------------------------
 def write_first_step(run: RunDir, info: dict[str, Any]) -> None:
     """Rank 0, when its first optimizer step finished (once per run dir)."""

@@ -368,6 +368,13 @@ def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, 
             run_dir
         ]
         assert not (run_dir / "preempted.json").exists()
+        # it ended well: resumed again, it ran the whole script once more in the same dir
+        # (its outputs overwritten, exit 0); now refused in one line, nothing started
+        assert json.loads((run_dir / "finished.json").read_text())["exit_code"] == 0
+        again = run_dtrain(["resume", str(run_dir)], tmp_path, timeout=60)
+        assert again.returncode == 2, again.stdout + again.stderr
+        assert again.stderr.startswith(f"error: {run_dir}: its script finished (exit 0, ")
+        assert "start a new one with dtrain run" in again.stderr
 
 
 @pytest.mark.parametrize(
