@@ -212,6 +212,12 @@ def test_a_script_asking_for_nccl_without_cuda_is_told_what_works(tmp_path):
     first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
     assert "NCCL" in first and "backend='nccl', which needs CUDA GPUs" in first, first
     assert "leave backend unset (torch picks gloo on CPU, nccl on CUDA)" in first, first
+    # torch's own error, re-raised with the hint: one traceback and one frame of dtrain's
+    # wrapper (a second traceback came below 'The above exception was the direct cause')
+    logs = [p.read_text() for p in sorted((run.run_dir / "logs").glob("rank_*.log"))]
+    log = next(text for text in logs if "NCCL" in text)
+    assert log.count("Traceback") == 1 and "direct cause" not in log, log
+    assert log.count("dtrain_cli/runtime/script/arrival.py") == 1, log
 
 
 ALONE = """import argparse

@@ -107,11 +107,13 @@ def install(timeout_s: float) -> None:
             hint = nccl_hint(given.get("backend"), str(exc))
             if hint is None:
                 raise
-            try:  # the same kind of error (DistBackendError ...), the hint at its end
-                hinted = type(exc)(f"{exc}: {hint}")
-            except Exception:
-                hinted = RuntimeError(f"{exc}: {hint}")
-            raise hinted from exc
+            # torch's own error (DistBackendError ...) with the hint at its end, re-raised as
+            # it was: one traceback, not a second one below 'The above exception was the
+            # direct cause' from a raise in this wrapper
+            exc.args = (f"{exc}: {hint}", *exc.args[1:])
+            if hint in str(exc):
+                raise
+            raise RuntimeError(f"{exc}: {hint}").with_traceback(exc.__traceback__) from None
 
     init_process_group._dtrain_arrival = True  # type: ignore[attr-defined]
     dist.init_process_group = init_process_group
