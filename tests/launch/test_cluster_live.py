@@ -202,37 +202,32 @@ def test_sigusr1_checkpoints_at_a_step_boundary_and_resume_finishes(tmp_path):
     assert steps == list(range(5, 301, 5))  # no window lost or repeated across the stop
 
 
-def test_a_node_0_whose_peers_never_come_ends_in_one_line(tmp_path):
-    """Node 0 of two, alone: after launcher.rdzv_timeout_s the launch ended in torch's
-    RendezvousTimeoutError traceback; now one line that says what to check, exit 1."""
-    port = free_port()
-    args = ["launch", "recipe=gpt_tiny", "dp=2", "train.steps=2", "launcher.rdzv_timeout_s=3"]
-    args += ["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    run = run_dtrain([*args, "--rdzv-id", "alone"], tmp_path, timeout=120)
-    assert run.returncode == 1, run.stderr
-    errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [
-        f"error: the rendezvous at 127.0.0.1:{port} (id alone) did not gather --nnodes 2 "
-        "within launcher.rdzv_timeout_s=3: start every node with the same --rdzv-endpoint, "
-        "--rdzv-id and --nnodes (one of them --node-rank 0)"
-    ], run.stderr
-    assert "Traceback" not in run.stderr
+ALONE = {  # node rank -> its one line, {port} filled in
+    # node 0 of two, alone: after launcher.rdzv_timeout_s the launch ended in torch's
+    # RendezvousTimeoutError traceback
+    0: "error: the rendezvous at 127.0.0.1:{port} (id alone) did not gather --nnodes 2 "
+    "within launcher.rdzv_timeout_s=3: start every node with the same --rdzv-endpoint, "
+    "--rdzv-id and --nnodes (one of them --node-rank 0)",
+    # node 1 of two, node 0 never started: torch's store client retried for 1 min 47 s,
+    # printing C++ stack frames (frame #0: c10::Error::Error) above dtrain's line; the node
+    # now waits for the store itself, up to launcher.rdzv_timeout_s, and says so
+    1: "error: this node could not reach the rendezvous store at 127.0.0.1:{port} (id "
+    "alone): nothing answered there within 3 s (Connection refused); start node 0 "
+    "(--node-rank 0) first, with the same --rdzv-endpoint, and check that this node "
+    "reaches its host and port",
+}
 
 
-def test_a_node_without_node_0_ends_in_one_line_without_cpp_frames(tmp_path):
-    """Node 1 of two, node 0 never started: torch's store client retried for 1 min 47 s,
-    printing C++ stack frames (``frame #0: c10::Error::Error``) above dtrain's line; the
-    node now waits for the store itself, up to launcher.rdzv_timeout_s, and says so."""
+@pytest.mark.parametrize("node_rank", sorted(ALONE))
+def test_a_node_alone_ends_in_one_line(tmp_path, node_rank):
+    """A node of two whose peer never comes: one line that says what to check, exit 1,
+    no traceback and no C++ frames."""
     port = free_port()
     args = ["launch", "recipe=gpt_tiny", "dp=2", "train.steps=2", "launcher.rdzv_timeout_s=3"]
-    args += ["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", f"127.0.0.1:{port}"]
-    run = run_dtrain([*args, "--rdzv-id", "no-node-0"], tmp_path, timeout=120)
+    args += ["--nnodes", "2", "--node-rank", str(node_rank)]
+    args += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "alone"]
+    run = run_dtrain(args, tmp_path, timeout=120)
     assert run.returncode == 1, run.stderr
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
-    assert errors == [
-        f"error: this node could not reach the rendezvous store at 127.0.0.1:{port} (id "
-        "no-node-0): nothing answered there within 3 s (Connection refused); start node 0 "
-        "(--node-rank 0) first, with the same --rdzv-endpoint, and check that this node "
-        "reaches its host and port"
-    ], run.stderr
+    assert errors == [ALONE[node_rank].format(port=port)], run.stderr
     assert "frame #" not in run.stderr and "Traceback" not in run.stderr
