@@ -108,6 +108,12 @@ def verify(path: Path, deep: bool = True) -> None:
         raise CheckpointError(f"{manifest}: unreadable manifest ({exc})") from None
     if ".metadata" not in files:
         raise CheckpointError(f"{path}: manifest lists no DCP .metadata file")
+    ranks = read_meta(path).get("rng_ranks", 0)
+    if lost := [k for k in range(ranks) if f"rng_rank_{k}.safetensors" not in files]:
+        raise CheckpointError(
+            f"{path}: no rng_rank_{lost[0]}.safetensors of its {ranks} ranks (rank "
+            f"{lost[0]}'s RNG and own state were not saved)"
+        )
     for name, entry in files.items():
         f = path / name
         if not f.is_file():
@@ -228,18 +234,34 @@ def publish(tmp: Path, final: Path) -> None:
     fsync_dir(final.parent)
 
 
-def prune(run_dir: Path, keep_last: int, keep: Path | None = None) -> list[Path]:
+def prune(
+    run_dir: Path, keep_last: int, keep: Path | None = None, attempt: str | None = None
+) -> list[Path]:
     """Delete complete checkpoints beyond the newest ``keep_last`` and stale temporaries.
-    Called only after a newer checkpoint is complete, so the last good one is never lost."""
+    Called only after a newer checkpoint (``keep``) is complete, so the last good one is
+    never lost. A temporary of this ``attempt`` for a later step is a save other ranks are
+    writing now (an async save finished at the next one's start): it stays."""
     root = checkpoints_dir(run_dir)
     complete = [c.path for c in list_checkpoints(run_dir) if c.complete]
     doomed = complete[: max(0, len(complete) - keep_last)]
     doomed = [p for p in doomed if p != keep]
-    doomed += [p for p in root.glob(".tmp-*") if p.is_dir()]
+    named = STEP_DIR.match(keep.name) if keep is not None else None
+    published = int(named.group(1)) if named else None
+    doomed += [
+        p for p in root.glob(".tmp-*") if p.is_dir() and not _in_flight(p.name, attempt, published)
+    ]
     doomed += [p for p in root.glob(".old-*") if p.is_dir()]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
+
+
+def _in_flight(name: str, attempt: str | None, published: int | None) -> bool:
+    """``.tmp-step_<N>-<attempt>``: this attempt's save of a step after the published one."""
+    m = re.fullmatch(r"\.tmp-step_(\d+)-(.+)", name)
+    if m is None or attempt is None or published is None:
+        return False
+    return m.group(2) == attempt and int(m.group(1)) > published
 
 
 def set_aside_newer(run_dir: Path, step: int) -> list[Path]:

@@ -187,6 +187,32 @@ def test_automatic_recovery_after_sigkill(straight, tmp_path):
     assert [c.step for c in catalog.list_checkpoints(run.run_dir)] == [10, 15, 20]
 
 
+def test_async_saves_every_step_keep_every_ranks_files(tmp_path):
+    """An async save finished at the next save's start: rank 0 published it and pruned
+    every .tmp-* folder, among them the next save's, which rank 1 had begun to write: 2 of
+    3 checkpoints lost rank 1's RNG and own state, and --verify passed them. The next
+    save's folder stays now, and --verify names a rank's missing file."""
+    cmd = ["launch", *CK, "dp=2", "train.steps=6", "checkpoint.every_steps=2"]
+    run = run_dtrain([*cmd, "checkpoint.async_save=true"], tmp_path, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "pruned .tmp-" not in run.stdout + run.stderr
+    kept = catalog.list_checkpoints(run.run_dir)
+    assert [c.step for c in kept] == [2, 4, 6]
+    for c in kept:
+        assert {f"rng_rank_{k}.safetensors" for k in (0, 1)} <= {p.name for p in c.path.iterdir()}
+    ok = run_dtrain(["checkpoints", str(run.run_dir), "--verify"], tmp_path)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    lost = kept[-1].path / "rng_rank_1.safetensors"
+    lost.unlink()
+    manifest = kept[-1].path / catalog.MANIFEST
+    files = json.loads(manifest.read_text())
+    files["files"].pop(lost.name)  # as the race left it: not in the manifest either
+    manifest.write_text(json.dumps(files))
+    bad = run_dtrain(["checkpoints", str(run.run_dir), "--verify"], tmp_path)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert f"error: {kept[-1].path}: no rng_rank_1.safetensors of its 2 ranks" in bad.stderr
+
+
 def test_corrupted_and_truncated_shards_are_named_and_skipped(straight, tmp_path):
     run_dir = copy_run(straight[2].run_dir, tmp_path)
     newest = catalog.checkpoints_dir(run_dir) / "step_000020"

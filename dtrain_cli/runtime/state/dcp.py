@@ -202,12 +202,14 @@ class CheckpointManager:
             return
         for name, text in files.items():
             (tmp / name).write_text(text)
+        ranks = dist.get_world_size() if dist.is_initialized() else 1  # each wrote its RNG
         catalog.write_json_durable(
-            tmp / catalog.META, {**meta, "complete": True, "saved_at": time.time()}
+            tmp / catalog.META,
+            {**meta, "complete": True, "saved_at": time.time(), "rng_ranks": ranks},
         )
         catalog.write_manifest(tmp)
         catalog.publish(tmp, final)
-        pruned = catalog.prune(self.run_dir, self.keep_last, keep=final)
+        pruned = catalog.prune(self.run_dir, self.keep_last, keep=final, attempt=self.attempt)
         log.info(
             "checkpoint %s saved%s",
             final.name,
