@@ -26,6 +26,7 @@ from dtrain_cli.config.overrides import (
     schema_fields,
     unknown_key,
 )
+from dtrain_cli.config.recipe_checks import recipe_problems, yaml_error_text
 from dtrain_cli.config.schema import SCHEMA_NAME, DataConfig, DtrainConfig
 from dtrain_cli.config.search import (
     group_options,
@@ -39,8 +40,8 @@ from dtrain_cli.targets import import_roots
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-# OmegaConf (and Hydra) are imported where a composition needs them, not here: a repeated
-# command reads its typed config back from the cache without them (compose_cache.py).
+# OmegaConf and Hydra are imported where a composition needs them: a repeated command reads
+# its typed config back from the cache without them (compose_cache.py)
 
 
 def expand_shorthands(overrides: Sequence[str]) -> list[str]:
@@ -64,8 +65,7 @@ def expand_shorthands(overrides: Sequence[str]) -> list[str]:
 
 
 class DefaultRecipe(str):
-    """The recipe a command composes when its command line names none (``run.recipe_named``
-    false): a ``str`` that remembers it was not asked for."""
+    """The recipe composed when the command line names none: a str that remembers it."""
 
 
 def split_recipe(overrides: Sequence[str], default: str = "gpt_tiny") -> tuple[str, list[str]]:
@@ -216,12 +216,16 @@ def _hydra_compose(recipe_path: Path, search: list[Path], chosen: list[str]) -> 
         with initialize_config_dir(config_dir=str(recipe_path.parent), version_base="1.3"):
             cfg = compose(config_name=recipe_path.stem, overrides=[searchpath, *chosen])
     except Exception as exc:  # Hydra/OmegaConf raise many types; translate all of them
-        raise ConfigError([explain_compose_error(exc, chosen)]) from None
+        raise ConfigError([yaml_error_text(exc) or explain_compose_error(exc, chosen)]) from None
     finally:
         GlobalHydra.instance().clear()
     if "hydra" in cfg:
-        with _writable(cfg):
+        from omegaconf import open_dict
+
+        with open_dict(cfg):
             del cfg["hydra"]
+    if problems := recipe_problems(cfg, recipe_path):
+        raise ConfigError(problems)
     return cfg
 
 
@@ -254,21 +258,6 @@ def interpolation_problems(
     return out
 
 
-class _writable:
-    def __init__(self, cfg: DictConfig) -> None:
-        self.cfg = cfg
-
-    def __enter__(self) -> None:
-        from omegaconf import OmegaConf
-
-        OmegaConf.set_struct(self.cfg, False)
-
-    def __exit__(self, *exc: object) -> None:
-        from omegaconf import OmegaConf
-
-        OmegaConf.set_struct(self.cfg, True)
-
-
 def to_dataclass(cfg: DictConfig) -> DtrainConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -293,7 +282,7 @@ def _fold_data_kwargs(cfg: DictConfig) -> None:
     """``data=custom``: extra ``data.*`` keys (``++data.n=100``, or a recipe's) are the
     dataset's keyword arguments; they are copied under ``data.kwargs`` (the typed
     config drops keys it does not declare)."""
-    from omegaconf import DictConfig
+    from omegaconf import DictConfig, open_dict
 
     data = cfg.get("data")
     if not isinstance(data, DictConfig):
@@ -302,7 +291,7 @@ def _fold_data_kwargs(cfg: DictConfig) -> None:
     extra = [k for k in data if k not in known]
     if not extra:
         return
-    with _writable(cfg):
+    with open_dict(cfg):
         for k in extra:
             data.kwargs[k] = data[k]
 

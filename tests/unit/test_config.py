@@ -114,6 +114,9 @@ def test_config_yaml_round_trip(tmp_path):
     assert config_from_yaml(path) == cfg
 
 
+DEFAULTS = "defaults:\n  - base\n  - _self_\n"
+
+
 def test_user_config_dir_adds_recipes_and_options(tmp_path, monkeypatch):
     (tmp_path / "recipes").mkdir()
     (tmp_path / "model").mkdir()
@@ -128,6 +131,31 @@ def test_user_config_dir_adds_recipes_and_options(tmp_path, monkeypatch):
     assert cfg.model.name == "gpt_wide" and cfg.train.steps == 3
     monkeypatch.setenv("DTRAIN_CONFIG_PATH", str(tmp_path))
     assert "mine" in list_recipes()
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        # no defaults list (the shape of a printed --show-config saved as a recipe): a bare
+        # AssertionError traceback, also where dtrain's own hint for a recipe path led
+        ("train:\n  steps: 5\n", "not built on dtrain's base config; begin it with "
+         "'defaults: [base, _self_]'"),
+        # an interpolation in the file: omegaconf's traceback (the command line's was a line)
+        (f"{DEFAULTS}train:\n  steps: ${{optim.nope}}\n",
+         "train.steps: Interpolation key 'optim.nope' not found (in recipe "),
+        # YAML that does not parse: 'while parsing a flow sequence', no file, no line
+        (f"{DEFAULTS}train:\n  steps: [1\n", "mine.yaml line 6, column 1: while parsing a "
+         "flow sequence expected ',' or ']', but got '<stream end>' (YAML)"),
+    ],
+    ids=["no-defaults", "interpolation", "yaml"],
+)  # fmt: skip
+def test_a_broken_recipe_file_is_one_line_naming_it(text, said, tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "mine.yaml").write_text(text)
+    with pytest.raises(ConfigError) as info:
+        compose_config("mine", [], [tmp_path])
+    (line,) = info.value.problems
+    assert said in line and "\n" not in line, line
 
 
 def problems(recipe: str, overrides: list[str], resources: Resources = CPU) -> list[str]:
