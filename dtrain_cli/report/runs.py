@@ -70,9 +70,12 @@ def load_run(path: Path) -> RunData:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except ValueError:
             raise RunDirError(f"{metrics}:{n}: not a JSON line") from None
+        # a value not measured is null (a NaN loss, say): NaN again, so a diverged run
+        # still compares as diverged
+        records.append({k: math.nan if v is None else v for k, v in record.items()})
     if not any(r.get("kind") == "train" for r in records):
         raise RunDirError(f"{metrics}: no training step logged")
     summary: dict[str, Any] = {}

@@ -257,3 +257,22 @@ def test_compare_finds_the_first_divergent_step(plain, skipped, tmp_path):
     image_has_a_plot(tmp_path / "compare.png")  # the current directory, not a run's
     same = run_dtrain(["compare", str(plain.run_dir), str(plain.run_dir)], tmp_path)
     assert same.returncode == 0 and "no step diverges" in same.stdout
+
+
+def test_a_diverged_runs_metrics_stay_json_that_any_parser_reads(tmp_path):
+    """A loss gone to NaN was written as a bare NaN in metrics.jsonl, which jq, JavaScript
+    and json.loads(parse_constant=...) refuse (summary.json said null already); it is null
+    now, and dtrain report reads it back as not a number."""
+
+    def strict(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+
+    args = ["optim.base_lr=1e6", "optim.warmup_steps=0", "train.steps=6", "logging.every=2"]
+    run = run_dtrain(["launch", *DIAG, *args], tmp_path)
+    assert run.returncode == 1 and "NumericsError" in run.stderr  # train.on_nan=stop
+    lines = (run.run_dir / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=strict) for line in lines]
+    train = [r for r in records if r["kind"] == "train"]
+    assert any(r["loss"] is None for r in train), train
+    report = run_dtrain(["report", str(run.run_dir)], tmp_path)
+    assert report.returncode == 0, report.stdout + report.stderr

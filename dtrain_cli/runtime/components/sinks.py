@@ -89,7 +89,7 @@ class MetricsSink:
 
     def log(self, step: int, values: dict[str, float], kind: str = "train") -> None:
         record = {"step": step, "kind": kind, "time": time.time(), **values}
-        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.write(strict_json.dumps(record) + "\n")  # a NaN loss: null, as JSON has
         if self.writer is not None:
             for key, value in values.items():
                 if isinstance(value, (int, float)):  # per-rank lists: metrics.jsonl only
