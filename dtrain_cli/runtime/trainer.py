@@ -241,8 +241,9 @@ class Trainer:
         step = self.step
         extra = faults.before_logging(step, self.ctx.rank)  # the mismatch drill
         votes = self.metrics.log_step(
-            step, norm, self.checkpointer.time_vote(), preemption.requested(), extra
-        )
+            step, norm, self.checkpointer.time_vote(), preemption.requested(), extra,
+            lr_steps=self.optimizers.lr_step,
+        )  # fmt: skip
         if self.numerics.on_nan == "stop":
             self.numerics.check_window(step, votes.loss, norm, self.metrics.last_window)
         return votes

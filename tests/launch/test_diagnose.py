@@ -138,6 +138,11 @@ def test_skip_and_rollback_each_equal_a_run_without_the_bad_data(
     got = {r["step"]: r["loss"] for r in run.metrics()}
     want = {r["step"]: r["loss"] for r in without_bad_data.metrics()}
     assert [got[k] for k in (1, 2, 3, 4, 6, 8)] == [want[k] for k in range(1, 7)]
+    if policy == "skip":  # the lr each kept step used: it was the schedule's at the step
+        # number, one position ahead after each skip (the schedule does not advance there)
+        lr = {r["step"]: r["lr"] for r in run.metrics()}
+        want_lr = {r["step"]: r["lr"] for r in without_bad_data.metrics()}
+        assert [lr[k] for k in (1, 2, 3, 4, 6, 8)] == [want_lr[k] for k in range(1, 7)]
     if policy == "rollback":
         log = (run.run_dir / "logs" / "rank_1.log").read_text()
         assert "restored checkpoint step 4" in log and "restored checkpoint step 6" in log

@@ -158,9 +158,12 @@ class TrainMetrics:
         save_vote: bool,
         stop_vote: bool,
         extra: list[float] | None = None,
+        lr_steps: int | None = None,
     ) -> Reduced:
         """The logging step's one all-reduce (SUM over WORLD): the loss, the votes, and
-        ``extra`` slots other components fill (each rank its own slots, zeros elsewhere)."""
+        ``extra`` slots other components fill (each rank its own slots, zeros elsewhere).
+        ``lr_steps``: the schedule steps taken (fewer than ``step`` after a skipped step),
+        so the logged lr is the one the last step used."""
         extra = extra or []
         comm = self.step_times()  # the strategy's own timings (DDP's), if any
         slots = self.rank_slots(comm)
@@ -185,7 +188,7 @@ class TrainMetrics:
                 {
                     "loss": loss,  # the mean over the window's counted steps
                     "loss_steps": loss_steps,
-                    "lr": self.plan.lr.lr_at(step - 1),
+                    "lr": self.plan.lr.lr_at((step if lr_steps is None else lr_steps) - 1),
                     "grad_norm": float(norm) if norm is not None else float("nan"),
                     f"{self.plan.batch.unit}_per_s": tps,
                     "step_time_ms": self.step_ms,
