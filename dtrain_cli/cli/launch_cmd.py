@@ -177,12 +177,15 @@ def rendezvous_problems(cfg: DtrainConfig, plan: Plan, node_rank: int | None) ->
 def prepare_data(cfg: DtrainConfig) -> None:
     """Tokenize/cache the corpus, or build and check a custom dataset, before the run dir
     exists: a problem found here leaves nothing behind."""
-    from dtrain_cli.corpus.prepare import prepare_corpus
+    from dtrain_cli.corpus.prepare import prepare_corpus, window_problems
 
+    vocab = getattr(cfg.model, "vocab_size", None)
     try:
-        prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
+        paths = prepare_corpus(cfg.data, cfg.train.seed, vocab)
     except (ConfigError, FileNotFoundError) as exc:
         fail(exc.problems if isinstance(exc, ConfigError) else [str(exc)])
+    if problems := window_problems(cfg.data, paths, getattr(cfg.model, "block_size", None), vocab):
+        fail(problems)
 
 
 def start_workers(

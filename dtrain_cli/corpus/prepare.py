@@ -118,5 +118,37 @@ def _token_files(cfg: DataConfig) -> dict[str, Path]:
     return paths
 
 
+def window_problems(
+    data: DataConfig, paths: dict[str, Path], block_size: int | None, vocab_size: int | None
+) -> list[str]:
+    """What each worker's token windows would refuse, said before any starts: a split too
+    short for one window of ``block_size + 1`` tokens, a token id past the vocabulary."""
+    if block_size is None or not paths:
+        return []
+    dtype = data.token_dtype if data.source == "tokens" else "uint16"
+    if data.source == "hf":
+        from dtrain_cli.corpus.hf import cached_dtype
+
+        dtype = cached_dtype(paths)
+    where, problems = f"data.path={data.path}" if data.path else f"data={data.source}", []
+    for split, path in paths.items():
+        tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0)
+        if len(tokens) < block_size + 1:
+            more = (
+                "a smaller data.val_fraction" if split == "train" else "a larger data.val_fraction"
+            )
+            problems.append(
+                f"{where}: its {split} split holds {len(tokens)} tokens, fewer than one window of "
+                f"model.block_size+1={block_size + 1}; a larger corpus, {more} (now "
+                f"{data.val_fraction}) or a smaller model.block_size"
+            )
+        elif vocab_size is not None and (top := int(tokens[: 1 << 20].max())) >= vocab_size:
+            problems.append(
+                f"{where}: token id {top} in {path.name} >= model.vocab_size={vocab_size}; set "
+                f"model.vocab_size above {top} (or data.token_dtype if the ids read wrong)"
+            )
+    return problems
+
+
 if __name__ == "__main__":  # prepare the built-in corpus
     print(prepare_corpus(DataConfig()), file=sys.stderr)

@@ -62,7 +62,7 @@ def test_subprocess_plan_and_bad_override(tmp_path):
 
 
 @pytest.mark.multiproc
-def test_failing_rank_exits_nonzero_and_names_the_error(tmp_path):
+def test_token_ids_past_the_vocabulary_are_refused_before_a_rank_starts(tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     (np.arange(20_000, dtype=np.uint16) % 600).tofile(data / "train.bin")
@@ -79,9 +79,12 @@ def test_failing_rank_exits_nonzero_and_names_the_error(tmp_path):
         ],
         tmp_path,
     )
-    assert run.returncode != 0
-    assert "rank" in run.stderr and "failed" in run.stderr
-    assert "token id 599 >= model.vocab_size=256" in run.stderr
+    # said by the launcher before any worker starts (it failed in each rank's start-up)
+    assert run.returncode == 2, run.stderr
+    assert "token id 599 in train.bin >= model.vocab_size=256; set model.vocab_size above 599" in (
+        run.stderr
+    )
+    assert "rank" not in run.stderr and not (tmp_path / "runs").exists()
 
 
 def _descendants(pid: int) -> set[int]:

@@ -244,7 +244,8 @@ def test_a_frozen_rank_is_named_not_the_rank_that_timed_out(tmp_path):
 
 
 def test_a_start_that_fails_before_step_1_leaves_nothing(tmp_path):
-    """Launcher side (the data path) and worker side (a corpus too small for one window)."""
+    """The launcher says both before any worker starts: a data path that is not there, a
+    corpus too small for one window (said by each rank, before)."""
     tokens = tmp_path / "tokens"
     tokens.mkdir()
     for split in ("train", "val"):
