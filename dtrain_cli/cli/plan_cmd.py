@@ -94,7 +94,8 @@ def step_line(cfg, the_plan) -> str:
     """The advisor's estimate for this one layout on ``hardware`` (``dtrain advise`` ranks
     all of them with the same code)."""
     from dtrain_cli.models import model_spec
-    from dtrain_cli.plan.steptime import GIB, estimate_step
+    from dtrain_cli.plan.render import bytes_text
+    from dtrain_cli.plan.steptime import estimate_step
 
     est = estimate_step(cfg, model_spec(cfg), the_plan, cfg.hardware)
     m, unit = est.memory, the_plan.batch.unit
@@ -102,8 +103,8 @@ def step_line(cfg, the_plan) -> str:
     return (
         f"estimated on hardware={cfg.hardware.name}: step {est.step_s * 1e3:,.1f} ms, "
         f"{est.tokens_per_s:,.0f} {unit}/s, MFU {est.mfu:.0%}, bubble {est.bubble:.0%}; peak "
-        f"memory {m.total / GIB:.2f}{unknown} of {m.capacity / GIB:.2f} GiB per device, as "
-        f"the step runs (dtrain advise ranks every layout)"
+        f"memory {bytes_text(int(m.total))}{unknown} of {bytes_text(int(m.capacity))} per "
+        f"device, as the step runs (dtrain advise ranks every layout)"
     )
 
 
