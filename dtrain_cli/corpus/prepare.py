@@ -118,6 +118,23 @@ def _token_files(cfg: DataConfig) -> dict[str, Path]:
     return paths
 
 
+def token_dtype(data: DataConfig, paths: dict[str, Path]) -> str:
+    """The dtype the split files were written with: the user's (``data=tokens``), the HF
+    cache's own record, else uint16 (byte-level and synthetic tokens)."""
+    if data.source == "hf":
+        from dtrain_cli.corpus.hf import cached_dtype
+
+        return cached_dtype(paths)
+    return data.token_dtype if data.source == "tokens" else "uint16"
+
+
+def open_tokens(path: Path, dtype: str) -> tuple[np.ndarray, int]:
+    """A split's tokens, memory-mapped (an empty file too), and the largest id among the
+    first million (-1 when there is none): what the launcher and each worker check."""
+    tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0)
+    return tokens, int(tokens[: 1 << 20].max()) if len(tokens) else -1
+
+
 def window_problems(
     data: DataConfig, paths: dict[str, Path], block_size: int | None, vocab_size: int | None
 ) -> list[str]:
@@ -125,14 +142,10 @@ def window_problems(
     short for one window of ``block_size + 1`` tokens, a token id past the vocabulary."""
     if block_size is None or not paths:
         return []
-    dtype = data.token_dtype if data.source == "tokens" else "uint16"
-    if data.source == "hf":
-        from dtrain_cli.corpus.hf import cached_dtype
-
-        dtype = cached_dtype(paths)
+    dtype = token_dtype(data, paths)
     where, problems = f"data.path={data.path}" if data.path else f"data={data.source}", []
     for split, path in paths.items():
-        tokens = np.memmap(path, dtype=dtype, mode="r") if path.stat().st_size else np.zeros(0)
+        tokens, top = open_tokens(path, dtype)
         if len(tokens) < block_size + 1:
             more = (
                 "a smaller data.val_fraction" if split == "train" else "a larger data.val_fraction"
@@ -142,7 +155,7 @@ def window_problems(
                 f"model.block_size+1={block_size + 1}; a larger corpus, {more} (now "
                 f"{data.val_fraction}) or a smaller model.block_size"
             )
-        elif vocab_size is not None and (top := int(tokens[: 1 << 20].max())) >= vocab_size:
+        elif vocab_size is not None and top >= vocab_size:
             problems.append(
                 f"{where}: token id {top} in {path.name} >= model.vocab_size={vocab_size}; set "
                 f"model.vocab_size above {top} (or data.token_dtype if the ids read wrong)"

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from dtrain_cli.config.schema import DataConfig
-from dtrain_cli.corpus.prepare import prepare_corpus
+from dtrain_cli.corpus.prepare import open_tokens, prepare_corpus, token_dtype
 
 
 @dataclass
@@ -32,14 +32,13 @@ class TokenWindows:
 
     @classmethod
     def open(cls, path: Path, dtype: str, block_size: int, vocab_size: int | None) -> TokenWindows:
-        tokens = np.memmap(path, dtype=dtype, mode="r")
+        tokens, top = open_tokens(path, dtype)  # the launcher's checks read them alike
         windows = cls(tokens, block_size)
         if len(windows) < 1:
             raise ValueError(
                 f"{path}: {len(tokens)} tokens, fewer than one window of "
                 f"block_size+1={block_size + 1}"
             )
-        top = int(tokens[: 1 << 20].max())
         if vocab_size is not None and top >= vocab_size:
             raise ValueError(f"{path}: token id {top} >= model.vocab_size={vocab_size}")
         return windows
@@ -132,11 +131,7 @@ def open_splits(data: DataConfig, model: Any, seed: int) -> dict[str, Any]:
 
         return build_custom(data)
     paths = prepare_corpus(data, seed, model.vocab_size)
-    dtype = data.token_dtype if data.source == "tokens" else "uint16"
-    if data.source == "hf":
-        from dtrain_cli.corpus.hf import cached_dtype
-
-        dtype = cached_dtype(paths)
+    dtype = token_dtype(data, paths)
     return {
         split: TokenWindows.open(path, dtype, model.block_size, model.vocab_size)
         for split, path in paths.items()
