@@ -30,13 +30,37 @@ def did_you_mean_key(key: str, known: Sequence[str]) -> str:
         return sum(map(len, words & theirs)) / union if union else 0.0
 
     leaf = bare.split(".")[-1]
-    same_leaf = [k for k in known if "." in k and k.split(".")[-1] == leaf and k != bare]
-    if "." in bare and same_leaf:  # parallel.steps: train.steps, not parallel.tp
+    meant = OTHER_NAMES.get(leaf.lower(), (leaf,))
+    same_leaf = [k for k in known if "." in k and k.split(".")[-1] in meant and k != bare]
+    same_leaf.sort(key=lambda k: k.split(".")[0] != section)  # its own section's first
+    # parallel.steps: train.steps, not parallel.tp; optim.lr: optim.base_lr; seed: train.seed
+    if same_leaf and ("." in bare or leaf.lower() in OTHER_NAMES or len(same_leaf) == 1):
         return f" (did you mean {' or '.join(map(repr, same_leaf[:2]))}?)"
     elsewhere = [k for k in known if k.split(".")[0] != section and k not in close]
     best = max(elsewhere, key=shared, default=None)
     names = [*close, *([best] if best is not None and shared(best) >= 0.5 else [])]
     return f" (did you mean {' or '.join(map(repr, names))}?)" if names else ""
+
+
+OTHER_NAMES = {
+    "lr": ("base_lr",),
+    "learning_rate": ("base_lr",),
+    "max_steps": ("steps",),
+    "max_iters": ("steps",),
+    "num_steps": ("steps",),
+    "total_steps": ("steps",),
+    "clip_grad": ("grad_clip",),
+    "max_grad_norm": ("grad_clip",),
+    "gradient_clipping": ("grad_clip",),
+    "betas": ("beta1", "beta2"),
+    "batch_size": ("global_batch_size", "micro_batch_size"),
+    "gradient_accumulation_steps": ("grad_accum",),
+    "accumulate_grad_batches": ("grad_accum",),
+    "warmup_iters": ("warmup_steps",),
+}
+"""What other trainers call a key (Hugging Face's TrainingArguments, Lightning, nanoGPT)
+-> its leaf here: ``optim.lr`` names ``optim.base_lr``, not the nearest spelling
+``optim.min_lr``; ``train.max_steps`` names ``train.steps``, not ``train.max_skips``."""
 
 
 def not_allowed(key: str, value: object, choices: Sequence[str]) -> str:

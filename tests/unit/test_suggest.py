@@ -28,6 +28,19 @@ KNOWN = [*schema_fields(), *SHORTHANDS]
         # here (it said 'parallel.tp')
         ("parallel.steps", " (did you mean 'train.steps'?)"),
         ("optim.micro_batch_size", " (did you mean 'train.micro_batch_size'?)"),
+        # what other trainers call a key: its name here, not the nearest spelling (it said
+        # 'optim.min_lr', 'train.max_skips', 'optim.min_lr' and nothing for seed)
+        ("optim.lr", " (did you mean 'optim.base_lr'?)"),
+        ("train.learning_rate", " (did you mean 'optim.base_lr'?)"),
+        ("train.max_steps", " (did you mean 'train.steps'?)"),
+        ("optim.max_grad_norm", " (did you mean 'optim.grad_clip'?)"),
+        ("optim.betas", " (did you mean 'optim.beta1' or 'optim.beta2'?)"),
+        (
+            "train.batch_size",
+            " (did you mean 'train.micro_batch_size' or 'train.global_batch_size'?)",
+        ),
+        ("seed", " (did you mean 'train.seed'?)"),
+        ("name", " (did you mean 'run.name'?)"),  # five keys end in name: the spelling's
         ("zzz.qqq", ""),
     ],
 )
