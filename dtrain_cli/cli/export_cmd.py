@@ -15,7 +15,10 @@ def export(
     run: Path = typer.Argument(None, help=CKPT_HELP + " The same as --ckpt.", show_default=False),
     ckpt: Path = typer.Option(None, "--ckpt", help=CKPT_HELP),
     out: Path = typer.Option(
-        ..., "--out", help="The .safetensors file to write (a folder with --format hf)."
+        ...,
+        "--out",
+        help="The .safetensors file to write, or a folder to hold model.safetensors "
+        "(the folder to fill with --format hf).",
     ),
     fmt: str = typer.Option(
         "safetensors", "--format", help="safetensors (any model) | hf (save_pretrained folder)."
@@ -28,12 +31,13 @@ def export(
     """
     if run is not None and ckpt is not None:
         fail([f"{run} and --ckpt {ckpt}: name the checkpoint once"])
-    ckpt, _ = checkpoint_arg(ckpt, [str(run)] if run is not None else [], "export")
-    from dtrain_cli.checkpoint import catalog
     from dtrain_cli.checkpoint.export import FORMATS
 
     if fmt not in FORMATS:
         fail([not_allowed("--format", fmt, FORMATS)])
+    out = safetensors_path(out) if fmt == "safetensors" else out
+    ckpt, _ = checkpoint_arg(ckpt, [str(run)] if run is not None else [], "export")
+    from dtrain_cli.checkpoint import catalog
 
     def warn(msg: str) -> None:
         err_console.print(f"[yellow]warning:[/] {msg}", highlight=False)
@@ -58,3 +62,19 @@ def export(
         f"exported {path.name} -> {files[0]}" + (f" (+ {shown})" if shown else ""),
         highlight=False,
     )
+
+
+def safetensors_path(out: Path) -> Path:
+    """The file a safetensors export writes: ``--out`` itself, or ``model.safetensors`` in
+    a folder that exists (it was 'cannot write (Is a directory)'); another suffix is bad
+    input (``--out model.pt`` wrote safetensors bytes that ``torch.load`` cannot read)."""
+    if out.is_dir():
+        return out / "model.safetensors"
+    if out.suffix != ".safetensors":
+        fail(
+            [
+                f"--out {out}: the safetensors format writes one .safetensors file; name it "
+                f"{out.with_suffix('.safetensors')}, give a folder, or use --format hf"
+            ]
+        )
+    return out

@@ -308,6 +308,13 @@ def test_export_round_trip(straight, tmp_path):
     with torch.no_grad():
         logits = model(tokens)
     assert logits.shape == (2, 16, 256) and torch.isfinite(logits).all()
+    # into a folder that exists: its model.safetensors (it was 'cannot write (Is a directory)')
+    folder = tmp_path / "exported"
+    folder.mkdir()
+    done = run_dtrain(["export", str(ckpt), "--out", str(folder)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (folder / "model.safetensors").read_bytes() == out.read_bytes()
+    assert json.loads((folder / "model.json").read_text())["model"] == info["model"]
 
 
 @pytest.mark.parametrize(

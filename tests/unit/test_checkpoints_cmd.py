@@ -81,3 +81,15 @@ def test_export_given_the_checkpoint_twice_is_bad_input(tmp_path):
     result = CliRunner().invoke(app, ["export", "a", "--ckpt", "b", "--out", "m.safetensors"])
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: a and --ckpt b: name the checkpoint once"
+
+
+@pytest.mark.parametrize("out", ["model.pt", "model"])
+def test_export_names_a_file_safetensors_can_be(tmp_path, out):
+    """`--out model.pt` wrote safetensors bytes under a name torch.load would be given."""
+    result = CliRunner().invoke(app, ["export", str(tmp_path), "--out", out])
+    assert result.exit_code == 2
+    stem = out.rsplit(".", 1)[0] if "." in out else out
+    assert result.stderr.strip() == (
+        f"error: --out {out}: the safetensors format writes one .safetensors file; "
+        f"name it {stem}.safetensors, give a folder, or use --format hf"
+    )
