@@ -107,3 +107,32 @@ class PairedLM(AttnLM):
     def __init__(self, depth: int = 4, heads: int = 2, width: int = 32, **kwargs: int) -> None:
         super().__init__(depth=depth, heads=heads, width=width, **kwargs)
         self.blocks = nn.ModuleList(Pair(width, heads) for _ in range(depth // 2))
+
+
+class BufferPosLM(TinyLM):
+    """Its position table a buffer (sinusoids are), which only its own forward adds."""
+
+    def __init__(self, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        del self.pos
+        self.register_buffer("pos", torch.randn(32, 32))
+
+
+class TiedLM(TinyLM):
+    """The head tied to the token embedding."""
+
+    def __init__(self, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self.head = nn.Linear(32, self.embed.num_embeddings, bias=False)
+        self.head.weight = self.embed.weight
+
+
+class FrozenLM(TinyLM):
+    def __init__(self, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self.requires_grad_(False)
+
+
+def per_position_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Not reduced: one loss per position."""
+    return nn.functional.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="none")

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -110,4 +111,22 @@ def resolve_loss(name: str, roots: list[str] | None = None) -> LossFn | None:
     fn = resolve_target(name, key="train.loss", roots=roots or [])
     if not callable(fn):
         raise ValueError(f"train.loss={name}: not callable")
-    return fn  # type: ignore[return-value]
+    return _scalar_checked(name, fn)
+
+
+def _scalar_checked(name: str, fn: Callable[..., Any]) -> LossFn:
+    """``fn``, with what it returns checked: a loss that is not one number (``reduction=
+    'none'``) stopped in backward with torch's 'grad can be implicitly created only for
+    scalar outputs'."""
+
+    @functools.wraps(fn)
+    def loss(outputs: Any, targets: torch.Tensor) -> torch.Tensor:
+        value = fn(outputs, targets)
+        if isinstance(value, torch.Tensor) and value.dim() == 0:
+            return value
+        raise ValueError(
+            f"train.loss={name}: returned {describe(value)}; accepted: a scalar tensor "
+            "(reduce it, e.g. with .mean())"
+        )
+
+    return loss

@@ -70,13 +70,14 @@ def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
         (  # accepted before, and failed in step 1: stage 0 fed the input to trunk[0]
             ["pp=2", "pipeline.layers=trunk"],
             "error: pipeline.layers=trunk: no pipeline stage runs Net's stem and readout, "
-            "which hold parameters: name them as its forward runs them beside trunk, e.g. "
+            "which hold parameters or buffers: name them as its forward runs them beside trunk, "
+            "e.g. "
             "pipeline.first=[stem] pipeline.last=[readout]",
         ),
         (
             ["pp=2", "pipeline.layers=trunk", "pipeline.first=[stem]"],
-            "Net's readout, which holds parameters: name it as its forward runs it beside "
-            "trunk, e.g. pipeline.last=[readout]",
+            "Net's readout, which holds parameters or buffers: name it as its forward runs it "
+            "beside trunk, e.g. pipeline.last=[readout]",
         ),
         (["tp=2", "parallel.tp_plan={trunk.*.up:diagonal}"], "unknown style"),
         # accepted before: the first failed in step 1 (a shape error in the next layer), the
@@ -177,6 +178,26 @@ def test_train_loss_model_takes_the_forms_models_return_and_names_any_other():
         assert str(err.value) == (
             f"train.loss=model: forward(inputs, targets) {said}; accepted: {MODEL_LOSS_FORMS}"
         )
+
+
+def test_a_loss_of_ones_own_that_is_not_one_number_says_so(monkeypatch):
+    """It stopped in backward with torch's 'grad can be implicitly created only for scalar
+    outputs'; a scalar passes through as it came."""
+    import torch
+
+    from dtrain_cli.models.losses import resolve_loss
+
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    outputs, targets = torch.randn(2, 4, 7), torch.randint(0, 7, (2, 4))
+    loss = resolve_loss("own_targets.per_position_loss", [str(REPO / "tests")])
+    with pytest.raises(ValueError) as err:
+        loss(outputs, targets)
+    assert str(err.value) == (
+        "train.loss=own_targets.per_position_loss: returned a tensor of shape (8,); "
+        "accepted: a scalar tensor (reduce it, e.g. with .mean())"
+    )
+    mean = resolve_loss("torch.nn.functional.cross_entropy")
+    assert mean(outputs.flatten(0, 1), targets.flatten()).dim() == 0
 
 
 def test_the_plan_measures_an_own_token_model_and_names_what_it_cannot(monkeypatch):
@@ -398,14 +419,63 @@ def test_parameters_of_the_model_itself_are_named_when_a_pipeline_would_drop_the
     with pytest.raises(ConfigError) as err:
         build_plan(compose_config("gpt_tiny", [*lm, "pp=2"]))
     assert err.value.problems == [
-        "pipeline.layers=blocks: no pipeline stage runs TinyLM's own parameters (pos), used "
-        "only by its forward, which a stage replaces: keep them in a module named in "
-        "pipeline.first or pipeline.last"
+        "pipeline.layers=blocks: no pipeline stage runs TinyLM's own parameters or buffers "
+        "(pos), used only by its forward, which a stage replaces: keep them in a module named "
+        "in pipeline.first or pipeline.last"
     ]
     assert build_plan(compose_config("gpt_tiny", lm)).world_size == 1
     with pytest.raises(ConfigError) as err:  # no layer list named: the hint names them all
         build_plan(compose_config("gpt_tiny", [*lm[:4], "pp=2"]))
     assert err.value.problems[0].endswith(
         "pipeline.layers=blocks 'pipeline.first=[embed]' 'pipeline.last=[head]'; its own "
-        "parameters (pos) would run on no stage"
+        "parameters or buffers (pos) would run on no stage"
     )
+
+
+@pytest.mark.parametrize(
+    ("target", "extra", "says"),
+    [
+        # trained at pp=2 without the buffer (the loss of a model without positions)
+        (
+            "BufferPosLM",
+            ["pp=2"],
+            "pipeline.layers=blocks: no pipeline stage runs BufferPosLM's own parameters or "
+            "buffers (pos),",
+        ),
+        # each stage held a copy of the tied weight and trained it apart (or failed at start-up)
+        (
+            "TiedLM",
+            ["pp=2"],
+            "pipeline.layers=blocks: embed.weight and head.weight are one tied parameter, which "
+            "two pipeline stages would each hold a copy of and train apart; untie them or use "
+            "pp=1",
+        ),
+        # failed in backward at step 1 (dp=2: DDP's 'is not needed' at start-up)
+        (
+            "FrozenLM",
+            ["dp=2"],
+            "model._target_=own_targets.FrozenLM: no parameter requires grad (34,496 frozen): "
+            "nothing would train; leave some trainable (requires_grad=True)",
+        ),
+        # every rank stopped at start-up in the sample stream: int // NoneType
+        (
+            "TinyLM",
+            ["~model.block_size"],
+            "model.block_size: not set; data.source=builtin cuts token windows of "
+            "model.block_size tokens, given to TinyLM as its block_size argument: set "
+            "model.block_size=N, or train on your own dataset with data=custom",
+        ),
+    ],
+)
+def test_a_model_the_layout_cannot_train_is_refused_by_the_plan(target, extra, says, monkeypatch):
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.errors import ConfigError
+    from dtrain_cli.plan.build import build_plan
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    lm = ["model=custom", f"model._target_=own_targets.{target}", "model.block_size=32"]
+    lm += ["pipeline.layers=blocks", "pipeline.first=[embed]", "pipeline.last=[head]"]
+    with pytest.raises(ConfigError) as err:
+        build_plan(compose_config("gpt_tiny", [*lm, *extra]))
+    assert any(p.startswith(says) for p in err.value.problems), err.value.problems

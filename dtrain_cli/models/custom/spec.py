@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dtrain_cli.models.custom.stages as stages
+from dtrain_cli.models.custom import checks
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.custom.tp_layout import (
@@ -106,13 +107,14 @@ class CustomSpec(ModelSpec):
                 "model._target_: not set; name your nn.Module class, "
                 "e.g. model._target_=my_pkg.net.Net"
             ]
+        if windows := checks.window_problems(self.cfg.target, self.cfg.kwargs, cfg):
+            return windows
         try:
             measured = self._measured
             out = super().problems(cfg)  # counts the layers: may find pipeline.* wrong
         except ValueError as exc:
             return [str(exc)]
-        if cfg.parallel.pp > 1 and (unstaged := measured.get("unstaged")):
-            out.append(stages.unstaged_problem(self.cfg.target, str(self._layer_attr()), unstaged))
+        out += checks.measured_problems(self.cfg.target, measured, cfg, self._layer_attr())
         plan = dict(cfg.parallel.tp_plan or {})
         out += tp_plan_problems(self.meta_model, plan, cfg.parallel.tp, self.cfg.target)
         if cfg.parallel.fsdp_units and not set(cfg.parallel.fsdp_units) & set(
@@ -153,7 +155,8 @@ class CustomSpec(ModelSpec):
         options.append(sorted(self._tp_plan().items()))
         options += [pipe.layers, list(pipe.first or []), list(pipe.last or [])]
         options.append(list(run.parallel.fsdp_units or []))  # the blocks when no layers named
-        return record_key([*options, list(run.run.import_roots), "unstaged"])  # its fields
+        fields = ["unstaged", "tied", "trainable"]  # what it holds beside the facts
+        return record_key([*options, list(run.run.import_roots), *fields])
 
     @functools.cached_property
     def _measured(self) -> dict[str, Any]:
@@ -175,6 +178,9 @@ class CustomSpec(ModelSpec):
             "facts": asdict(self._count(model)),
             "pipeline_layers": len(self._layer_list(model)),
             "unstaged": stages.unstaged_modules(model, self._layer_attr(), *self._end_names()),
+            "tied": stages.tied_across_stages(model, self._layer_attr()),
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "frozen": sum(p.numel() for p in model.parameters() if not p.requires_grad),
             **saved,
             "module_classes": sorted({type(m).__name__ for m in model.modules() if m is not model}),
         }

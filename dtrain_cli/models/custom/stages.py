@@ -78,7 +78,9 @@ def pp_hint(model: Any) -> str:
         if any(w == end for _, w in ends)
     ]
     own = [n for n, w in ends if w == "own"]
-    own_said = f"; its own parameters ({', '.join(own)}) would run on no stage" if own else ""
+    own_said = (
+        f"; its own parameters or buffers ({', '.join(own)}) would run on no stage" if own else ""
+    )
     return (
         f": it is not an nn.Sequential; name its layer list and what runs before and after "
         f"it, as its forward runs them: {' '.join(keys)}{own_said}"
@@ -86,19 +88,36 @@ def pp_hint(model: Any) -> str:
 
 
 def unstaged_modules(model: Any, attr: str | None, first: list[str], last: list[str]) -> list:
-    """``[name, where]`` for each module of ``model`` that holds parameters and that no
-    stage would run: neither the layer list ``attr`` nor ``pipeline.first``/``last``.
+    """``[name, where]`` for each module of ``model`` that holds parameters or buffers and
+    that no stage would run: neither the layer list ``attr`` nor ``pipeline.first``/``last``.
     ``where``: first or last by where the model registers it beside ``attr``; ``own`` for
-    parameters of the model itself (only its forward, which a stage replaces, uses them)."""
+    parameters and buffers of the model itself (only its forward, which a stage replaces,
+    uses them: a position table it adds was silently left out of a stage's forward)."""
     if not attr:
         return []
     out, seen_layers = [], False
     for name, child in model.named_children():
         seen_layers = seen_layers or name == attr
-        if name not in (attr, *first, *last) and any(True for _ in child.parameters()):
+        holds = any(True for _ in child.parameters()) or any(True for _ in child.buffers())
+        if name not in (attr, *first, *last) and holds:
             out.append([name, "last" if seen_layers else "first"])
-    own = [name for name, _ in model.named_parameters(recurse=False)]
+    own = [n for n, _ in model.named_parameters(recurse=False)]
+    own += [n for n, _ in model.named_buffers(recurse=False)]
     return out + [[name, "own"] for name in own]
+
+
+def tied_across_stages(model: Any, attr: str | None) -> list[str]:
+    """The names of the first parameter that two places a pipeline may put on different
+    stages share (a head tied to the embedding, layers sharing weights): each stage would
+    hold a copy and train it apart. Places: each top-level module, each layer of ``attr``."""
+    if not attr:
+        return []
+    places: dict[int, dict[str, str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        top, _, rest = name.partition(".")
+        place = f"{top}.{rest.partition('.')[0]}" if top == attr else top
+        places.setdefault(id(p), {}).setdefault(place, name)
+    return next((list(names.values()) for names in places.values() if len(names) > 1), [])
 
 
 def unstaged_problem(target: str, attr: str, unstaged: list) -> str:
@@ -115,13 +134,23 @@ def unstaged_problem(target: str, attr: str, unstaged: list) -> str:
         ]
         one = len(names) == 1
         parts.append(
-            f"{cls}'s {' and '.join(names)}, which {'holds' if one else 'hold'} parameters: "
+            f"{cls}'s {' and '.join(names)}, which {'holds' if one else 'hold'} parameters or "
+            f"buffers: "
             f"name {'it' if one else 'them'} as its forward runs {'it' if one else 'them'} "
             f"beside {attr}, e.g. {' '.join(ends)}"
         )
     if own:
         parts.append(
-            f"{cls}'s own parameters ({', '.join(own)}), used only by its forward, which a "
-            "stage replaces: keep them in a module named in pipeline.first or pipeline.last"
+            f"{cls}'s own parameters or buffers ({', '.join(own)}), used only by its forward, "
+            "which a stage replaces: keep them in a module named in pipeline.first or "
+            "pipeline.last"
         )
     return f"pipeline.layers={attr}: no pipeline stage runs " + "; nor ".join(parts)
+
+
+def tied_problem(attr: str, tied: list[str]) -> str:
+    """One line: a parameter two stages would each hold a copy of."""
+    return (
+        f"pipeline.layers={attr}: {' and '.join(tied)} are one tied parameter, which two "
+        "pipeline stages would each hold a copy of and train apart; untie them or use pp=1"
+    )

@@ -42,6 +42,11 @@ class InitRecord:
     unreplayable: set[int] = field(default_factory=set)
     by_name: dict[str, int] = field(default_factory=dict)
     """The full model's parameter names -> storage (a stage may hold copies of them)."""
+    alive: dict[int, torch.Tensor] = field(default_factory=dict)
+    """Every recorded meta tensor, held so that its storage's address (the key) is not
+    reused while the record lives: a layer the constructor replaced (``self.head = ...``
+    twice, a tied ``head.weight``) freed its parameters, and a later parameter at the same
+    address took their ops (a shape out of bounds at start-up, or wrong values)."""
 
     def ops_of(self, name: str, p: torch.Tensor) -> list[tuple[Any, ...]] | None:
         """The recorded ops of a parameter, or None when they cannot be replayed."""
@@ -69,6 +74,7 @@ class _Recorder(TorchDispatchMode):
         if not (isinstance(target, torch.Tensor) and target.is_meta and name.endswith("_")):
             return func(*args, **kwargs)
         key = target.untyped_storage()._cdata
+        self.record.alive.setdefault(key, target)
         rest = args[1:]
         if any(isinstance(a, torch.Tensor) and a.is_meta for a in (*rest, *kwargs.values())):
             self.record.unreplayable.add(key)  # computed from other meta tensors
@@ -93,6 +99,7 @@ def _parameters_on_meta(record: InitRecord) -> Iterator[None]:
             return
         meta = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
         module._parameters[name] = meta
+        record.alive[meta.untyped_storage()._cdata] = meta
         if param.untyped_storage()._cdata not in _Fresh.storages:  # written already
             geometry = (tuple(meta.shape), tuple(meta.stride()), 0)
             key = meta.untyped_storage()._cdata
@@ -115,8 +122,11 @@ class _Fresh(TorchDispatchMode):
         name = _op_name(func)
         if name in ("empty", "empty_strided") and isinstance(out, torch.Tensor):
             _Fresh.storages.add(out.untyped_storage()._cdata)
-        elif args and isinstance(args[0], torch.Tensor) and name.endswith("_"):
+            return out
+        if args and isinstance(args[0], torch.Tensor) and name.endswith("_"):
             _Fresh.storages.discard(args[0].untyped_storage()._cdata)
+        if isinstance(out, torch.Tensor) and not out.is_meta:  # written, maybe at the address
+            _Fresh.storages.discard(out.untyped_storage()._cdata)  # of a freed empty one
         return out
 
 
@@ -147,8 +157,8 @@ def replay_init(parts: list[nn.Module], record: InitRecord, device: torch.device
                 return False
             todo.append((i, name, ops))
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        for part in parts:
-            _to_empty(part, torch.device("cpu"))  # new parameter objects
+        for part in parts:  # new parameter objects; tied ones stay one (to_empty split them)
+            _new_empty_parameters(part, torch.device("cpu"))
         named = [dict(part.named_parameters()) for part in parts]
         for i, name, ops in todo:
             _replay(named[i][name].data, ops)

@@ -1,0 +1,45 @@
+"""What the plan refuses of a model of your own from its config and from what its meta build
+measured (``CustomSpec._measured``): nothing to train, token data without a window length,
+pipeline stages that would leave a module, a buffer or a tied copy behind."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dtrain_cli.models.custom import stages
+
+if TYPE_CHECKING:
+    from dtrain_cli.config.schema import DtrainConfig
+
+SAMPLE_SOURCES = ("custom", "shapes")
+"""``data.source`` values whose items are samples of their own, not token windows."""
+
+
+def window_problems(target: str, kwargs: dict[str, Any], cfg: DtrainConfig) -> list[str]:
+    """Token data cuts windows of ``model.block_size`` tokens: without it every rank
+    stopped at start-up in the sample stream (``int // NoneType``)."""
+    if cfg.data.source in SAMPLE_SOURCES or kwargs.get("block_size") is not None:
+        return []
+    cls = target.rsplit(".", 1)[-1]
+    return [
+        f"model.block_size: not set; data.source={cfg.data.source} cuts token windows of "
+        f"model.block_size tokens, given to {cls} as its block_size argument: set "
+        "model.block_size=N, or train on your own dataset with data=custom"
+    ]
+
+
+def measured_problems(
+    target: str, measured: dict[str, Any], cfg: DtrainConfig, attr: str | None
+) -> list[str]:
+    out = []
+    frozen, trainable = measured.get("frozen", 0), measured.get("trainable", 1)
+    if not trainable:
+        out.append(
+            f"model._target_={target}: no parameter requires grad ({frozen:,} frozen): "
+            "nothing would train; leave some trainable (requires_grad=True)"
+        )
+    if cfg.parallel.pp > 1 and (unstaged := measured.get("unstaged")):
+        out.append(stages.unstaged_problem(target, str(attr), unstaged))
+    if cfg.parallel.pp > 1 and (tied := measured.get("tied")):
+        out.append(stages.tied_problem(str(attr), tied))
+    return out
