@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from dtrain_cli.models.custom import stages
+from dtrain_cli.models.custom.stages import tied_problem, unstaged_problem
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
@@ -39,7 +39,7 @@ def measured_problems(
             "nothing would train; leave some trainable (requires_grad=True)"
         )
     if cfg.parallel.pp > 1 and (unstaged := measured.get("unstaged")):
-        out.append(stages.unstaged_problem(target, str(attr), unstaged))
+        out.append(unstaged_problem(target, str(attr), unstaged))
     if cfg.parallel.pp > 1 and (tied := measured.get("tied")):
-        out.append(stages.tied_problem(str(attr), tied))
+        out.append(tied_problem(str(attr), tied))
     return out

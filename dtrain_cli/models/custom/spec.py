@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dtrain_cli.models.custom.stages as stages
-from dtrain_cli.models.custom import checks
+from dtrain_cli.models.custom.checks import measured_problems, window_problems
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.custom.tp_layout import (
@@ -107,14 +107,14 @@ class CustomSpec(ModelSpec):
                 "model._target_: not set; name your nn.Module class, "
                 "e.g. model._target_=my_pkg.net.Net"
             ]
-        if windows := checks.window_problems(self.cfg.target, self.cfg.kwargs, cfg):
+        if windows := window_problems(self.cfg.target, self.cfg.kwargs, cfg):
             return windows
         try:
             measured = self._measured
             out = super().problems(cfg)  # counts the layers: may find pipeline.* wrong
         except ValueError as exc:
             return [str(exc)]
-        out += checks.measured_problems(self.cfg.target, measured, cfg, self._layer_attr())
+        out += measured_problems(self.cfg.target, measured, cfg, self._layer_attr())
         plan = dict(cfg.parallel.tp_plan or {})
         out += tp_plan_problems(self.meta_model, plan, cfg.parallel.tp, self.cfg.target)
         if cfg.parallel.fsdp_units and not set(cfg.parallel.fsdp_units) & set(
