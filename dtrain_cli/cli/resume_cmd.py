@@ -91,6 +91,8 @@ def resume(
     worker_server.start(overrides)
     cfg, plan = replan(path, list(overrides or []), config_dir)
     composed = time.time()
+    if plan.nnodes > 1 or plan.elastic is not None:  # it waited for nodes that never came
+        fail([several_nodes(plan)])
     step = catalog.read_meta(path).get("step", 0)
     if plan.steps <= step:
         fail(
@@ -117,6 +119,15 @@ def resume(
                 soft_wrap=True,
             )
         raise
+
+
+def several_nodes(plan: Plan) -> str:
+    nodes = f"{plan.elastic.min_nnodes}:{plan.elastic.max_nnodes}" if plan.elastic else plan.nnodes
+    return (
+        f"parallel.nnodes={nodes}: dtrain resume starts this machine's workers only; continue "
+        "here with parallel.nnodes=1, or on every node with the cluster's own restart (a "
+        "requeued `dtrain sbatch` job, a restarted `dtrain k8s` pod: each runs dtrain agent)"
+    )
 
 
 def replan(path: Path, overrides: list[str], config_dir: list[Path]) -> tuple[DtrainConfig, Plan]:

@@ -325,6 +325,11 @@ def test_export_round_trip(straight, tmp_path):
         (["--ckpt", "{run}", "model.n_layer=2"], "model.n_layer=2: cannot change on resume"),
         (["--ckpt", "{run}", "train.steps=20"], "already at step 20"),
         (["--ckpt", "{run}", "data.path=x"], "data.path=x: cannot change on resume"),
+        (  # it waited for a second node up to launcher.rdzv_timeout_s (900 s), saying nothing
+            ["{run}", "parallel.nnodes=2", "train.steps=30"],
+            "parallel.nnodes=2: dtrain resume starts this machine's workers only; continue "
+            "here with parallel.nnodes=1",
+        ),
     ],
 )
 def test_resume_bad_input(args, expected, straight, tmp_path):
