@@ -298,6 +298,12 @@ def attempt_lines(job: SbatchJob) -> list[str]:
     return lines
 
 
+def srun_cpus(job: SbatchJob) -> str:
+    """The job's CPUs for its one task a node: srun of SLURM 22.05-23.02 does not inherit
+    sbatch's ``--cpus-per-task`` (the agent and all its workers got one CPU a node)."""
+    return f"--cpus-per-task={job.cluster.cpus_per_task} " if job.cluster.cpus_per_task else ""
+
+
 def srun_lines(job: SbatchJob) -> list[str]:
     """One ``dtrain agent`` task per node, waited for through trapped signals; a run its
     agents finished exits 0."""
@@ -308,7 +314,8 @@ def srun_lines(job: SbatchJob) -> list[str]:
     )
     return [
         # one task per node; SLURM_NODEID (node rank) is read by `dtrain agent` on each node
-        f'srun --export=ALL --ntasks-per-node=1 {kill} "$PYTHON" -m dtrain_cli {node_cmd} \\',
+        f'srun --export=ALL --ntasks-per-node=1 {srun_cpus(job)}{kill} "$PYTHON" -m dtrain_cli '
+        f"{node_cmd} \\",
         '  --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" --rdzv-id "$RDZV_ID" &',
         "SRUN_PID=$!",
         "while :; do",

@@ -26,6 +26,7 @@ from dtrain_cli.launch.slurm import (
     comment_text,
     header_lines,
     setup_lines,
+    srun_cpus,
 )
 from dtrain_cli.plan.plan import Plan
 
@@ -105,8 +106,8 @@ def render_join_sbatch(job: SbatchJob) -> str:
         "fi",
         'echo "dtrain: job $SLURM_JOB_ID joins $RDZV_ID at $RDZV_ENDPOINT with'
         ' $SLURM_JOB_NUM_NODES node(s)"',
-        'srun --export=ALL --ntasks-per-node=1 --no-kill --kill-on-bad-exit=0 "$PYTHON" -m '
-        f"dtrain_cli {node_cmd} \\",
+        f"srun --export=ALL --ntasks-per-node=1 {srun_cpus(job)}--no-kill --kill-on-bad-exit=0 "
+        f'"$PYTHON" -m dtrain_cli {node_cmd} \\',
         '  --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RDZV_ID"',
         "rc=$?",
         f'if [ "$rc" -eq 0 ] || [ -e "{FINISHED}" ]; then',

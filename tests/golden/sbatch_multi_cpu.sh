@@ -37,7 +37,7 @@ forward() { TRAPPED=1; echo "dtrain: got SIG$1, workers checkpoint and stop"; ki
 trap 'forward USR1' USR1
 rm -f "$RUN_DIR/preempted.json"
 RDZV_ID="dtrain-$SLURM_JOB_ID-${SLURM_RESTART_COUNT:-0}"
-srun --export=ALL --ntasks-per-node=1 --kill-on-bad-exit=1 "$PYTHON" -m dtrain_cli agent /shared/runs/exp1 --nnodes 2 \
+srun --export=ALL --ntasks-per-node=1 --cpus-per-task=8 --kill-on-bad-exit=1 "$PYTHON" -m dtrain_cli agent /shared/runs/exp1 --nnodes 2 \
   --rdzv-endpoint "$RDZV_HOST:$RDZV_PORT" --rdzv-id "$RDZV_ID" &
 SRUN_PID=$!
 while :; do
