@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -14,7 +15,7 @@ from dtrain_cli.config.suggest import not_allowed
 def export(
     run: Path = typer.Argument(None, help=CKPT_HELP + " The same as --ckpt.", show_default=False),
     ckpt: Path = typer.Option(None, "--ckpt", help=CKPT_HELP),
-    out: Path = typer.Option(
+    out_text: str = typer.Option(
         ...,
         "--out",
         help="The .safetensors file to write, or a folder to hold model.safetensors "
@@ -35,7 +36,10 @@ def export(
 
     if fmt not in FORMATS:
         fail([not_allowed("--format", fmt, FORMATS)])
-    out = safetensors_path(out) if fmt == "safetensors" else out
+    out = safetensors_path(out_text) if fmt == "safetensors" else Path(out_text)
+    folder = out.parent.parent if out.parent == Path(out_text) else out.parent  # DIR/: made
+    if not folder.is_dir():
+        fail([f"--out {out_text}: folder {folder} does not exist"])
     ckpt, _ = checkpoint_arg(ckpt, [str(run)] if run is not None else [], "export")
     from dtrain_cli.checkpoint import catalog
 
@@ -46,8 +50,6 @@ def export(
         _, path = catalog.resolve(ckpt, warn)
     except catalog.CheckpointError as exc:
         fail([str(exc)])
-    if not out.parent.is_dir():
-        fail([f"--out {out}: folder {out.parent} does not exist"])
     from dtrain_cli.checkpoint.export import export_model
 
     try:
@@ -64,17 +66,19 @@ def export(
     )
 
 
-def safetensors_path(out: Path) -> Path:
+def safetensors_path(text: str) -> Path:
     """The file a safetensors export writes: ``--out`` itself, or ``model.safetensors`` in
-    a folder that exists (it was 'cannot write (Is a directory)'); another suffix is bad
-    input (``--out model.pt`` wrote safetensors bytes that ``torch.load`` cannot read)."""
-    if out.is_dir():
+    a folder (one that exists, or a name ending in /: it was 'cannot write (Is a
+    directory)'); another suffix is bad input (``--out model.pt`` wrote safetensors bytes
+    that ``torch.load`` cannot read)."""
+    out = Path(text)
+    if out.is_dir() or text.endswith(("/", os.sep)):
         return out / "model.safetensors"
     if out.suffix != ".safetensors":
         fail(
             [
                 f"--out {out}: the safetensors format writes one .safetensors file; name it "
-                f"{out.with_suffix('.safetensors')}, give a folder, or use --format hf"
+                f"{out.with_suffix('.safetensors')}, give a folder (DIR/), or use --format hf"
             ]
         )
     return out

@@ -340,15 +340,24 @@ def _end_at_barrier(
 
 def preempted_result(marker: dict, run_dir: Path) -> LaunchResult:
     code = protocol.EXIT_PREEMPTED
+    resume = f"`dtrain resume --ckpt {shlex.quote(str(run_dir))}`"
     if marker.get("by") == "script":
         text = (
             f"preempted: rank {marker.get('rank')}'s script saved its checkpoint and exited "
-            f"{code}; `dtrain resume --ckpt {shlex.quote(str(run_dir))}` runs it again in "
-            "its run directory (a requeued SLURM job does so by itself)"
+            f"{code}; {resume} runs it again in its run directory{_by_itself()}"
         )
     else:
         text = (
-            f"preempted: checkpoint saved at step {marker.get('step')}; the run continues from "
-            f"it (requeued SLURM job, or `dtrain resume --ckpt {shlex.quote(str(run_dir))}`)"
+            f"preempted: checkpoint saved at step {marker.get('step')}; {resume} continues "
+            f"from it{_by_itself()}"
         )
     return LaunchResult(ok=False, exit_code=code, message=text)
+
+
+def _by_itself() -> str:
+    """Who continues a preempted run without being asked, where this node runs."""
+    if os.environ.get("SLURM_JOB_ID"):
+        return " (a requeued SLURM job does so by itself)"
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return " (the JobSet's restarted pods do so by themselves)"
+    return ""

@@ -315,6 +315,10 @@ def test_export_round_trip(straight, tmp_path):
     assert done.returncode == 0, done.stderr
     assert (folder / "model.safetensors").read_bytes() == out.read_bytes()
     assert json.loads((folder / "model.json").read_text())["model"] == info["model"]
+    new = tmp_path / "new"  # a folder named with a trailing /: made (it was another file)
+    done = run_dtrain(["export", str(ckpt), "--out", f"{new}/"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (new / "model.safetensors").read_bytes() == out.read_bytes()
 
 
 @pytest.mark.parametrize(

@@ -91,5 +91,11 @@ def test_export_names_a_file_safetensors_can_be(tmp_path, out):
     stem = out.rsplit(".", 1)[0] if "." in out else out
     assert result.stderr.strip() == (
         f"error: --out {out}: the safetensors format writes one .safetensors file; "
-        f"name it {stem}.safetensors, give a folder, or use --format hf"
+        f"name it {stem}.safetensors, give a folder (DIR/), or use --format hf"
     )
+
+
+def test_export_into_a_new_folder_needs_its_parent(tmp_path):
+    result = CliRunner().invoke(app, ["export", str(tmp_path), "--out", "nope/deeper/"])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == "error: --out nope/deeper/: folder nope does not exist"

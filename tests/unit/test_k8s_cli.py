@@ -89,6 +89,9 @@ def test_help_names_the_guide():
             "Kubeflow Trainer has no elastic TrainJob",
         ),
         ([IMAGE, "cluster.env={A-B: '1'}"], "cluster.env: 'A-B' is not a variable name"),
+        # the later entry wins in a pod: every pod's node rank 5
+        ([IMAGE, "+cluster.env.NODE_RANK=5"], "cluster.env.NODE_RANK: set by dtrain in every pod"),
+        ([IMAGE, "+cluster.env.PET_NNODES=5"], "cluster.env.PET_NNODES: set by dtrain in every"),
         ([IMAGE, "cluster.rdzv_port=70000"], "cluster.rdzv_port=70000: must be in [0, 65535]"),
         ([IMAGE, "cluster.gpus_per_node=-8"], "cluster.gpus_per_node=-8: must be in"),
         ([IMAGE, "cluster.mem=lots"], "cluster.mem='lots': use a size such as 480G"),

@@ -46,3 +46,24 @@ def test_sigterm_is_a_preemption_in_a_pod_as_under_slurm(monkeypatch):
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")  # the kubelet sets it
     assert watched_signals("USR1", True) == ["USR1", "TERM"]
     assert watched_signals("USR1", False) == ["USR1"]  # cluster.checkpoint_on_sigterm=false
+
+
+def test_a_preempted_pod_names_who_continues_the_run(monkeypatch, tmp_path):
+    """A pod said 'the run continues from it (requeued SLURM job, or dtrain resume ...)'."""
+    import pytest
+
+    from dtrain_cli.launch.local import preempted_result
+
+    marker = {"step": 6}
+    said = {}
+    for where, var in (("pod", "KUBERNETES_SERVICE_HOST"), ("slurm", "SLURM_JOB_ID"), ("", "")):
+        with pytest.MonkeyPatch.context() as env:
+            env.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+            env.delenv("SLURM_JOB_ID", raising=False)
+            if var:
+                env.setenv(var, "x")
+            said[where] = preempted_result(marker, tmp_path).message
+    head = f"preempted: checkpoint saved at step 6; `dtrain resume --ckpt {tmp_path}` continues"
+    assert said[""] == f"{head} from it"
+    assert said["pod"] == f"{head} from it (the JobSet's restarted pods do so by themselves)"
+    assert said["slurm"] == f"{head} from it (a requeued SLURM job does so by itself)"

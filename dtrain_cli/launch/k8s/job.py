@@ -40,6 +40,8 @@ CONFIG_MOUNT = "/etc/dtrain"
 RUN_FILES = (CONFIG_FILE, PLAN_FILE)
 COMPLETION_INDEX = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 RESTART_ATTEMPT = "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"
+POD_SET = ("NODE_RANK", "RESTART_ATTEMPT", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+"""The container variables the manifest sets itself (``manifest.container_env``)."""
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 POD_SUFFIX = len("-abcde")
 """The random suffix the Job controller adds to a pod's name (JobSet's webhook counts it)."""
@@ -203,6 +205,11 @@ def cluster_problems(cfg: DtrainConfig, name: str) -> list[str]:
     for key in c.env:
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
             problems.append(f"cluster.env: {key!r} is not a variable name ([A-Za-z_][A-Za-z0-9_]*)")
+        elif key in POD_SET or key.startswith("PET_"):  # a later entry of a name wins
+            problems.append(
+                f"cluster.env.{key}: set by dtrain in every pod ({', '.join(POD_SET)} and "
+                "Kubeflow's PET_*); a value here would replace dtrain's (the node rank, ...)"
+            )
     return problems + resource_problems(c)
 
 
