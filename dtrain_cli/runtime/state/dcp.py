@@ -203,6 +203,12 @@ class CheckpointManager:
         for name, text in files.items():
             (tmp / name).write_text(text)
         ranks = dist.get_world_size() if dist.is_initialized() else 1  # each wrote its RNG
+        if lost := [k for k in range(ranks) if not (tmp / f"rng_rank_{k}.safetensors").is_file()]:
+            raise CheckpointError(  # pods without a shared claim: rank 0 saw its own files only
+                f"rank {lost[0]}'s files are not in it (every rank saved; this node does not "
+                "see them): the nodes do not share the run directory; give them one (on "
+                "Kubernetes cluster.pvc=CLAIM, ReadWriteMany)"
+            )
         catalog.write_json_durable(
             tmp / catalog.META,
             {**meta, "complete": True, "saved_at": time.time(), "rng_ranks": ranks},

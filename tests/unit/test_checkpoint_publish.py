@@ -1,0 +1,35 @@
+"""Rank 0 publishes a checkpoint only when it sees every rank's files
+(dtrain_cli/runtime/state/dcp.py, ``CheckpointManager._finish``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import dtrain_cli.runtime.state.dcp as dcp_state
+from dtrain_cli.checkpoint import catalog
+
+
+def test_a_node_that_does_not_see_the_other_ranks_files_does_not_publish(tmp_path, monkeypatch):
+    """Two pods without a shared claim: pod 0 logged 'checkpoint step_000002 saved' and
+    pointed latest at it, with rank 1's shards and RNG state in pod 1's own folder."""
+    monkeypatch.setattr(dcp_state.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dcp_state.dist, "get_world_size", lambda *a: 2)
+    manager = dcp_state.CheckpointManager(tmp_path, rank=0, keep_last=3, async_save=False)
+    tmp = manager.root / ".tmp-step_000002-local-0"
+    final = manager.root / "step_000002"
+    tmp.mkdir(parents=True)
+    save_file({"x": torch.zeros(1)}, str(tmp / "rng_rank_0.safetensors"))
+    (tmp / ".metadata").write_bytes(b"")
+    with pytest.raises(catalog.CheckpointError) as err:
+        manager._finish(tmp, final, {"step": 2}, {})
+    assert str(err.value) == (  # the save's error names the folder: 'cannot write ...: '
+        "rank 1's files are not in it (every rank saved; this node does not see them): the "
+        "nodes do not share the run directory; give them one (on Kubernetes "
+        "cluster.pvc=CLAIM, ReadWriteMany)"
+    )
+    assert not final.exists() and not (manager.root / catalog.LATEST).exists()
+    save_file({"x": torch.zeros(1)}, str(tmp / "rng_rank_1.safetensors"))  # shared: published
+    manager._finish(tmp, final, {"step": 2}, {})
+    assert final.is_dir() and catalog.read_meta(final)["rng_ranks"] == 2
