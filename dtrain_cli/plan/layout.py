@@ -103,11 +103,12 @@ def batch_layout(cfg: DtrainConfig, facts: ModelFacts) -> tuple[BatchPlan, list[
                     problems.append(
                         f"pipeline.microbatches={wanted}: must divide the {share} samples each "
                         f"dp rank runs per step (global_batch_size/dp); use one of "
-                        f"{divisors(share, 16)}"
+                        f"{divisors(share, max(16, share))[:12]}"
                     )
             micro = max(1, share // wanted)
         per_step = micro * dp
-        if global_batch % per_step and (tr.micro_batch_size is not None or not global_batch % dp):
+        derived_wrong = tr.micro_batch_size is None and bool(problems)  # said once, above
+        if global_batch % per_step and not derived_wrong:
             problems.append(
                 f"train.global_batch_size={global_batch}: not divisible by micro_batch_size*dp "
                 f"= {micro}*{dp} = {per_step}; use a multiple of {per_step}"

@@ -233,6 +233,21 @@ def test_model_parallel_bad_input(overrides, expected):
     assert expected in "\n".join(info.value.problems)
 
 
+def test_a_pipeline_microbatch_count_that_does_not_divide_is_the_one_error():
+    """It came with a second error on train.global_batch_size, about the micro-batch of 10
+    (32 // 3) the user never set; the choices stopped at 16 of 32."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.errors import ConfigError
+
+    overrides = ["pp=2", "pipeline.microbatches=3", "train.global_batch_size=32"]
+    with pytest.raises(ConfigError) as info:
+        build_plan(compose_config("gpt_tiny", overrides, validate=False), CPU)
+    assert info.value.problems == [
+        "pipeline.microbatches=3: must divide the 32 samples each dp rank runs per step "
+        "(global_batch_size/dp); use one of [1, 2, 4, 8, 16, 32]"
+    ]
+
+
 def test_strategy_estimates_and_comm_bytes():
     ddp = plan_for("dp=4", "train.global_batch_size=32").estimates
     zero = plan_for("dp=4", "train.global_batch_size=32", "parallel.strategy=zero1").estimates
