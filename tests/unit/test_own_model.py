@@ -58,6 +58,9 @@ def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
         (["model._target_=os.system"], "standard library"),
         (["model._target_=own_targets.not_a_module"], "returned dict, not a torch.nn.Module"),
         (["model._target_=my_models.net.Nope"], "has no attribute 'Nope'"),
+        # it was the last line of torch's overload list: ' * (tuple of ints size, *, ...'
+        (["model.width=abc"], "model.width='abc': Net takes a number here (its default: 64)"),
+        (["model.width=-3"], "RuntimeError: Trying to create tensor with negative dimension"),
         (["model.colour=3"], "model._target_=my_models.net.Net"),
         (["tp=2"], "has no tensor-parallel plan; give one over your blocks' Linear layers"),
         (  # in the model's own names, as tp's plan is

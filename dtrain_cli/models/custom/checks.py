@@ -43,3 +43,31 @@ def measured_problems(
     if cfg.parallel.pp > 1 and (tied := measured.get("tied")):
         out.append(tied_problem(str(attr), tied))
     return out
+
+
+def build_failure(target: str, kwargs: dict[str, Any], exc: BaseException) -> str:
+    """One line for a constructor that raised: the arguments given as text where the class's
+    default is a number or a flag (``model.block_size=abc``: torch's overload list before),
+    else the exception's first line with its type."""
+    import inspect
+
+    from dtrain_cli.targets import resolve_target
+
+    cause = exc.__cause__ or exc
+    try:
+        params = inspect.signature(resolve_target(target, key="model._target_")).parameters
+    except Exception:  # no signature (or no import): the error alone
+        params = {}
+    cls = target.rsplit(".", 1)[-1]
+    wrong = [
+        f"model.{name}={value!r}: {cls} takes "
+        f"{'true or false' if isinstance(params[name].default, bool) else 'a number'} here "
+        f"(its default: {params[name].default!r})"
+        for name, value in kwargs.items()
+        if isinstance(value, str)
+        and name in params
+        and isinstance(params[name].default, int | float | bool)
+    ]
+    lines = [x.strip() for x in str(cause).strip().splitlines() if x.strip()] or [""]
+    said = f"{type(cause).__name__}: {lines[0].rstrip(':')}"
+    return f"model._target_={target}: {'; '.join(wrong) if wrong else said}"

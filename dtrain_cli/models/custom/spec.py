@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dtrain_cli.models.custom.stages as stages
-from dtrain_cli.models.custom.checks import measured_problems, window_problems
+from dtrain_cli.models.custom.checks import build_failure, measured_problems, window_problems
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.custom.tp_layout import (
@@ -316,8 +316,7 @@ class CustomSpec(ModelSpec):
         try:
             model = instantiate({"_target_": self.cfg.target, **self.cfg.kwargs}, _convert_="all")
         except InstantiationException as exc:
-            reason = str(exc.__cause__ or exc).strip().splitlines()[-1]
-            raise ValueError(f"model._target_={self.cfg.target}: {reason}") from None
+            raise ValueError(build_failure(self.cfg.target, self.cfg.kwargs, exc)) from None
         if not isinstance(model, nn.Module):
             raise ValueError(
                 f"model._target_={self.cfg.target}: returned {type(model).__name__}, "
