@@ -138,6 +138,30 @@ def test_export_hf_loads_with_from_pretrained_and_gives_equal_logits(tmp_path):
         assert torch.equal(again(x).logits, model(x).logits)
 
 
+def test_a_pretrained_folder_is_checked_against_what_the_command_line_says_of_it(tmp_path):
+    """A llama folder ran as 'gpt2' by its label, and model.config keys its config class
+    does not take were dropped by from_pretrained without a word."""
+    import json
+
+    folder = tmp_path / "my-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", **LLAMA}))
+
+    def problems(**kw):
+        return HFSpec(HFConfig(pretrained=str(folder), **kw)).config_problems()
+
+    assert problems() == [] and problems(model_type="llama") == []
+    assert problems(config={"num_hidden_layers": 1}) == []
+    assert problems(model_type="gpt2") == [
+        f"model.model_type=gpt2: model.pretrained={folder} holds a llama model (its "
+        "config.json); drop model.model_type"
+    ]
+    assert problems(config={"n_layer": 7, "n_embd": 8}) == [
+        f"model.config.n_layer: not an argument of LlamaConfig, model.pretrained={folder}'s "
+        "config (nor n_embd)"
+    ]
+
+
 def test_export_safetensors_still_works_for_hf(tmp_path):
     spec = spec_of("gpt2")
     files = spec.export(built(spec), tmp_path / "model.safetensors", "safetensors")

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.hub import download_hint
+from dtrain_cli.models.hf.config_checks import config_keys, pretrained_problems
 from dtrain_cli.models.hf.facts_cache import FOLDER, facts_key
 from dtrain_cli.models.hf.library import transformers_module
 from dtrain_cli.models.hf.tp_checks import head_problems, tp_problems
@@ -107,6 +108,8 @@ class HFSpec(ModelSpec):
                     f"model.pretrained={m.pretrained}: no config.json there "
                     f"(a folder written by save_pretrained)"
                 )
+            else:
+                out += pretrained_problems(m.pretrained, m.model_type, m.config)
             return out
         if not m.model_type:
             return [
@@ -133,7 +136,7 @@ class HFSpec(ModelSpec):
                 f"e.g. {', '.join(PIPELINE_FAMILIES)}",
             ]
         cls = CONFIG_MAPPING[m.model_type]
-        known = _config_keys(cls)
+        known = config_keys(cls)
         unknown = [k for k in m.config if known and k not in known]
         if unknown:
             out.append(
@@ -384,16 +387,3 @@ class HFSpec(ModelSpec):
         if fmt == "safetensors":
             return super().export(model, out, fmt)
         raise ValueError(f"--format {fmt}: model.kind=hf exports as hf or safetensors")
-
-
-def _config_keys(cls: type) -> set[str]:
-    """Keyword arguments a transformers config accepts: its dataclass fields (v5 configs are
-    dataclasses, base fields included) and their aliases (``n_layer`` for GPT-2); empty (no
-    check) for a config class that is not a dataclass."""
-    import dataclasses
-
-    if not dataclasses.is_dataclass(cls):
-        return set()
-    keys = {f.name for f in dataclasses.fields(cls)}
-    keys |= set(getattr(cls, "attribute_map", {}) or {})
-    return keys | {"rope_theta", "rope_scaling", "tie_word_embeddings"}
