@@ -61,7 +61,11 @@ def plan_error(tmp_path, monkeypatch, *overrides: str) -> str:
         # it was the last line of torch's overload list: ' * (tuple of ints size, *, ...'
         (["model.width=abc"], "model.width='abc': Net takes a number here (its default: 64)"),
         (["model.width=-3"], "RuntimeError: Trying to create tensor with negative dimension"),
-        (["model.colour=3"], "model._target_=my_models.net.Net"),
+        (  # it was Python's 'Net.__init__() got an unexpected keyword argument'
+            ["model.colour=3"],
+            "model.colour: not an argument of Net; its arguments: in_dim, width, depth, out_dim",
+        ),
+        (["model.widht=3"], "model.widht: not an argument of Net (did you mean 'width'?)"),
         (["tp=2"], "has no tensor-parallel plan; give one over your blocks' Linear layers"),
         (  # in the model's own names, as tp's plan is
             ["pp=2"],

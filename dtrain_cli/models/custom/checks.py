@@ -68,6 +68,14 @@ def build_failure(target: str, kwargs: dict[str, Any], exc: BaseException) -> st
         and name in params
         and isinstance(params[name].default, int | float | bool)
     ]
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    if params and not takes_any and (extra := [k for k in kwargs if k not in params]):
+        from dtrain_cli.config.suggest import did_you_mean
+
+        return (
+            f"model.{extra[0]}: not an argument of {cls}{did_you_mean(extra[0], list(params))}; "
+            f"its arguments: {', '.join(params)}"
+        )
     lines = [x.strip() for x in str(cause).strip().splitlines() if x.strip()] or [""]
     said = f"{type(cause).__name__}: {lines[0].rstrip(':')}"
     return f"model._target_={target}: {'; '.join(wrong) if wrong else said}"
