@@ -11,6 +11,7 @@ integers.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,9 @@ class Profiler:
         if step == self.first and self._prof is None:
             from torch.profiler import ProfilerActivity, profile
 
+            # kineto's own start/stop lines ("USDT: ... profiler_start") went to the console
+            # of every rank; KINETO_LOG_LEVEL set by you is kept
+            os.environ.setdefault("KINETO_LOG_LEVEL", "6")
             activities = [ProfilerActivity.CPU]
             if self.device.type == "cuda":
                 activities.append(ProfilerActivity.CUDA)
