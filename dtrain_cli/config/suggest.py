@@ -57,6 +57,8 @@ OTHER_NAMES = {
     "gradient_accumulation_steps": ("grad_accum",),
     "accumulate_grad_batches": ("grad_accum",),
     "warmup_iters": ("warmup_steps",),
+    "nodes": ("nnodes",),  # dtrain sbatch's and dtrain k8s's shorthand
+    "num_nodes": ("nnodes",),
 }
 """What other trainers call a key (Hugging Face's TrainingArguments, Lightning, nanoGPT)
 -> its leaf here: ``optim.lr`` names ``optim.base_lr``, not the nearest spelling

@@ -40,6 +40,8 @@ KNOWN = [*schema_fields(), *SHORTHANDS]
             " (did you mean 'train.micro_batch_size' or 'train.global_batch_size'?)",
         ),
         ("seed", " (did you mean 'train.seed'?)"),
+        ("nodes", " (did you mean 'parallel.nnodes'?)"),  # it said 'nnodes': a shorthand
+        ("gpus_per_node", " (did you mean 'cluster.gpus_per_node'?)"),
         ("name", " (did you mean 'run.name'?)"),  # five keys end in name: the spelling's
         ("zzz.qqq", ""),
     ],
