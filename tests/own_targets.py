@@ -136,3 +136,10 @@ class FrozenLM(TinyLM):
 def per_position_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Not reduced: one loss per position."""
     return nn.functional.cross_entropy(outputs.flatten(0, 1), targets.flatten(), reduction="none")
+
+
+def tied_sequential(vocab_size: int = 256, block_size: int = 32) -> nn.Sequential:
+    """An nn.Sequential whose last layer is tied to its first."""
+    embed, head = nn.Embedding(vocab_size, 32), nn.Linear(32, vocab_size, bias=False)
+    head.weight = embed.weight
+    return nn.Sequential(embed, nn.Linear(32, 32), nn.Linear(32, 32), head)

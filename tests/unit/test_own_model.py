@@ -457,6 +457,11 @@ def test_parameters_of_the_model_itself_are_named_when_a_pipeline_would_drop_the
             "two pipeline stages would each hold a copy of and train apart; untie them or use "
             "pp=1",
         ),
+        (  # an nn.Sequential's stages: its children
+            "tied_sequential",
+            ["pp=2"],
+            "parallel.pp=2: 0.weight and 3.weight are one tied parameter",
+        ),
         # failed in backward at step 1 (dp=2: DDP's 'is not needed' at start-up)
         (
             "FrozenLM",
@@ -482,7 +487,8 @@ def test_a_model_the_layout_cannot_train_is_refused_by_the_plan(target, extra, s
     monkeypatch.chdir(REPO / "tests")
     monkeypatch.syspath_prepend(str(REPO / "tests"))
     lm = ["model=custom", f"model._target_=own_targets.{target}", "model.block_size=32"]
-    lm += ["pipeline.layers=blocks", "pipeline.first=[embed]", "pipeline.last=[head]"]
+    if target != "tied_sequential":
+        lm += ["pipeline.layers=blocks", "pipeline.first=[embed]", "pipeline.last=[head]"]
     with pytest.raises(ConfigError) as err:
         build_plan(compose_config("gpt_tiny", [*lm, *extra]))
     assert any(p.startswith(says) for p in err.value.problems), err.value.problems

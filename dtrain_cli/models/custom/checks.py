@@ -41,7 +41,7 @@ def measured_problems(
     if cfg.parallel.pp > 1 and (unstaged := measured.get("unstaged")):
         out.append(unstaged_problem(target, str(attr), unstaged))
     if cfg.parallel.pp > 1 and (tied := measured.get("tied")):
-        out.append(tied_problem(str(attr), tied))
+        out.append(tied_problem(attr, tied, cfg.parallel.pp))
     return out
 
 

@@ -109,9 +109,8 @@ def unstaged_modules(model: Any, attr: str | None, first: list[str], last: list[
 def tied_across_stages(model: Any, attr: str | None) -> list[str]:
     """The names of the first parameter that two places a pipeline may put on different
     stages share (a head tied to the embedding, layers sharing weights): each stage would
-    hold a copy and train it apart. Places: each top-level module, each layer of ``attr``."""
-    if not attr:
-        return []
+    hold a copy and train it apart. Places: each top-level module, each layer of ``attr``
+    (each child of an ``nn.Sequential``, ``attr`` None)."""
     places: dict[int, dict[str, str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         top, _, rest = name.partition(".")
@@ -148,9 +147,10 @@ def unstaged_problem(target: str, attr: str, unstaged: list) -> str:
     return f"pipeline.layers={attr}: no pipeline stage runs " + "; nor ".join(parts)
 
 
-def tied_problem(attr: str, tied: list[str]) -> str:
+def tied_problem(attr: str | None, tied: list[str], pp: int) -> str:
     """One line: a parameter two stages would each hold a copy of."""
     return (
-        f"pipeline.layers={attr}: {' and '.join(tied)} are one tied parameter, which two "
+        f"{f'pipeline.layers={attr}' if attr else f'parallel.pp={pp}'}: {' and '.join(tied)} are "
+        "one tied parameter, which two "
         "pipeline stages would each hold a copy of and train apart; untie them or use pp=1"
     )
