@@ -16,6 +16,7 @@ def test_a_node_that_does_not_see_the_other_ranks_files_does_not_publish(tmp_pat
     pointed latest at it, with rank 1's shards and RNG state in pod 1's own folder."""
     monkeypatch.setattr(dcp_state.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dcp_state.dist, "get_world_size", lambda *a: 2)
+    monkeypatch.setattr(dcp_state, "RNG_FILE_WAIT_S", 0.6)  # looked for again, then refused
     manager = dcp_state.CheckpointManager(tmp_path, rank=0, keep_last=3, async_save=False)
     tmp = manager.root / ".tmp-step_000002-local-0"
     final = manager.root / "step_000002"

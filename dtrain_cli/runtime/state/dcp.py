@@ -106,6 +106,21 @@ def root_cause(exc: BaseException, path: Path) -> str:
     return (str(first).splitlines() or [type(first).__name__])[0][:300]
 
 
+RNG_FILE_WAIT_S = 5.0
+"""How long rank 0 looks again for another rank's RNG file before refusing to publish."""
+
+
+def _unseen_rng_files(tmp: Path, ranks: int) -> list[int]:
+    """The ranks whose RNG file rank 0 does not see in ``tmp``, looked for again for up to
+    :data:`RNG_FILE_WAIT_S` (a shared file system may show another node's new file late)."""
+    deadline = time.monotonic() + RNG_FILE_WAIT_S
+    while True:
+        lost = [k for k in range(ranks) if not (tmp / f"rng_rank_{k}.safetensors").is_file()]
+        if not lost or time.monotonic() > deadline:
+            return lost
+        time.sleep(0.5)
+
+
 class CheckpointManager:
     """Save / load / retention for one run. Every rank calls ``save`` at the same step."""
 
@@ -203,7 +218,7 @@ class CheckpointManager:
         for name, text in files.items():
             (tmp / name).write_text(text)
         ranks = dist.get_world_size() if dist.is_initialized() else 1  # each wrote its RNG
-        if lost := [k for k in range(ranks) if not (tmp / f"rng_rank_{k}.safetensors").is_file()]:
+        if lost := _unseen_rng_files(tmp, ranks):
             raise CheckpointError(  # pods without a shared claim: rank 0 saw its own files only
                 f"rank {lost[0]}'s files are not in it (every rank saved; this node does not "
                 "see them): the nodes do not share the run directory; give them one (on "
