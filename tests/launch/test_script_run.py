@@ -503,6 +503,8 @@ ENDINGS = [  # how a script can end -> (exit code of dtrain run, text it shows)
     ("exit3", 3, 'rank 0 exited with code 3 (its last line: "rank 0 ends by exit3")'),
     ("message", 1, "stopping: a message"),  # stdout and stderr: their order may vary
     ("raise", 1, "ValueError: ends by an exception"),
+    # forkserver's wrapper took it for a clean end: exit 0 and finished.json
+    ("interrupt", 1, "KeyboardInterrupt"),
 ]
 
 
@@ -521,6 +523,21 @@ def test_every_way_a_script_ends_gives_its_exit_code(tmp_path, start, mode, code
     assert run.returncode == code, run.stdout + run.stderr
     assert says in run.stdout + run.stderr
     assert f"rank 0 ends by {mode}" in (run.run_dir / "logs" / "rank_0.log").read_text()
+
+
+@pytest.mark.multiproc
+def test_each_rank_draws_its_own_random_numbers_run_after_run(tmp_path):
+    """As each ``python train.py`` of torchrun: ranks forked from one server drew the same
+    numbers (random, numpy, torch), and the warm pool gave them again the next run."""
+    draws = []
+    for attempt in range(2):
+        args = ["run", "dp=2", f"run.name=draws{attempt}", "--", str(ENDS), "draws"]
+        run = run_dtrain(args, tmp_path, timeout=120, warm=True)
+        assert run.returncode == 0, run.stdout + run.stderr
+        draws += [line.split(" draws ")[1] for line in run.stdout.splitlines() if " draws " in line]
+    assert len(draws) == 4, draws
+    for generator in range(3):  # random (reseeded at fork by Python itself), numpy, torch
+        assert len({d.split()[generator] for d in draws}) == 4, draws
 
 
 @pytest.mark.multiproc

@@ -22,6 +22,15 @@ elif MODE == "os_exit0":
     os._exit(0)
 elif MODE == "raise":
     raise ValueError("ends by an exception")
+elif MODE == "interrupt":  # a KeyboardInterrupt raised by the script itself
+    raise KeyboardInterrupt
+elif MODE == "draws":  # what a rank's random generators give first
+    import random
+
+    import numpy as np
+    import torch
+
+    print(f"rank {RANK} draws {random.random()} {np.random.rand()} {torch.rand(1).item()}")
 elif MODE == "exit3_in_barrier":  # rank 1 leaves while rank 0 waits for it in a collective
     import torch.distributed as dist
 

@@ -47,6 +47,7 @@ from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.notes import write_note
 from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
 from dtrain_cli.runtime.diagnostics.interrupt import InterruptGuard, restore_default_signals
+from dtrain_cli.runtime.script.fresh_state import fresh_random_state
 
 # What torch's agent sets for each worker (already in os.environ when script_main runs)
 TORCH_WORKER_KEYS = frozenset(
@@ -171,6 +172,7 @@ def run_script(run_dir: Path) -> None:
     config = yaml.safe_load(run.config.read_text()) or {}
     script_arrival.install(float(config.get("launcher", {}).get("rdzv_timeout_s") or 900))
     group_lifetime.install()  # no hang when DDP's reducer outlives destroy_process_group
+    fresh_random_state()
     with tee_output(run.rank_log(rank)):
         try:
             run_as_main(sc)
@@ -188,6 +190,8 @@ def run_script(run_dir: Path) -> None:
         except BaseException as exc:
             print_script_traceback(exc)
             write_note(run_dir, rank, None, exc, exitcode=1)  # as python exits
+            if isinstance(exc, KeyboardInterrupt):  # forkserver's wrapper exits 0 on it
+                raise SystemExit(1) from None
             raise
 
 
