@@ -144,6 +144,18 @@ def _agree_on_static_shapes() -> None:
     _PipelineSchedule._warmup_p2p = real_warmup  # type: ignore[method-assign]
 
 
+def _step_without_reading_found_inf() -> None:
+    """fp16's GradScaler steps only when its overflow flags are clear, read with ``.item()``:
+    a fake tensor has no value, and a real one holds what the fake collectives left (a
+    pipeline stage's received gradients are meaningless), so a simulated step always steps
+    (the path of a step without overflow, whose optimizer state is what a run holds)."""
+
+    def step(self: Any, optimizer: Any, optimizer_state: Any, *args: Any, **kwargs: Any) -> Any:
+        return optimizer.step(*args, **kwargs)
+
+    torch.amp.GradScaler._maybe_opt_step = step  # type: ignore[method-assign]
+
+
 def _outside_fake_mode(cls: type) -> None:
     """Every method of ``cls`` runs on real tensors under ``FakeTensorMode``: DeviceMesh
     keeps its rank table in tensors (its look-ups have no fake shape), and the data loader
@@ -186,6 +198,7 @@ def simulate_rank(run_dir: Path, rank: int, steps: int, compute: str) -> dict[st
     if ctx.role == "server":
         return _simulate_server(cfg, plan, ctx, steps, t0)
     _agree_on_static_shapes()
+    _step_without_reading_found_inf()
     fake = compute == "fake"
     if fake:
         from torch.distributed.device_mesh import DeviceMesh

@@ -28,6 +28,8 @@ class Precision:
             if plan.loss_scaling
             else None
         )
+        if self.scaler:  # its scale made now: a pipeline stage without the loss never
+            self.scaler.scale(torch.ones((), device=device))  # scales one, yet unscales
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """torch.autocast for bf16/fp16; a no-op context for fp32."""
