@@ -66,7 +66,8 @@ def _activation_remedy(
     cfg: DtrainConfig, spec: ModelSpec, plan: Plan, replan: Replan | None
 ) -> str:
     """What lowers the activations enough, each candidate planned whole: a smaller
-    micro-batch; under GPipe, 1F1B (which holds at most a stage count of micro-batches),
+    micro-batch; under GPipe (looped BFS), 1F1B (interleaved 1F1B), which holds at most a
+    stage count of micro-batches,
     alone or with a smaller micro-batch; full activation checkpointing, alone or with a
     smaller micro-batch; else a split of the model."""
     if replan is None:
@@ -82,10 +83,11 @@ def _activation_remedy(
         said.append(f"train.micro_batch_size={mb} (gradient accumulation keeps the global batch)")
         said += [_AC] if ac is not None and _fits(ac, spec, replan) else []
     else:
-        if plan.pipeline is not None and plan.pipeline.schedule == "gpipe":
-            pipe = dataclasses.replace(cfg.pipeline, schedule="1f1b")
+        if plan.pipeline is not None and plan.pipeline.schedule in FILL_DRAIN:
+            schedule = FILL_DRAIN[plan.pipeline.schedule]
+            pipe = dataclasses.replace(cfg.pipeline, schedule=schedule)
             one_f1b = dataclasses.replace(cfg, pipeline=pipe)
-            said += _with_micro_batch("pipeline.schedule=1f1b", one_f1b, spec, plan, replan)
+            said += _with_micro_batch(f"pipeline.schedule={schedule}", one_f1b, spec, plan, replan)
         if ac is not None:
             said += _with_micro_batch(_AC, ac, spec, plan, replan)
     if said:
@@ -94,6 +96,9 @@ def _activation_remedy(
 
 
 _AC = "parallel.activation_checkpointing=full"
+FILL_DRAIN = {"gpipe": "1f1b", "looped_bfs": "interleaved_1f1b"}
+"""Schedules that hold every micro-batch's activations at once -> the one-forward-one-
+backward schedule of the same stages per rank, which holds about a stage count."""
 
 
 def _with_micro_batch(

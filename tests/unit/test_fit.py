@@ -35,6 +35,17 @@ def test_a_layout_above_the_device_is_named_with_a_micro_batch_that_fits():
     assert memory_warning(cfg, model_spec(cfg), plan) is None
 
 
+def test_under_looped_bfs_interleaved_1f1b_is_offered():
+    """Looped BFS holds every micro-batch as GPipe does: it said 'no smaller micro-batch and
+    no activation checkpointing fits; split the model' where interleaved 1F1B fits."""
+    bfs = ["recipe=gpt_1b", "dp=16", "pp=4", "train.micro_batch_size=4"]
+    bfs += ["pipeline.schedule=looped_bfs", "pipeline.virtual_stages=2"]
+    said = _warning(bfs)
+    assert "most of it activations (344 GiB): pipeline.schedule=interleaved_1f1b;" in said
+    cfg, plan = compose_and_plan([*bfs, "pipeline.schedule=interleaved_1f1b"], [])
+    assert peak_memory(cfg, model_spec(cfg), plan, cfg.hardware).fits  # what it suggests fits
+
+
 def test_under_gpipe_a_smaller_micro_batch_is_not_offered_but_1f1b_with_one_is():
     """Under GPipe every micro-batch is in flight: a smaller one keeps the peak, and each
     candidate is planned whole, so none is offered alone; 1F1B holds a stage count of
