@@ -145,8 +145,9 @@ def _ranks(ranks: list[int]) -> str:
 
 def _same(a: Failed, b: Failed) -> bool:
     """The same error, told apart only by the numbers each rank puts in it (its rank, its
-    device: ``device_ids [0]`` on rank 0, ``[1]`` on rank 1)."""
-    return (_shape(a.headline), a.signal) == (_shape(b.headline), b.signal)
+    device: ``device_ids [0]`` on rank 0, ``[1]`` on rank 1), with the same exit code
+    (``sys.exit(4 + rank)``: 'rank 1 too' hid rank 1's 5)."""
+    return (_shape(a.headline), a.signal, a.exitcode) == (_shape(b.headline), b.signal, b.exitcode)
 
 
 def _shape(headline: str) -> str:

@@ -126,6 +126,14 @@ def test_a_script_that_ends_itself_is_not_reported_as_an_error():
     assert (code, text) == (3, 'rank 0 exited with code 3 (its last line: "hello"); rank 1 too')
     silent = Failed(rank=1, exitcode=3, time=1000.0, exited=True)
     assert describe([silent], steps_known=False) == (3, "rank 1 exited with code 3")
+    # sys.exit(4 + rank): 'rank 1 too' hid that rank 1 exited with 5
+    failed = [
+        Failed(rank=r, exitcode=4 + r, headline="hi", detail="hi", time=1000.0 + r, exited=True)
+        for r in (0, 1)
+    ]
+    assert describe(failed, steps_known=False)[1] == (
+        'rank 0 exited with code 4 (its last line: "hi"); rank 1 also exited with code 5'
+    )
 
 
 def test_a_rank_that_stopped_answering_is_named():
