@@ -25,6 +25,7 @@ from dtrain_cli.config.compose import config_to_yaml
 from dtrain_cli.config.resume_changes import flat_keys
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import name_problems
+from dtrain_cli.launch.rundir import taken
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.protocol import signal_number
@@ -153,10 +154,7 @@ def join_run_dir(cfg: DtrainConfig, plan: Plan, wait_s: float = 60.0) -> Path:
         return _check_joined(run, marker, config_text, wait_s)
     if run.plan.exists():  # a run from before multi-node launches wrote one
         os.close(fd)
-        raise FileExistsError(
-            f"{run.path} already holds a run; choose another run.name/--rdzv-id, or continue "
-            f"that one: dtrain resume {run.path}"
-        )
+        raise FileExistsError(taken(run))
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(marker))
     tmp = run.config.with_name(".config.yaml.tmp")

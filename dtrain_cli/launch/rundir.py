@@ -36,11 +36,22 @@ def materialize(cfg: DtrainConfig, plan: Plan, path: Path | None = None) -> Path
     """Create the run dir and write config.yaml + plan.yaml; returns the absolute path."""
     run = RunDir((path or new_run_dir(cfg)).resolve())
     if run.plan.exists():
-        raise FileExistsError(
-            f"{run.path} already holds a run; choose another run.name, or continue that one: "
-            f"dtrain resume {run.path}"
-        )
+        raise FileExistsError(taken(run))
     run.logs.mkdir(parents=True, exist_ok=True)
     run.config.write_text(config_to_yaml(cfg))
     plan.save(run.plan)
     return run.path
+
+
+def taken(run: RunDir) -> str:
+    """A run dir that holds a run already: another name, or how that run continues (a
+    script's run that finished does not: its resume is refused)."""
+    if run.finished.exists():
+        return (
+            f"{run.path} already holds a run, which finished; choose another run.name (or "
+            "--rdzv-id)"
+        )
+    return (
+        f"{run.path} already holds a run; choose another run.name (or --rdzv-id), or continue "
+        f"that one: dtrain resume {run.path}"
+    )

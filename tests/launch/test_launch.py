@@ -304,6 +304,14 @@ def test_reusing_a_run_name_is_blamed_on_the_name(tmp_path):
     by_id = run_dtrain(["launch", "recipe=gpt_tiny", "--rdzv-id", "exp"], tmp_path, timeout=60)
     assert by_id.returncode == 2  # one node: --rdzv-id names the run dir, as on many
     assert by_id.stderr.startswith(f"error: --rdzv-id=exp: {old} already holds a run")
+    (old / "finished.json").write_text("{}")  # a script's run that finished: no resume
+    (tmp_path / "x.py").write_text("")
+    again = run_dtrain(["run", "--rdzv-id", "exp", "--", "x.py"], tmp_path, timeout=60)
+    assert again.returncode == 2
+    assert again.stderr.strip() == (
+        f"error: --rdzv-id=exp: {old} already holds a run, which finished; choose another "
+        "run.name (or --rdzv-id)"
+    ), again.stderr
 
 
 def test_ctrl_c_stops_every_worker_with_one_clean_message(tmp_path):
