@@ -309,7 +309,18 @@ def compute_seconds(
         samples = b.tokens_per_step / max(facts.tokens_per_sample, 1) / max(plan.world_size, 1)
         moved = facts.score_elements * samples * SCORE_PASSES * (2 if low else 4)
         seconds += moved / (hw.memory_gbps * 1e9)
+    seconds *= stage_imbalance(plan)  # every stage waits for the busiest
     return seconds, flops / max(peak * seconds, 1e-30)
+
+
+def stage_imbalance(plan: Plan) -> float:
+    """The busiest pipeline rank's layers over the mean (1 for an even split;
+    ``pipeline.layers_per_stage=[3,3,3,15]``: 2.5)."""
+    per_rank: dict[int, int] = {}
+    for st in plan.pipeline.stages if plan.pipeline is not None else []:
+        per_rank[st.pp_rank] = per_rank.get(st.pp_rank, 0) + st.layers[1] - st.layers[0]
+    total = sum(per_rank.values())
+    return max(per_rank.values()) * len(per_rank) / total if total else 1.0
 
 
 SCORE_PASSES = 15

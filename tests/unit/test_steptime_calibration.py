@@ -208,6 +208,27 @@ def test_deeper_pipeline_costs_its_bubble_and_no_more():
         )
 
 
+def test_an_uneven_pipeline_split_waits_for_its_busiest_stage():
+    """pipeline.layers_per_stage=[3,3,3,15] puts 15 of 24 layers on the last rank: it was
+    estimated as the even split (6,457.8 against 6,461.5 ms)."""
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.build import build_plan
+    from dtrain_cli.plan.steptime import estimate_step
+
+    base = ["hardware=h100_80g", "train.micro_batch_size=4", "dp=8", "pp=4"]
+
+    def step_s(*extra: str) -> tuple[float, float]:
+        cfg = compose_config("gpt_1b", [*base, *extra], validate=False)
+        plan = build_plan(cfg)
+        est = estimate_step(cfg, model_spec(cfg), plan, cfg.hardware)
+        return est.step_s, est.compute_s
+
+    (even, even_compute) = step_s()
+    (uneven, uneven_compute) = step_s("pipeline.layers_per_stage=[3,3,3,15]")
+    assert uneven_compute == pytest.approx(even_compute * 15 / 6, rel=1e-6)
+    assert uneven > 2 * even
+
+
 def test_megatron_core_weak_scaling_holds_its_mfu_as_pipelines_deepen():
     """Published MFU 42-48% from pp=2 to pp=16 (with interleaving): estimated within 15%."""
     for case_id, v in (("mcore-h100-70b", 6), ("mcore-h100-462b", 7)):  # 7, 1 layers a chunk
