@@ -211,7 +211,9 @@ def nothing_fits(cfg: DtrainConfig, advice: Advice, verdicts: list[Verdict]) -> 
         best = min(memory, key=lambda v: v.estimate.memory.total)
         m = best.estimate.memory
         short = (m.total - m.capacity) / GIB
-        more = max(2, -(-m.total // max(m.capacity, 1)))  # sharded state scales ~1/devices
+        # sharded state scales ~1/devices, the rest does not: the next power of two (5x did
+        # not fit, nor divide a global batch of 32)
+        more = 1 << (max(2, -(-m.total // max(m.capacity, 1))) - 1).bit_length()
         return (
             f"no layout fits {where}: the smallest ({best.layout.label()}) needs "
             f"{m.total / GIB:.2f} GiB per device of {m.capacity / GIB:.2f} GiB, short "

@@ -99,6 +99,16 @@ def _cli(*args: str):
     return runner.invoke(app, ["advise", *args])
 
 
+def test_the_node_count_nothing_fits_suggests_is_one_where_a_layout_fits():
+    """It said 'about 5x the devices (parallel.nnodes=5)' from the bytes alone: 40 devices
+    divide no global batch of 32, and the replicated part does not shrink; 8 fits."""
+    big = ["recipe=gpt_small", "hardware=h100_80g", "model.n_layer=96", "model.n_embd=12288"]
+    big.append("model.n_head=96")
+    r = _cli(*big)
+    assert r.exit_code == 2 and "try about 8x the devices (parallel.nnodes=8)" in r.output
+    assert _cli(*big, "parallel.nnodes=8", "--top", "1").exit_code == 0
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
