@@ -118,8 +118,9 @@ def start_run(
 
     path = (Path(cfg.run.root) / str(cfg.run.name)) if plan.nnodes > 1 else new_run_dir(cfg)
     # only what this start creates is removed; never a script's (its checkpoints may be there)
-    fresh = plan.nnodes == 1 and not path.exists() and plan.script is None
-    fresh_root = fresh and not path.parent.exists()
+    made = plan.nnodes == 1 and not path.exists()
+    fresh = made and plan.script is None
+    fresh_root = made and not path.parent.exists()
     try:
         run_dir = join_run_dir(cfg, plan) if plan.nnodes > 1 else materialize(cfg, plan, path)
     except KeyboardInterrupt:  # Ctrl-C while the run dir was written: none of it stays
@@ -131,7 +132,17 @@ def start_run(
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or exc
         fail([f"run.root={cfg.run.root}: cannot create the run directory ({why})"])
-    start_workers(run_dir, cfg, plan, node_rank, {"composed": composed}, fresh, fresh_root)
+    script_fresh = made and plan.script is not None
+    start_workers(
+        run_dir,
+        cfg,
+        plan,
+        node_rank,
+        {"composed": composed},
+        fresh,
+        fresh_root,
+        script_fresh=script_fresh,
+    )
 
 
 def announce_layout(cfg: DtrainConfig) -> None:
@@ -197,13 +208,17 @@ def start_workers(
     fresh: bool = False,
     fresh_root: bool = False,
     join: bool = False,
+    script_fresh: bool = False,
 ) -> None:
     """Hand the materialized run to the local launcher; map its outcome to an exit code.
     ``join``: this node joins a running elastic run (``dtrain agent --join``).
     ``fresh``: this start created ``run_dir`` (``fresh_root``: and its parent); a failure
-    before the first step finished removes them (nothing was trained)."""
+    before the first step finished removes them (nothing was trained). ``script_fresh``: it
+    created a script's run dir, removed only when no worker started (the script's own
+    checkpoints may be there after)."""
     from dtrain_cli.launch import worker_server
 
+    unstarted = fresh or script_fresh  # removed on a failure before launch_local
     try:
         print_warnings(plan.warnings)  # once, here: the workers read the plan, say none
         from dtrain_cli.plan.naming import run_label
@@ -219,6 +234,7 @@ def start_workers(
         from dtrain_cli.launch.local import launch_local, prepare_workers  # torch: in these
 
         prepare_workers(run_dir, cfg, plan)
+        unstarted = fresh
         result = launch_local(
             run_dir,
             cfg,
@@ -234,13 +250,14 @@ def start_workers(
     except ConfigError as exc:
         remove_if_untrained(run_dir, fresh, fresh_root)
         fail(exc.problems)
-    except BaseException:
-        remove_if_untrained(run_dir, fresh, fresh_root)
+    except BaseException:  # Ctrl-C before the workers started: nothing of this start stays
+        remove_if_untrained(run_dir, unstarted, fresh_root)
         raise
     finally:
         worker_server.stop()
     if not result.ok:
-        report_failure(result, run_dir=run_dir, fresh=fresh, fresh_root=fresh_root)
+        gone = fresh or (script_fresh and not result.workers_started)
+        report_failure(result, run_dir=run_dir, fresh=gone, fresh_root=fresh_root)
         raise typer.Exit(result.exit_code)
     if plan.script is not None:  # a recipe's end is its summary.json
         protocol.write_finished(RunDir(run_dir))

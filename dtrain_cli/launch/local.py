@@ -67,6 +67,7 @@ class LaunchResult:
     ok: bool
     exit_code: int
     message: str = ""
+    workers_started: bool = True
 
 
 QUIET_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
@@ -99,6 +100,36 @@ def launch_local(
     a node that ``join``s a running elastic run never hosts it. ``report``: how the caller
     shows an outcome, for the one this process ends with by itself: a termination signal
     while its agent waits at torch's exit barrier (:mod:`.exit_barrier`)."""
+    try:
+        prepared = _prepare_agent(run_dir, cfg, plan, node_rank, launcher_milestones, join)
+    except KeyboardInterrupt:  # Ctrl-C while the agent was readied: no worker started
+        prepared = STOPPED_BEFORE_START
+    if isinstance(prepared, LaunchResult):
+        return prepared
+    config, entry, args, milestones = prepared
+    return run_agent(
+        config, entry, args, run_dir, cfg, plan, report, since=milestones["agent_ready"]
+    )
+
+
+STOPPED_BEFORE_START = LaunchResult(
+    ok=False,
+    exit_code=protocol.EXIT_INTERRUPTED,
+    message="stopped by SIGINT before the workers started",
+    workers_started=False,
+)
+
+
+def _prepare_agent(
+    run_dir: Path,
+    cfg: DtrainConfig,
+    plan: Plan,
+    node_rank: int | None,
+    launcher_milestones: dict[str, float] | None,
+    join: bool,
+) -> LaunchResult | tuple[Any, Any, tuple, dict[str, float]]:
+    """The agent's config, entry point and arguments, before any worker starts; or the
+    outcome that ends the start here."""
     with imports_without_collection():  # torch, for the agent: the start-up's critical path
         for name in AGENT_MODULES:
             importlib.import_module(name)
@@ -129,14 +160,8 @@ def launch_local(
         return LaunchResult(ok=False, exit_code=1, message=why)
     milestones["agent_ready"] = time.time()
     if interrupted():  # a Ctrl-C during start-up that an import swallowed
-        return LaunchResult(
-            ok=False,
-            exit_code=protocol.EXIT_INTERRUPTED,
-            message="stopped by SIGINT before the workers started",
-        )
-    return run_agent(
-        config, entry, args, run_dir, cfg, plan, report, since=milestones["agent_ready"]
-    )
+        return STOPPED_BEFORE_START
+    return config, entry, args, milestones
 
 
 def _store_unreached(cfg: DtrainConfig) -> str | None:
