@@ -117,7 +117,7 @@ def start_run(
     from dtrain_cli.launch.rundir import materialize, new_run_dir
 
     path = (Path(cfg.run.root) / str(cfg.run.name)) if plan.nnodes > 1 else new_run_dir(cfg)
-    # only what this start creates is removed; never a script's (its checkpoints may be there)
+    # only what this start creates is removed; a script's only before its workers start
     made = plan.nnodes == 1 and not path.exists()
     fresh = made and plan.script is None
     fresh_root = made and not path.parent.exists()
