@@ -70,11 +70,12 @@ def build_failure(target: str, kwargs: dict[str, Any], exc: BaseException) -> st
     ]
     takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
     if params and not takes_any and (extra := [k for k in kwargs if k not in params]):
-        from dtrain_cli.config.suggest import did_you_mean
+        import difflib  # config.suggest's way, without an import up into config
 
+        close = difflib.get_close_matches(extra[0], list(params), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         return (
-            f"model.{extra[0]}: not an argument of {cls}{did_you_mean(extra[0], list(params))}; "
-            f"its arguments: {', '.join(params)}"
+            f"model.{extra[0]}: not an argument of {cls}{hint}; its arguments: {', '.join(params)}"
         )
     lines = [x.strip() for x in str(cause).strip().splitlines() if x.strip()] or [""]
     said = f"{type(cause).__name__}: {lines[0].rstrip(':')}"
