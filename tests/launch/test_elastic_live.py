@@ -194,3 +194,11 @@ def test_lost_during_a_save_then_back_resumes_the_previous_checkpoint(tmp_path, 
     back = changes[-1]
     assert (back["old_world_size"], back["new_world_size"]) == (1, 2)
     assert back["resumed_step"] >= 5 and back["steps_redone"] <= 5  # the newest checkpoint
+    # every checkpoint holds both nodes' files: after the join, each node's agent counted its
+    # own restarts, named its own temporary folder, and rank 0 published one without rank 1's
+    from dtrain_cli.checkpoint import catalog
+
+    saved = sorted(catalog.checkpoints_dir(nodes.run_dir).glob("step_*"))
+    assert saved and all(catalog.read_meta(c)["rng_ranks"] >= 1 for c in saved)
+    for ckpt in saved:
+        catalog.verify(ckpt)

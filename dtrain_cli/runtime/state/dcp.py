@@ -106,6 +106,19 @@ def root_cause(exc: BaseException, path: Path) -> str:
     return (str(first).splitlines() or [type(first).__name__])[0][:300]
 
 
+def agreed_attempt() -> str:
+    """This attempt's label, rank 0's on every rank: it names the save's temporary folder,
+    which every rank writes into. Each node's agent counts its own restarts, so after an
+    elastic node joined, the nodes' counts differed and each wrote its own folder (rank 0
+    published one without the other node's shards)."""
+    attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}-{env.restart_count()}"
+    if dist.is_initialized() and dist.get_world_size() > 1 and dist.get_backend() != "fake":
+        box = [attempt]
+        dist.broadcast_object_list(box, src=0)
+        attempt = str(box[0])
+    return attempt
+
+
 RNG_FILE_WAIT_S = 5.0
 """How long rank 0 looks again for another rank's RNG file before refusing to publish."""
 
@@ -130,7 +143,7 @@ class CheckpointManager:
         self.rank = rank
         self.keep_last = keep_last
         self.async_save = async_save
-        self.attempt = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}-{env.restart_count()}"
+        self.attempt = agreed_attempt()
         self._pending: tuple[Future, Path, Path, dict[str, Any]] | None = None
         # async saves run their collectives on their own gloo group, off the training stream
         self._pg = dist.new_group(backend="gloo") if async_save else None
