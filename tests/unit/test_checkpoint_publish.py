@@ -14,6 +14,7 @@ from dtrain_cli.checkpoint import catalog
 def test_a_node_that_does_not_see_the_other_ranks_files_does_not_publish(tmp_path, monkeypatch):
     """Two pods without a shared claim: pod 0 logged 'checkpoint step_000002 saved' and
     pointed latest at it, with rank 1's shards and RNG state in pod 1's own folder."""
+    monkeypatch.setattr(dcp_state, "agreed_attempt", lambda: "local-0")  # no group to ask
     monkeypatch.setattr(dcp_state.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dcp_state.dist, "get_world_size", lambda *a: 2)
     monkeypatch.setattr(dcp_state, "RNG_FILE_WAIT_S", 0.6)  # looked for again, then refused
