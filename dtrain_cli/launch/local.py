@@ -40,7 +40,7 @@ from dtrain_cli.launch.signals import (
     pool_follows_job_control,
 )
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.rundir import protocol
+from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.notes import read_notes
 
@@ -381,8 +381,9 @@ def preempted_result(marker: dict, run_dir: Path) -> LaunchResult:
 
 def _by_itself() -> str:
     """Who continues a preempted run without being asked, where this node runs."""
-    if os.environ.get("SLURM_JOB_ID"):
+    slurm, pod = env.SCHEDULER_JOB
+    if os.environ.get(slurm):
         return " (a requeued SLURM job does so by itself)"
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+    if os.environ.get(pod):
         return " (the JobSet's restarted pods do so by themselves)"
     return ""
