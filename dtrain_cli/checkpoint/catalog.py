@@ -93,6 +93,11 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def rng_file_name(rank: int) -> str:
+    """A rank's own file in a checkpoint: its RNG state and the tensors of that rank alone."""
+    return f"rng_rank_{rank}.safetensors"
+
+
 def verify(path: Path, deep: bool = True) -> None:
     """Raise CheckpointError naming the first missing, truncated or corrupted file."""
     if not path.is_dir():
@@ -109,9 +114,9 @@ def verify(path: Path, deep: bool = True) -> None:
     if ".metadata" not in files:
         raise CheckpointError(f"{path}: manifest lists no DCP .metadata file")
     ranks = read_meta(path).get("rng_ranks", 0)
-    if lost := [k for k in range(ranks) if f"rng_rank_{k}.safetensors" not in files]:
+    if lost := [k for k in range(ranks) if rng_file_name(k) not in files]:
         raise CheckpointError(
-            f"{path}: no rng_rank_{lost[0]}.safetensors of its {ranks} ranks (rank "
+            f"{path}: no {rng_file_name(lost[0])} of its {ranks} ranks (rank "
             f"{lost[0]}'s RNG and own state were not saved)"
         )
     for name, entry in files.items():

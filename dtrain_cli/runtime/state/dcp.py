@@ -128,7 +128,7 @@ def _unseen_rng_files(tmp: Path, ranks: int) -> list[int]:
     :data:`RNG_FILE_WAIT_S` (a shared file system may show another node's new file late)."""
     deadline = time.monotonic() + RNG_FILE_WAIT_S
     while True:
-        lost = [k for k in range(ranks) if not (tmp / f"rng_rank_{k}.safetensors").is_file()]
+        lost = [k for k in range(ranks) if not (tmp / catalog.rng_file_name(k)).is_file()]
         if not lost or time.monotonic() > deadline:
             return lost
         time.sleep(0.5)
@@ -173,7 +173,7 @@ class CheckpointManager:
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             own = {f"{RANK_STATE}{k}": v.contiguous() for k, v in (rank_state or {}).items()}
-            save_file({**rng_state(), **own}, str(tmp / f"rng_rank_{self.rank}.safetensors"))
+            save_file({**rng_state(), **own}, str(tmp / catalog.rng_file_name(self.rank)))
             faults.maybe_fail("kill_in_save", step=step, rank=self.rank)
             faults.slow_save(step, self.rank)
             if self.async_save:
@@ -267,7 +267,7 @@ class CheckpointManager:
                 f"{path}: cannot be loaded into this model/layout "
                 f"({str(exc).splitlines()[0][:300]})"
             ) from exc
-        rng_file = path / f"rng_rank_{self.rank}.safetensors"
+        rng_file = path / catalog.rng_file_name(self.rank)
         if not rng_file.is_file():
             log.info(
                 "no RNG state for rank %d in %s (world size changed): seeded anew",
