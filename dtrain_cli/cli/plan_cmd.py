@@ -33,7 +33,8 @@ def plan(
         "table",
         "--format",
         "-f",
-        help="table | yaml (the plan.yaml a launch writes) | json; with --show-config, yaml "
+        help="table | yaml (the plan.yaml a launch writes, with step_estimate: the table's "
+        "last line) | json; with --show-config, yaml "
         "and json hold one document with keys config and plan.",
     ),
     show_config: bool = typer.Option(
@@ -57,6 +58,8 @@ def plan(
         import sys
 
         doc = the_plan.to_dict()
+        if the_plan.script is None:  # a script's step time is its own business
+            doc["step_estimate"] = step_estimate_doc(cfg, the_plan)
         if show_config:
             from dtrain_cli.config.compose import config_container
 
@@ -90,14 +93,37 @@ def node_warnings(cfg: DtrainConfig) -> list[str]:
     return [f"{w}; dtrain sbatch and dtrain k8s set it for you" for w in needs]
 
 
-def step_line(cfg, the_plan) -> str:
+def _estimate(cfg, the_plan):
     """The advisor's estimate for this one layout on ``hardware`` (``dtrain advise`` ranks
     all of them with the same code)."""
     from dtrain_cli.models import model_spec
-    from dtrain_cli.plan.render import bytes_text
     from dtrain_cli.plan.steptime import estimate_step
 
-    est = estimate_step(cfg, model_spec(cfg), the_plan, cfg.hardware)
+    return estimate_step(cfg, model_spec(cfg), the_plan, cfg.hardware)
+
+
+def step_estimate_doc(cfg, the_plan) -> dict:
+    """The step line's figures for a loader (``--format json|yaml``): the same estimate."""
+    est = _estimate(cfg, the_plan)
+    m = est.memory
+    return {
+        "hardware": cfg.hardware.name,
+        "step_ms": round(est.step_s * 1e3, 3),
+        f"{the_plan.batch.unit}_per_s": round(est.tokens_per_s, 1),
+        "mfu": round(est.mfu, 4),
+        "bubble": round(est.bubble, 4),
+        "peak_memory_bytes": int(m.total),
+        "device_memory_bytes": int(m.capacity),
+        "fits": m.fits,
+        "activations_estimated": the_plan.estimates.activations_estimated,
+    }
+
+
+def step_line(cfg, the_plan) -> str:
+    """The estimate as one line under the plan's table."""
+    from dtrain_cli.plan.render import bytes_text
+
+    est = _estimate(cfg, the_plan)
     m, unit = est.memory, the_plan.batch.unit
     unknown = "" if the_plan.estimates.activations_estimated else " + activations (not estimated)"
     return (

@@ -467,3 +467,25 @@ def test_a_script_given_to_a_trainer_command_is_pointed_to_dtrain_run(command, s
         f"{script} (dtrain plan and dtrain sbatch take it too); this command runs dtrain's "
         "own trainer"
     ], result.output
+
+
+def test_plan_json_carries_the_step_line_estimate():
+    """A loader gets the figures the table's last line prints (step time, throughput, MFU,
+    peak memory against the device), from the same estimate."""
+    args = ["plan", "recipe=gpt_small", "dp=2", "pp=2", "hardware=h100_80g", "precision=bf16"]
+    table = runner.invoke(app, args, terminal_width=400)
+    doc = json.loads(runner.invoke(app, [*args, "--format", "json"]).stdout)
+    est = doc["step_estimate"]
+    assert est["hardware"] == "h100_80g" and est["fits"] is True
+    line = " ".join(table.stdout.split())
+    assert f"step {est['step_ms']:,.1f} ms, {est['tokens_per_s']:,.0f} tokens/s" in line
+    assert f"MFU {est['mfu']:.0%}, bubble {est['bubble']:.0%}" in line
+    assert 0 < est["peak_memory_bytes"] < est["device_memory_bytes"]
+
+
+def test_plan_of_a_script_has_no_step_estimate(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    result = runner.invoke(app, ["plan", "dp=2", "--format", "json", "--", str(script)])
+    assert result.exit_code == 0, result.output
+    assert "step_estimate" not in json.loads(result.stdout)
