@@ -30,6 +30,7 @@ from dtrain_cli.plan.layout import (
     pipeline_layout,
     plural,
     strategy_problems,
+    tp_span_warning,
 )
 from dtrain_cli.plan.memory import comm_bytes_per_step, estimate
 from dtrain_cli.plan.plan import (
@@ -315,6 +316,8 @@ def layout_of(
     if pipeline is not None and (w := bubble_warning(pipeline, par.pp)):
         warnings.append(w)
     if script is None and (w := batchnorm_warning(cfg, facts, batch)):
+        warnings.append(w)
+    if w := tp_span_warning(par.tp, world.nnodes, world.nproc_per_node):
         warnings.append(w)
     if script is not None:
         warnings += script_warnings(script, world.size, world.device)

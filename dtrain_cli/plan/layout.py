@@ -327,6 +327,20 @@ def bubble_warning(pipe: PipelinePlan, pp: int) -> str | None:
     )
 
 
+def tp_span_warning(tp: int, nnodes: int, nproc_per_node: int) -> str | None:
+    """Tensor parallelism all-reduces activations in every layer, forward and backward: its
+    ranks (consecutive in the mesh, tp innermost) belong on one node's fast links (the
+    Megatron-LM practice, and torchtitan's mesh order)."""
+    if nnodes <= 1 or tp <= 1 or nproc_per_node % tp == 0:
+        return None
+    fit = largest_divisor(nproc_per_node, tp)
+    return (
+        f"tp={tp} spans nodes ({nproc_per_node} processes per node): every layer's "
+        f"tensor-parallel all-reduces cross the network, far slower than inside a node; "
+        f"make tp a divisor of the processes per node (tp={fit}, the rest to dp or pp)"
+    )
+
+
 def strategy_problems(cfg: DtrainConfig) -> tuple[list[str], list[str]]:
     """(problems, warnings) of the strategy and the sync mode with this layout: each
     registry entry says what it cannot combine with (:mod:`dtrain_cli.strategies`,

@@ -157,6 +157,33 @@ def test_pipeline_plan_stages_bubble_and_warning():
     assert ok.pipeline.bubble == pytest.approx(1 / 9) and not ok.warnings
 
 
+@pytest.mark.parametrize(
+    ("tp", "dp", "nproc", "spans"), [(4, 1, 2, True), (2, 3, 3, True), (2, 2, 2, False)]
+)
+def test_tensor_parallel_across_nodes_is_warned(tp, dp, nproc, spans):
+    """tp ranks are consecutive (tp innermost): they stay on one node iff tp divides the
+    processes per node; otherwise every layer's all-reduces cross the network."""
+    world = tp * dp
+    p = plan_for(
+        f"tp={tp}",
+        f"dp={dp}",
+        f"parallel.nnodes={world // nproc}",
+        f"parallel.nproc_per_node={nproc}",
+        "train.global_batch_size=12",
+        "model.n_head=4",
+    )
+    warned = [w for w in p.warnings if "spans nodes" in w]
+    assert bool(warned) == spans
+    if spans:
+        assert warned[0].startswith(f"tp={tp} spans nodes ({nproc} processes per node)")
+        assert f"(tp={max(d for d in (1, 2, 4) if nproc % d == 0 and d <= tp)}," in warned[0]
+    assert not [
+        w
+        for w in plan_for(f"tp={tp}", f"dp={dp}", "train.global_batch_size=12").warnings
+        if "spans nodes" in w
+    ]
+
+
 def test_interleaved_and_v_schedules_place_stages():
     loop = plan_for("pp=2", "pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2")
     assert [s.pp_rank for s in loop.pipeline.stages] == [0, 1, 0, 1]
