@@ -18,7 +18,7 @@ from pathlib import Path
 
 import typer
 
-from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, console, fail
+from dtrain_cli.cli.common import CONFIG_DIR_HELP, OVERRIDES_HELP, console, err_console, fail
 
 ADVISE_ONLY = ("world", "dp_max")
 SEARCHED = ("parallel.", "pipeline.", "dp=", "tp=", "pp=", "train.micro_batch_size=")
@@ -69,6 +69,13 @@ def advise(
 
     if top is not None and top < 1:
         fail([f"--top={top}: must be at least 1 (the layouts to show)"])
+    if apply and as_json:
+        fail(
+            [
+                "--apply and --json each print the whole answer (the winner's overrides, the "
+                "ranking as JSON); choose one"
+            ]
+        )
     rest, opts = _split(overrides or [])
     recipe, rest = split_recipe(rest)
     try:
@@ -89,12 +96,12 @@ def advise(
         fail(exc.problems)
     kept = _kept(overrides or [], recipe)
     checked = None
-    if simulate and not apply:
+    if simulate:
         from dtrain_cli.cli.advise_simulate import simulate_top
 
         checked = simulate_top(advice, kept, config_dir)
     if apply:
-        winner = advice.ranked[0].layout.overrides(advice.nnodes)
+        winner = _winner(advice, checked)
         typer.echo(" ".join(shlex.quote(x) for x in [*kept, *winner]))
         return
     if as_json:
@@ -109,6 +116,24 @@ def advise(
         from dtrain_cli.cli.advise_simulate import render
 
         print_whole(render(checked))
+
+
+def _winner(advice, checked: list[dict] | None) -> list[str]:
+    """#1's overrides; with --simulate, the first ranked layout whose simulated rank ran
+    (what failed before it is said on stderr, stdout stays the overrides)."""
+    if checked is None:
+        return advice.ranked[0].layout.overrides(advice.nnodes)
+    for verdict, c in zip(advice.ranked, checked, strict=False):  # checked: the top few
+        if c["ok"]:
+            return verdict.layout.overrides(advice.nnodes)
+        line = f"note: {c['layout']} not applied: {c['status']}: {c['result']}"
+        err_console.print(line, highlight=False, markup=False, soft_wrap=True)
+    fail(
+        [
+            f"--apply --simulate: none of the top {len(checked)} layouts ran in simulation "
+            f"({'; '.join(c['layout'] + ': ' + c['result'] for c in checked)})"
+        ]
+    )
 
 
 def _kept(overrides: list[str], recipe: str) -> list[str]:

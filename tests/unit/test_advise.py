@@ -222,9 +222,9 @@ def test_an_80_column_terminal_or_a_pipe_never_splits_a_number():
     assert rejected.split("│")[1].strip() == str(len(a.rejected)) == "3"
 
 
-def test_simulate_checks_the_top_three(tmp_path, monkeypatch):
-    """--simulate runs rank 0 of each of the first 3 layouts (here a stand-in for the
-    simulated process: unit tests start none) and says how each went."""
+def _stand_in_simulation(monkeypatch, tmp_path, failing: set[int]) -> list:
+    """A stand-in for the simulated process (unit tests start none); the calls numbered in
+    ``failing`` (1 = the first layout) fail."""
     import dtrain_cli.simulate.run as sim_run
 
     monkeypatch.chdir(tmp_path)
@@ -233,7 +233,7 @@ def test_simulate_checks_the_top_three(tmp_path, monkeypatch):
     def fake_run_ranks(run_dir, ranks, steps, compute, jobs=0, **kw):
         calls.append((ranks, steps, jobs))
         (run_dir / "simulate").mkdir(parents=True, exist_ok=True)
-        if len(calls) == 2:
+        if len(calls) in failing:
             return [{"rank": 0, "ok": False, "error": "ValueError: does not divide"}]
         b = 2**20
         return [
@@ -245,6 +245,12 @@ def test_simulate_checks_the_top_three(tmp_path, monkeypatch):
         ]  # fmt: skip
 
     monkeypatch.setattr(sim_run, "run_ranks", fake_run_ranks)
+    return calls
+
+
+def test_simulate_checks_the_top_three(tmp_path, monkeypatch):
+    """--simulate runs rank 0 of each of the first 3 layouts and says how each went."""
+    calls = _stand_in_simulation(monkeypatch, tmp_path, failing={2})
     r = _cli("recipe=gpt_tiny", "hardware=cpu", "data=synthetic", "--simulate", "--json")
     assert r.exit_code == 0, r.output
     checked = json.loads(r.output)["simulated"]
@@ -270,3 +276,31 @@ def test_simulate_says_which_layouts_it_cannot_run(tmp_path, monkeypatch):
     row = {"layout": "dp8 zero1", "ok": False, "status": "not simulated", "result": "why"}
     table = render([row])
     assert list(table.columns[1].cells) == ["NOT SIMULATED: why"]
+
+
+def test_apply_with_simulate_prints_the_first_layout_that_ran(tmp_path, monkeypatch):
+    """--apply --simulate printed #1 without simulating anything; it now applies the first
+    ranked layout whose simulated rank ran, and says on stderr why #1 was passed over."""
+    args = ["recipe=gpt_tiny", "hardware=cpu", "data=synthetic"]
+    ranked = json.loads(_cli(*args, "--json").output)["ranked"]
+    calls = _stand_in_simulation(monkeypatch, tmp_path, failing={1})
+    r = runner.invoke(app, ["advise", *args, "--simulate", "--apply"])
+    assert r.exit_code == 0, r.output
+    assert len(calls) == 3
+    assert f"note: {ranked[0]['layout']} not applied: failed" in r.stderr
+    a = _advice("gpt_tiny", "hardware=cpu", "data=synthetic")
+    second = a.ranked[1].layout.overrides(a.nnodes)
+    assert r.stdout.split() == [*args, *second] != [*args, *a.ranked[0].layout.overrides(1)]
+
+
+def test_apply_with_simulate_when_nothing_ran_is_one_error(tmp_path, monkeypatch):
+    _stand_in_simulation(monkeypatch, tmp_path, failing={1, 2, 3})
+    r = _cli("recipe=gpt_tiny", "hardware=cpu", "data=synthetic", "--simulate", "--apply")
+    assert r.exit_code == 2
+    assert "error: --apply --simulate: none of the top 3 layouts ran in simulation" in r.output
+
+
+def test_apply_and_json_together_are_refused():
+    r = _cli("recipe=gpt_tiny", "hardware=cpu", "--apply", "--json")
+    assert r.exit_code == 2
+    assert "--apply and --json each print the whole answer" in " ".join(r.output.split())
