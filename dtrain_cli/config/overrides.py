@@ -21,7 +21,7 @@ from typing import Any
 from dtrain_cli.config import suggest
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.search import list_recipes
-from dtrain_cli.config.suggest import did_you_mean, did_you_mean_key, selector_hint
+from dtrain_cli.config.suggest import did_you_mean, did_you_mean_key, selector_hint, sweep_hint
 
 # Shorthands users type most; each maps to its full key (group selections such as
 # precision=bf16 are already Hydra group overrides and need no mapping).
@@ -210,7 +210,8 @@ class _Checker:
         if key == "parallel.nnodes" and ":" in value_text:  # elastic: nnodes=MIN:MAX
             self.problems += _node_range(tok, value_text, self.good)
             return
-        parsed, problem = _parse(key, value_text, prefix == "~")
+        base = self.known[key].base if key in self.known else None
+        parsed, problem = _parse(key, value_text, prefix == "~", base)
         if problem is None and dict_field is not None:
             self.problems += _dict(dict_field, key, parsed, self.good, tok)
             return
@@ -259,23 +260,21 @@ def _dashed(text: str, known: Mapping[str, Field], tok: str) -> str:
     return f"{tok!r}: not an option of this command (see --help); {FORMS}"
 
 
-def _parse(key: str, value_text: str, delete: bool) -> tuple[Any, str | None]:
+def _parse(key: str, text: str, delete: bool, base: str | None = None) -> tuple[Any, str | None]:
+    """``base``: the schema field's type, where the key has one (None: open keys)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     if delete:
         return None, None
     try:
-        ov = OverridesParser.create().parse_override(f"{key}={value_text}")
+        ov = OverridesParser.create().parse_override(f"{key}={text}")
     except Exception as exc:  # Hydra's grammar errors: several types, first line says where
         why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        if hint := suggest.unquoted_keys_hint(key, value_text):  # JSON's or Python's quoted keys
-            return None, f"{key}={value_text}: cannot parse the value ({why}); {hint}"
-        return None, (f"{key}={value_text}: cannot parse the value ({why}); quote it: {key}='...'")
+        if hint := suggest.unquoted_keys_hint(key, text):  # JSON's or Python's quoted keys
+            return None, f"{key}={text}: cannot parse the value ({why}); {hint}"
+        return None, (f"{key}={text}: cannot parse the value ({why}); quote it: {key}='...'")
     if ov.is_sweep_override():
-        return None, (
-            f"{key}={value_text}: one value per key (a sweep is not supported); write one "
-            f"value, or quote one that has commas: {key}='{value_text}'"
-        )
+        return None, f"{key}={text}: one value per key; " + sweep_hint(key, text, base)
     return ov.value(), None
 
 

@@ -117,3 +117,13 @@ def script_given(token: str) -> str | None:
         f"a script of your own runs with dtrain run [OVERRIDES] -- {token} (dtrain plan and "
         "dtrain sbatch take it too); this command runs dtrain's own trainer"
     )
+
+
+def sweep_hint(key: str, value_text: str, base: str | None) -> str:
+    """A comma list given one key: a value with commas (quoted) for a text key (``base``: its
+    schema type; None for an open key); for the layout's sizes, the command that sweeps them."""
+    if key in ("parallel.dp", "parallel.tp", "parallel.pp", "parallel.nnodes"):
+        return f"dtrain simulate sweeps it (dtrain simulate {key}={value_text}) or write one value"
+    if base in (None, "str"):
+        return f"write one value, or quote one that has commas: {key}='{value_text}'"
+    return "write one value (a sweep is not supported)"

@@ -155,7 +155,10 @@ def test_interpolation_that_resolves_is_fine():
             ["train.steps=abc"],
             "train.steps: value 'abc' is not an integer; write e.g. train.steps=",
         ),
-        (["dp=1,2"], "parallel.dp=1,2: one value per key"),
+        (["dp=1,2"], "parallel.dp=1,2: one value per key; dtrain simulate sweeps it"),
+        # a number's comma list was told to quote it (a string, refused next as not a number)
+        (["train.steps=4,8"], "train.steps=4,8: one value per key; write one value (a sweep"),
+        (["run.name=a,b"], "run.name=a,b: one value per key; write one value, or quote one th"),
         (["dp"], "'dp': no value; write dp=VALUE"),
         (["train.steps=$(ls)"], "train.steps=$(ls): cannot parse the value"),
         (["gpt_small"], "'gpt_small': a recipe; write recipe=gpt_small"),  # a bare recipe
