@@ -146,3 +146,31 @@ def test_install_wraps_once_and_leaves_a_fresh_interpreter_alone(one_rank_group,
     group_lifetime.install()
     assert "torch.distributed" not in sys.modules
     assert dist.destroy_process_group is real
+
+
+@pytest.mark.parametrize(
+    ("source", "told"),
+    [
+        ("import torch.distributed as dist\nprint(os.environ['RANK'])\n", True),
+        ("import os\nprint(os.environ['RANK'])\n", False),  # splits files by RANK: meant alone
+        # its own processes (the mp.spawn tutorials) join a group this process never sees
+        ("import torch.distributed as dist\nimport torch.multiprocessing as mp\n"
+         "mp.spawn(main, nprocs=2)\n", False),
+        ("import torch.distributed\nfrom multiprocessing import Process\np = Process(target=f)\n",
+         False),
+    ],
+)  # fmt: skip
+def test_rank_0_says_a_script_never_joined_unless_its_own_processes_may_have(
+    tmp_path, monkeypatch, capsys, source, told
+):
+    from dtrain_cli.runtime.script import arrival
+
+    script = tmp_path / "train.py"
+    script.write_text(source)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(arrival, "_CALLS", [])  # watched, never called
+    arrival.say_if_alone(0, str(script))
+    said = "warning: the script never called init_process_group: its 2 ranks ran alone"
+    assert (said in capsys.readouterr().err) == told
+    arrival.say_if_alone(1, str(script))  # rank 0 says it, once
+    assert capsys.readouterr().err == ""

@@ -18,7 +18,7 @@ passes its own ``store``, or meets at an address of its own (``MASTER_PORT=12355
 the script, processes it starts with ``mp.spawn``), is left to host its own store there,
 as under plain ``python`` (:func:`keep_agent_store_to_this_process`). A script that ends
 well on several ranks without ever calling it (nor ``init_device_mesh``, which calls it) is
-told so by rank 0 (:func:`say_if_alone`).
+told so by rank 0 (:func:`say_if_alone`), unless it starts processes of its own.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def say_if_alone(rank: int, script_file: str) -> None:
     script that names nothing distributed (one that only splits files by ``RANK``) meant
     to run alone, and is not told."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if rank == 0 and world > 1 and joined() is False and _names_distributed(script_file):
+    if rank == 0 and world > 1 and joined() is False and _told(script_file):
         print(
             f"warning: the script never called init_process_group: its {world} ranks ran "
             "alone, sharing nothing; to train together, call it when WORLD_SIZE > 1 "
@@ -61,14 +61,20 @@ def say_if_alone(rank: int, script_file: str) -> None:
         )
 
 
-def _names_distributed(script_file: str) -> bool:
+SPAWNS = (b"spawn(", b"start_processes(", b"process(", b"processpoolexecutor(")
+"""A script's own processes (``mp.spawn``, ``Process(...)``): the ones that may join a group
+this process never sees; their script is not told it ran alone."""
+
+
+def _told(script_file: str) -> bool:
     """Whether the script's text names torch.distributed, DDP, a DistributedSampler ...
-    (or cannot be read: then it is told)."""
+    and starts no processes of its own (or cannot be read: then it is told)."""
     try:
         with open(script_file, "rb") as f:
-            return b"distributed" in f.read().lower()
+            text = f.read().lower()
     except OSError:
         return True
+    return b"distributed" in text and not any(s in text for s in SPAWNS)
 
 
 def install(timeout_s: float) -> None:
