@@ -165,9 +165,12 @@ def failure_hint(headline: str) -> str | None:
     text = headline.lower()
     if any(p in text for p in OWN_SOCKET):
         return (
-            "another process on this node holds that port: the script sets its own "
-            "MASTER_PORT on more than one rank (leave it as the launcher sets it), starts "
-            "its own ranks on each of them (run it as one process), or another job uses it"
+            "another process on this node holds that port: the launcher's store listens at "
+            "MASTER_PORT (as torchrun's does), so a TCPStore of the script's there connects "
+            "on every rank (is_master=False) or takes a port of its own; or the script sets "
+            "its own MASTER_PORT on more than one rank (leave it as the launcher sets it), "
+            "starts its own ranks on each of them (run it as one process), or another job "
+            "uses it"
         )
     pick = "pick the device with torch.device('cuda' if torch.cuda.is_available() else 'cpu')"
     if any(p in text for p in NO_CUDA):

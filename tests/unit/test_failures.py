@@ -212,6 +212,8 @@ def test_a_port_already_in_use_is_the_ranks_own_failure_with_what_holds_it():
     assert text.startswith(f'rank 0 exited with code 1 (its last line: "{IN_USE}"); another')
     assert "the script sets its own MASTER_PORT on more than one rank" in text
     assert "starts its own ranks on each of them (run it as one process)" in text
+    # a script hosting its own TCPStore at MASTER_PORT hit the launcher's store there
+    assert "so a TCPStore of the script's there connects on every rank (is_master=False)" in text
     failures = {0: agent_failure(100, 1, 1000, IN_USE)}
     _, text = describe(from_agent(failures, {}, [0]), steps_known=False)
     assert text.startswith(f"rank 0 failed (exit code 1): {IN_USE}; another process on this")
