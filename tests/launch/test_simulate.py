@@ -244,6 +244,19 @@ def test_own_model_activations_are_measured_as_its_run_keeps_them(tmp_path, layo
     assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
 
 
+@pytest.mark.parametrize(
+    "layout",
+    [["precision=fp32"], ["precision=bf16"], ["model.image_size=33", "model.channels=[8,16,24]"]],
+    ids=["fp32", "bf16", "odd_side_three_blocks"],
+)
+def test_cnn_activations_are_what_its_backward_keeps(tmp_path, layout):
+    """recipe=cnn_bn: each block's BatchNorm input and ReLU output at its own resolution
+    (stride 2 after the first block) and the image. The plan counted every block at the
+    image's resolution, 12 bytes a value: 2.8x what a rank keeps (0.36 measured/plan)."""
+    (doc,) = _simulate(tmp_path, "recipe=cnn_bn", "dp=2", *layout, "--ranks", "0", "--steps", "1")
+    assert doc["ranks"][0]["bytes"]["activations"]["ratio"] == pytest.approx(1.0, abs=0.02)
+
+
 def _simulate_own_target(tmp_path, args: list[str]) -> dict:
     """Rank 0 of a one-step simulation of a model from tests/own_targets.py."""
     env = {"PYTHONPATH": f"{REPO / 'tests'}:{REPO}"}

@@ -46,8 +46,16 @@ class CNNSpec(ModelSpec):
     def activation_bytes(
         self, micro_batch: int, bytes_per_value: int, tp: int
     ) -> tuple[float, float]:
-        pixels = self.cfg.image_size * self.cfg.image_size
-        return 0.0, float(micro_batch * pixels * sum(self.cfg.channels) * 4 * 3)
+        """What backward keeps per sample: the image (the first conv's input), each block's
+        BatchNorm input and ReLU output (the next conv's input) at that block's resolution
+        (stride 2 after the first: ceil(side / 2) each time), the pooled features."""
+        side = self.cfg.image_size
+        values = 3 * side * side
+        for i, c in enumerate(self.cfg.channels):
+            side = side if i == 0 else (side + 1) // 2
+            values += 2 * c * side * side
+        values += self.cfg.channels[-1]
+        return 0.0, float(micro_batch * values * bytes_per_value)
 
     def value_problems(self) -> list[str]:
         m = self.cfg
