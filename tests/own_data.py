@@ -36,6 +36,15 @@ class Pairs(Dataset):
         return t[:-1], t[1:]
 
 
+class FolderPairs(Pairs):
+    """Pairs from a folder, as a dataset that loads its files takes one (``path``: the
+    folder, given as ``data.path``)."""
+
+    def __init__(self, path: str, n: int = 8) -> None:
+        super().__init__(n=n)
+        self.folder = path
+
+
 class DictPairs(Pairs):
     """The same samples as dicts: ``{"inputs": ..., "targets": ...}``."""
 

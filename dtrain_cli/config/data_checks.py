@@ -13,22 +13,16 @@ when the launcher builds it (:mod:`dtrain_cli.corpus.custom`), before workers st
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dtrain_cli.config.hf_data_checks import hf_problems, tokenizer_json_vocab, visible_files
 from dtrain_cli.config.schema import DataConfig, DtrainConfig
-from dtrain_cli.hub import download_hint
 from dtrain_cli.targets import TargetError, import_roots, nested_targets, resolve_target
 
 if TYPE_CHECKING:
     from dtrain_cli.models.spec import ModelSpec
-
-HF_EXTRA = "pip install 'dtrain[hf]'"
-EXTENSIONS = {"json": (".jsonl", ".json"), "parquet": (".parquet",), "text": (".txt",)}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
 def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> list[str]:
@@ -59,10 +53,25 @@ def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> 
 READS_PATH = ("text", "tokens", "hf")
 
 
+PASSED_TO_CUSTOM = ("path", "tokenizer")
+"""Keys of dtrain's own data sources that ``data=custom`` passes to its dataset (``data.path``
+is the natural name of a dataset's folder argument; it was refused, and the dataset then
+said it takes ``data.path``)."""
+
+
+def custom_arguments(data: DataConfig) -> dict:
+    """The keyword arguments of a ``data=custom`` dataset: its own keys, and those of
+    :data:`PASSED_TO_CUSTOM` that are set."""
+    given = {k: getattr(data, k) for k in PASSED_TO_CUSTOM if getattr(data, k) is not None}
+    return {**given, **data.kwargs}
+
+
 def _unread_problems(data: DataConfig) -> list[str]:
     """A path or tokenizer the chosen source would never read: without this, ``data.path=
     my.txt`` alone trained on the built-in corpus and said nothing."""
-    problems = []
+    problems: list[str] = []
+    if data.source == "custom":  # its dataset's arguments (custom_arguments)
+        return problems
     if data.path is not None and data.source not in READS_PATH:
         problems.append(
             f"data.path={data.path}: only read by data=text, data=tokens or data=hf "
@@ -81,9 +90,12 @@ def _path_problems(data: DataConfig) -> list[str]:
     if path.is_file():
         return []
     if path.is_dir():
-        if any(p.is_file() for p in path.rglob("*")):
+        if visible_files(path):
             return []
-        return [f"data.path={data.path}: an empty folder; give a text file or a folder of them"]
+        return [
+            f"data.path={data.path}: no files in it (hidden ones, and those in hidden folders, "
+            "are not read); give a text file or a folder of them"
+        ]
     return [f"data.path={data.path}: no such file or folder"]
 
 
@@ -100,101 +112,6 @@ def _token_path_problems(data: DataConfig) -> list[str]:
             "with train.bin and val.bin, or one .bin token file"
         ]
     return [f"data.path={data.path}: no such file or folder"]
-
-
-# -- data=hf -------------------------------------------------------------------------------
-def hf_format(data: DataConfig, files: Sequence[Path]) -> str:
-    """json | parquet | text: ``data.format``, or from the files' extension."""
-    if data.format != "auto":
-        return data.format
-    kinds = {_kind(p) for p in files}
-    return kinds.pop() if len(kinds) == 1 else "mixed"
-
-
-def _kind(path: Path) -> str:
-    return next((k for k, exts in EXTENSIONS.items() if path.suffix in exts), "text")
-
-
-def hf_data_files(data: DataConfig) -> list[Path]:
-    """The files of ``data.path`` (a file, or a folder's files of the format), sorted."""
-    path = Path(data.path or "").expanduser()
-    if path.is_file():
-        return [path.resolve()]
-    if not path.is_dir():
-        hint = download_hint("data.path", str(data.path or ""), dataset=True)
-        raise FileNotFoundError(f"data.path={data.path}: no such file or folder{hint}")
-    exts = (
-        EXTENSIONS[data.format]
-        if data.format != "auto"
-        else tuple(e for v in EXTENSIONS.values() for e in v)
-    )
-    files = sorted(p.resolve() for p in path.rglob("*") if p.is_file() and p.suffix in exts)
-    if not files:
-        raise FileNotFoundError(f"data.path={data.path}: no {'/'.join(exts)} files in it")
-    return files
-
-
-def hf_problems(data: DataConfig, vocab_size: int | None) -> list[str]:
-    problems: list[str] = []
-    for module in ("datasets", "tokenizers"):
-        if importlib.util.find_spec(module) is None:
-            return [f"data.source=hf needs the '{module}' package: {HF_EXTRA}"]
-    try:
-        files = hf_data_files(data)
-    except FileNotFoundError as exc:
-        problems.append(str(exc))
-    else:
-        fmt = hf_format(data, files)
-        if fmt == "mixed":
-            problems.append(
-                f"data.path={data.path}: files of several formats; set data.format="
-                f"{'|'.join(EXTENSIONS)} or keep one kind of file"
-            )
-        elif fmt == "json":
-            problems += _first_record_problems(data, files[0])
-    if data.tokenizer:
-        problems += tokenizer_problems(data.tokenizer, vocab_size)
-    return problems
-
-
-def _first_record_problems(data: DataConfig, path: Path) -> list[str]:
-    """A JSONL file's first record must hold ``data.text_field`` (cheap; no datasets import)."""
-    if path.suffix != ".jsonl":
-        return []
-    with path.open("rb") as f:
-        line = next((raw for raw in f if raw.strip()), b"")
-    try:
-        record = json.loads(line) if line else {}
-    except ValueError:
-        return [f"data.path={path}: line 1 is not JSON (a .jsonl file holds one object a line)"]
-    if isinstance(record, dict) and data.text_field not in record:
-        columns = ", ".join(record) or "none"
-        return [f"data.text_field={data.text_field}: not a field of {path} (fields: {columns})"]
-    return []
-
-
-def tokenizer_problems(folder: str, vocab_size: int | None) -> list[str]:
-    path = Path(folder).expanduser()
-    if not path.is_dir():
-        hint = download_hint("data.tokenizer", folder)
-        return [
-            f"data.tokenizer={folder}: no such folder (a tokenizer folder, e.g. with a "
-            f"tokenizer.json; unset it for byte-level tokens){hint}"
-        ]
-    if not any((path / f).is_file() for f in TOKENIZER_FILES):
-        return [f"data.tokenizer={folder}: no {' or '.join(TOKENIZER_FILES)} in it"]
-    if not (path / "tokenizer.json").is_file():
-        if importlib.util.find_spec("transformers") is None:
-            return [f"data.tokenizer={folder}: needs the 'transformers' package: {HF_EXTRA}"]
-        return []  # an AutoTokenizer-only folder: its vocabulary is checked at launch
-    try:
-        size = tokenizer_json_vocab(path / "tokenizer.json")
-    except Exception as exc:  # the tokenizers library raises its own types
-        reason = " ".join(str(exc).split())
-        return [f"data.tokenizer={folder}: tokenizer.json does not load ({reason})"]
-    if vocab_size is not None and size > vocab_size:
-        return [vocab_problem(vocab_size, size, folder)]
-    return []
 
 
 BYTE_VOCAB = 256
@@ -243,19 +160,6 @@ def model_vocab_warnings(data: DataConfig, spec: ModelSpec) -> list[str]:
     return [warning] if warning else []
 
 
-def tokenizer_json_vocab(path: Path) -> int:
-    from tokenizers import Tokenizer
-
-    return Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
-
-
-def vocab_problem(vocab_size: int, needed: int, folder: str) -> str:
-    return (
-        f"model.vocab_size={vocab_size}: below the tokenizer's {needed} tokens "
-        f"(data.tokenizer={folder}); set model.vocab_size={needed} or more"
-    )
-
-
 # -- data=custom ----------------------------------------------------------------------------
 def target_problems(data: DataConfig, roots: Sequence[str]) -> list[str]:
     """Every target of a custom dataset imports, is not the standard library, and can be called."""
@@ -287,7 +191,9 @@ def target_problems(data: DataConfig, roots: Sequence[str]) -> list[str]:
     if problems:  # a nested target that does not resolve is the one thing said
         return problems
     return [
-        p for key, dotted, obj in builders for p in _builder_problems(key, dotted, obj, data.kwargs)
+        p
+        for key, dotted, obj in builders
+        for p in _builder_problems(key, dotted, obj, custom_arguments(data))
     ]
 
 

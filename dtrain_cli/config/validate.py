@@ -20,8 +20,8 @@ BUILTIN_LOSSES = ("cross_entropy", "mse", "model")  # dtrain_cli.models.losses (
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.source": ("builtin", "text", "tokens", "synthetic", "shapes", "hf", "custom"),
-    "data.token_dtype": ("uint8", "uint16", "int32"),
-    "data.format": ("auto", "json", "parquet", "text"),
+    "data.token_dtype": ("uint8", "uint16", "uint32", "int32"),
+    "data.format": ("auto", "json", "parquet", "csv", "text"),
     "parallel.activation_checkpointing": ("none", "selective", "full"),
     "comm.compression": ("none", "fp16", "bf16", "powersgd"),
     "optim.name": ("adamw", "sgd"),

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from dtrain_cli.config.data_checks import target_problems
+from dtrain_cli.config.data_checks import custom_arguments, target_problems
 from dtrain_cli.config.schema import DataConfig
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.targets import import_roots
@@ -86,10 +86,11 @@ def build_custom(data: DataConfig, roots: Sequence[str] | None = None) -> dict[s
     if problems:
         raise ConfigError(problems)
     assert data._target_ is not None
-    train = _build("data._target_", data._target_, data.kwargs)
+    arguments = custom_arguments(data)
+    train = _build("data._target_", data._target_, arguments)
     check_map_style("data._target_", data._target_, train)
     if data.val_target:
-        val = _build("data.val_target", data.val_target, data.kwargs)
+        val = _build("data.val_target", data.val_target, arguments)
         check_map_style("data.val_target", data.val_target, val)
         return {"train": train, "val": val}
     n = len(train)

@@ -1,14 +1,16 @@
-"""``data=hf``: local JSONL / Parquet / text files, tokenized once into the token-file cache.
+"""``data=hf``: local JSONL / Parquet / CSV / text files (or compressed), or a ``save_to_disk``
+folder, tokenized once into the token-file cache.
 
     dtrain launch data=hf data.path=corpus.jsonl data.tokenizer=/models/my-tok model.vocab_size=8192
 
-The launcher reads the files with the ``datasets`` library (``load_dataset("json" | "parquet" |
-"text", data_files=...)``, no hub), tokenizes the ``data.text_field`` of every record with a
-local tokenizer folder (``tokenizer.json`` through ``tokenizers``, or any ``AutoTokenizer``
-folder) or byte-level tokens, separates records with the tokenizer's end-of-text token and
-writes ``train.bin``/``val.bin`` like the other corpora (keyed by the files' identity, the
-tokenizer and the split). Workers then read :class:`~dtrain_cli.runtime.data.stream.TokenWindows`,
-so every layout sees the same global sample stream and a resume continues it exactly.
+The launcher reads the files with the ``datasets`` library (``load_dataset("json" |
+"parquet" | "csv" | "text", data_files=...)`` or ``load_from_disk``, no hub), tokenizes the
+``data.text_field`` of every record with a local tokenizer folder (``tokenizer.json``
+through ``tokenizers``, or any ``AutoTokenizer`` folder) or byte-level tokens, separates
+records with the tokenizer's end-of-text token and writes ``train.bin``/``val.bin`` like
+the other corpora (keyed by the files' identity, the tokenizer and the split). Workers then
+read :class:`~dtrain_cli.runtime.data.stream.TokenWindows`, so every layout sees the same
+global sample stream and a resume continues it exactly.
 The Hugging Face packages are optional and imported here only.
 """
 
@@ -20,10 +22,17 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from dtrain_cli.config.data_checks import HF_EXTRA, hf_data_files, hf_format, vocab_problem
+from dtrain_cli.config.hf_data_checks import (
+    HF_EXTRA,
+    VAL_SPLITS,
+    hf_data_files,
+    hf_format,
+    vocab_problem,
+)
 from dtrain_cli.config.schema import DataConfig
 from dtrain_cli.errors import ConfigError
 
@@ -99,19 +108,31 @@ def load_tokenizer(folder: str | None) -> TextTokenizer:
     return TextTokenizer(ident, size, eos, encode, [] if eos is None else [eos])
 
 
-def _texts(data: DataConfig, files: list[Path], fmt: str, cache: Path) -> Iterable[list[str]]:
-    """Batches of the records' text, in file order."""
+def _record_sets(data: DataConfig, files: list[Path], fmt: str, cache: Path) -> tuple[Any, Any]:
+    """(the training records, the validation records or None: the last ``val_fraction`` of
+    the training tokens). A ``save_to_disk`` folder is read with ``load_from_disk``: a
+    ``DatasetDict``'s ``train`` split, and its validation split where it has one."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never the hub
     datasets = _need("datasets")
     datasets.disable_progress_bars()
+    if fmt == "saved":
+        ds = datasets.load_from_disk(str(Path(data.path or "").expanduser()))
+        if isinstance(ds, datasets.DatasetDict):
+            return ds["train"], next((ds[s] for s in VAL_SPLITS if s in ds), None)
+        return ds, None
     kwargs = {"sample_by": "document"} if fmt == "text" else {}
-    ds = datasets.load_dataset(
+    train = datasets.load_dataset(
         fmt,
         data_files=[str(f) for f in files],
         split="train",
         cache_dir=str(cache / "hf_datasets"),
         **kwargs,
     )
+    return train, None
+
+
+def _texts(data: DataConfig, ds: Any, fmt: str) -> Iterable[list[str]]:
+    """Batches of the records' text, in order."""
     field = "text" if fmt == "text" else data.text_field
     if field not in ds.column_names:
         raise ConfigError(
@@ -122,6 +143,19 @@ def _texts(data: DataConfig, files: list[Path], fmt: str, cache: Path) -> Iterab
         )
     for batch in ds.select_columns([field]).iter(batch_size=1024):
         yield [t if isinstance(t, str) else "" for t in batch[field]]
+
+
+def _tokenize(tok: TextTokenizer, texts: Iterable[list[str]]) -> np.ndarray:
+    """The records' tokens, one after another, with the separator between two records."""
+    parts: list[np.ndarray] = []
+    sep = np.asarray(tok.separator, dtype=np.int64)
+    for batch in texts:
+        for ids in tok.encode_batch(batch):
+            if parts and len(sep):
+                parts.append(sep)
+            parts.append(np.asarray(ids, dtype=np.int64))
+    dtype = token_dtype(tok.vocab_size)
+    return np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype=dtype)
 
 
 def prepare_hf(data: DataConfig, cache: Path, vocab_size: int | None) -> dict[str, Path]:
@@ -140,24 +174,27 @@ def prepare_hf(data: DataConfig, cache: Path, vocab_size: int | None) -> dict[st
     paths = {split: out_dir / f"{split}.bin" for split in ("train", "val")}
     if (out_dir / META).is_file() and all(p.exists() for p in paths.values()):
         return paths
-    parts: list[np.ndarray] = []
-    sep = np.asarray(tok.separator, dtype=np.int64)
-    for texts in _texts(data, files, fmt, cache):
-        for ids in tok.encode_batch(texts):
-            if parts and len(sep):
-                parts.append(sep)
-            parts.append(np.asarray(ids, dtype=np.int64))
-    dtype = token_dtype(tok.vocab_size)
-    tokens = np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype=dtype)
-    n_val = max(2, int(len(tokens) * data.val_fraction))
-    if len(tokens) < 2 * n_val:
-        raise ConfigError([f"data.path={data.path}: only {len(tokens)} tokens after tokenizing"])
+    train_records, val_records = _record_sets(data, files, fmt, cache)
+    tokens = _tokenize(tok, _texts(data, train_records, fmt))
+    if val_records is not None:
+        train, val = tokens, _tokenize(tok, _texts(data, val_records, fmt))
+    else:
+        n_val = max(2, int(len(tokens) * data.val_fraction))
+        if len(tokens) < 2 * n_val:
+            raise ConfigError(
+                [f"data.path={data.path}: only {len(tokens)} tokens after tokenizing"]
+            )
+        train, val = tokens[:-n_val], tokens[-n_val:]
     out_dir.mkdir(parents=True, exist_ok=True)
     from dtrain_cli.corpus.cache import write_atomic
 
-    write_atomic(paths["train"], tokens[:-n_val])
-    write_atomic(paths["val"], tokens[-n_val:])
-    meta = {"dtype": dtype, "vocab_size": tok.vocab_size, "tokens": len(tokens)}
+    write_atomic(paths["train"], train)
+    write_atomic(paths["val"], val)
+    meta = {
+        "dtype": str(tokens.dtype),
+        "vocab_size": tok.vocab_size,
+        "tokens": len(train) + len(val),
+    }
     tmp = out_dir / f".{META}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, out_dir / META)  # last: marks the cache entry complete

@@ -25,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
+from dtrain_cli.config.hf_data_checks import visible_files
 from dtrain_cli.config.schema import DataConfig
 from dtrain_cli.corpus.cache import cache_root, write_atomic
+from dtrain_cli.errors import ConfigError
 
 SPLITS = ("train", "val")
 _CHECKED: set[str] = set()  # custom datasets this process already built and checked
@@ -36,7 +38,7 @@ def _text_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        return visible_files(path)
     raise FileNotFoundError(f"data.path={path}: no such file or folder")
 
 
@@ -106,8 +108,9 @@ def _token_files(cfg: DataConfig) -> dict[str, Path]:
     if not path.is_file():
         raise FileNotFoundError(f"data.path={path}: no such file or folder")
     # One file: split it like text, into the cache.
-    tokens = np.memmap(path, dtype=cfg.token_dtype, mode="r")
-    key = hashlib.sha1(f"{path.resolve()}:{path.stat().st_mtime_ns}".encode()).hexdigest()[:16]
+    tokens = _one_token_file(path, cfg.token_dtype)
+    ident = f"{path.resolve()}:{path.stat().st_mtime_ns}:{cfg.val_fraction}:{cfg.token_dtype}"
+    key = hashlib.sha1(ident.encode()).hexdigest()[:16]
     out_dir = cache_root(cfg) / f"tokens-{key}"
     paths = {split: out_dir / f"{split}.bin" for split in SPLITS}
     if not all(p.exists() for p in paths.values()):
@@ -116,6 +119,34 @@ def _token_files(cfg: DataConfig) -> dict[str, Path]:
         write_atomic(paths["train"], np.asarray(tokens[:-n_val]))
         write_atomic(paths["val"], np.asarray(tokens[-n_val:]))
     return paths
+
+
+def _one_token_file(path: Path, dtype: str) -> np.ndarray:
+    """A raw ``.bin`` of ``dtype`` ids, or a ``.npy`` array (``np.save``: its header read by
+    numpy, not taken for tokens) whose ids fit ``dtype``."""
+    if path.suffix != ".npy":
+        return np.memmap(path, dtype=dtype, mode="r")
+    try:
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as exc:
+        raise ConfigError([f"data.path={path}: not a numpy array file ({exc})"]) from None
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise ConfigError(
+            [f"data.path={path}: a {arr.ndim}-D {arr.dtype} array; token files hold one 1-D "
+             "array of integer token ids"]
+        )  # fmt: skip
+    if arr.dtype == np.dtype(dtype):
+        return arr
+    low, top = (int(arr.min()), int(arr.max())) if len(arr) else (0, 0)
+    if low < 0:
+        raise ConfigError([f"data.path={path}: a negative token id ({low})"])
+    if top > np.iinfo(dtype).max:
+        fits = next(d for d in ("uint16", "uint32") if top <= np.iinfo(d).max)
+        raise ConfigError(
+            [f"data.path={path}: ids up to {top} do not fit data.token_dtype={dtype}; set "
+             f"data.token_dtype={fits}"]
+        )  # fmt: skip
+    return np.asarray(arr, dtype=dtype)
 
 
 def token_dtype(data: DataConfig, paths: dict[str, Path]) -> str:

@@ -1,0 +1,144 @@
+"""Which files a data source reads, and as what (found by a new user with their own data):
+hidden folders, compressed and CSV records, ``save_to_disk`` folders, ``np.save`` token
+arrays, a custom dataset's ``path`` argument. Each read back from the token cache it writes."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dtrain_cli.cli.app import app
+from dtrain_cli.config.schema import DataConfig
+from dtrain_cli.corpus.custom import build_custom
+from dtrain_cli.corpus.hf import prepare_hf
+from dtrain_cli.corpus.prepare import prepare_corpus
+from dtrain_cli.errors import ConfigError
+
+RECORDS = [{"text": f"record {i}: the quick brown fox"} for i in range(40)]
+JOINED = "\n\n".join(r["text"] for r in RECORDS).encode()  # byte-level: a blank line between
+
+
+def _tokens(paths: dict, dtype: str = "uint16") -> np.ndarray:
+    return np.concatenate([np.fromfile(paths[s], dtype=dtype) for s in ("train", "val")])
+
+
+def _plan_errors(*args: str) -> list[str]:
+    result = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", *args])
+    return [line for line in result.output.splitlines() if line.startswith("error:")]
+
+
+def test_a_text_folder_skips_hidden_folders(tmp_path):
+    """A repository's .git objects (compressed blobs) were 84% of a user's corpus."""
+    repo = tmp_path / "repo"
+    (repo / ".git" / "objects").mkdir(parents=True)
+    (repo / ".git" / "objects" / "ab12").write_bytes(bytes(range(256)) * 40)
+    (repo / "docs").mkdir()
+    (repo / "docs" / "b.txt").write_text("second")
+    (repo / "a.txt").write_text("first")
+    data = DataConfig(source="text", path=str(repo), cache_dir=str(tmp_path / "c"))
+    assert bytes(_tokens(prepare_corpus(data)).astype(np.uint8)) == b"first\n\nsecond"
+    only_hidden = tmp_path / "only_hidden"
+    (only_hidden / ".cache").mkdir(parents=True)
+    (only_hidden / ".cache" / "x.txt").write_text("x")
+    (line,) = _plan_errors("data=text", f"data.path={only_hidden}")
+    assert "no files in it (hidden ones, and those in hidden folders, are not read)" in line
+
+
+def test_compressed_and_csv_records_are_read_as_records(tmp_path):
+    """corpus.jsonl.gz trained on the raw bytes of its JSON (an unknown extension was read
+    as text); a .csv the same."""
+    gz = tmp_path / "corpus.jsonl.gz"
+    gz.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in RECORDS).encode()))
+    csv = tmp_path / "corpus.csv"
+    csv.write_text("id,text\n" + "".join(f"{i},{r['text']}\n" for i, r in enumerate(RECORDS)))
+    for path in (gz, csv):
+        data = DataConfig(source="hf", path=str(path), val_fraction=0.1)
+        assert bytes(_tokens(prepare_hf(data, tmp_path / "c", 256)).astype(np.uint8)) == JOINED
+        assert _plan_errors("data=hf", f"data.path={path}") == []
+
+
+def test_a_file_of_no_known_format_is_refused_with_the_formats(tmp_path):
+    odd = tmp_path / "corpus.dat"
+    odd.write_text("id,text\n1,hello\n")
+    (line,) = _plan_errors("data=hf", f"data.path={odd}")
+    assert line == (
+        f"error: data.path={odd}: not a .jsonl/.json/.parquet/.csv/.txt file (or one "
+        "compressed: .gz/.bz2/.xz/.zst); set data.format=json|parquet|csv|text to say how to "
+        "read it"
+    )
+    assert _plan_errors("data=hf", f"data.path={odd}", "data.format=csv") == []
+
+
+def test_a_save_to_disk_folder_is_loaded_with_its_validation_split(tmp_path):
+    """Its state.json and dataset_info.json were read as records (a 100-line datasets
+    traceback at launch, nothing at plan)."""
+    import datasets
+
+    train = datasets.Dataset.from_list(RECORDS)
+    val = datasets.Dataset.from_list([{"text": "held out"}])
+    train.save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict({"train": train, "validation": val}).save_to_disk(str(tmp_path / "two"))
+    datasets.DatasetDict({"test": val}).save_to_disk(str(tmp_path / "no_train"))
+    one = prepare_hf(DataConfig(source="hf", path=str(tmp_path / "one")), tmp_path / "c", 256)
+    assert bytes(_tokens(one).astype(np.uint8)) == JOINED
+    two = prepare_hf(DataConfig(source="hf", path=str(tmp_path / "two")), tmp_path / "c", 256)
+    assert bytes(np.fromfile(two["train"], dtype=np.uint16).astype(np.uint8)) == JOINED
+    assert bytes(np.fromfile(two["val"], dtype=np.uint16).astype(np.uint8)) == b"held out"
+    assert _plan_errors("data=hf", f"data.path={tmp_path / 'two'}") == []
+    (line,) = _plan_errors("data=hf", f"data.path={tmp_path / 'two'}", "data.text_field=body")
+    assert line.endswith(f"not a column of {tmp_path / 'two'} (columns: text)")
+    (line,) = _plan_errors("data=hf", f"data.path={tmp_path / 'no_train'}")
+    assert "a saved DatasetDict without a train split (splits: test)" in line
+
+
+def test_an_npy_token_file_is_read_by_numpy_not_as_raw_ids(tmp_path):
+    """np.save's header was read as token ids (and the error named the cache's train.bin)."""
+    ids = (np.arange(3000) * 7) % 256
+    np.save(tmp_path / "tok.npy", ids.astype(np.int64))
+    data = DataConfig(source="tokens", path=str(tmp_path / "tok.npy"), cache_dir=str(tmp_path))
+    assert _tokens(prepare_corpus(data)).tolist() == ids.tolist()
+    np.save(tmp_path / "big.npy", np.arange(3000, dtype=np.int64) + 70_000)
+    big = DataConfig(source="tokens", path=str(tmp_path / "big.npy"), cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        prepare_corpus(big)
+    assert e.value.problems == [
+        f"data.path={tmp_path / 'big.npy'}: ids up to 72999 do not fit "
+        "data.token_dtype=uint16; set data.token_dtype=uint32"
+    ]
+    big.token_dtype = "uint32"
+    assert _tokens(prepare_corpus(big), "uint32").max() == 72_999
+    np.save(tmp_path / "two.npy", np.zeros((2, 3), dtype=np.int64))
+    two = DataConfig(source="tokens", path=str(tmp_path / "two.npy"), cache_dir=str(tmp_path))
+    with pytest.raises(ConfigError) as e:
+        prepare_corpus(two)
+    assert "a 2-D int64 array; token files hold one 1-D array" in e.value.problems[0]
+
+
+def test_one_token_file_is_split_again_when_the_split_changes(tmp_path):
+    """The cache was keyed by the file alone: data.val_fraction=0.5 gave the 0.1 split."""
+    (np.arange(1000, dtype=np.uint16) % 256).tofile(tmp_path / "all.bin")
+    sizes = []
+    for fraction in (0.1, 0.5):
+        data = DataConfig(source="tokens", path=str(tmp_path / "all.bin"), val_fraction=fraction)
+        data.cache_dir = str(tmp_path / "c")
+        sizes.append(len(np.fromfile(prepare_corpus(data)["val"], dtype=np.uint16)))
+    assert sizes == [100, 500]
+
+
+def test_a_custom_dataset_taking_path_gets_data_path(tmp_path):
+    """data.path=DIR was refused for data=custom while the dataset's error said it takes
+    data.path; a dataset argument named path now gets it."""
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    data = DataConfig(source="custom", path=str(folder), val_fraction=0.25)
+    data._target_ = "tests.own_data.FolderPairs"
+    built = build_custom(data)
+    assert built["train"].dataset.folder == str(folder) and len(built["train"]) == 6
+    assert _plan_errors("data=custom", "data._target_=tests.own_data.FolderPairs",
+                        f"data.path={folder}") == []  # fmt: skip
+    (line,) = _plan_errors("data=custom", "data._target_=tests.own_data.Pairs", "data.path=x")
+    assert "Pairs() got an unexpected keyword argument 'path'" in line
