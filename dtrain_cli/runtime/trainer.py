@@ -125,6 +125,7 @@ class Trainer:
             precision=self.precision,
             layout=self.layout,
             sync=self.sync,
+            train_samples=len(self.train_batches),
         )
         self.validator = Validator(
             cfg, plan, ctx, self.pm, self.step_fn, self.val_batches, self.reports_loss

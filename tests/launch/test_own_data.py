@@ -6,6 +6,7 @@ tests/unit/test_own_data.py.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,33 @@ def test_hf_resume_mid_epoch_with_workers_is_bitwise(hf_files, tmp_path):
     assert losses(done, "val") == losses(ref, "val")
     assert done.summary()["param_digest"] == ref.summary()["param_digest"]
     assert losses(ref)[-1][1] < losses(ref)[0][1]
+    assert "training data changed" not in done.stdout + done.stderr  # the same data
+
+
+def test_resume_after_the_data_changed_says_the_samples_differ(tmp_path):
+    """A file appended to between save and resume changed the permutation the samples come
+    from, and the resume, documented as exact, said nothing (a new user's find)."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("the quick brown fox jumps over the lazy dog. " * 200)
+    args = ["launch", "recipe=gpt_tiny", "data=text", f"data.path={notes}", "train.steps=4",
+            "checkpoint.every_steps=2", "logging.tensorboard=false"]  # fmt: skip
+    first = run_dtrain(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    ckpt = first.run_dir / "checkpoints" / "step_000002"
+    saved = json.loads((ckpt / "meta.json").read_text())["train_samples"]
+    assert saved == (9000 - max(2, int(9000 * 0.1)) - 1) // 128  # windows of the train split
+    same = run_dtrain(["resume", "--ckpt", str(ckpt)], tmp_path)
+    assert same.returncode == 0 and "training data changed" not in same.stdout + same.stderr
+    with (notes / "a.txt").open("a") as f:
+        f.write("a sentence more. " * 300)
+    changed = run_dtrain(["resume", "--ckpt", str(ckpt)], tmp_path)
+    assert changed.returncode == 0, changed.stderr[-3000:]
+    said = " ".join((changed.stdout + changed.stderr).split())
+    assert (
+        f"the training data changed since step_000002 was saved ({saved} samples then, " in said
+        and "from step 3 on it draws other samples" in said
+    )
 
 
 @pytest.mark.multiproc

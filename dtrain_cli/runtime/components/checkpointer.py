@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from dtrain_cli.checkpoint.catalog import newest_complete
+from dtrain_cli.checkpoint.catalog import newest_complete, read_meta
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir.layout import RunDir
@@ -51,8 +51,10 @@ class Checkpointer:
         precision: Precision,
         layout: BatchLayout,
         sync: SyncRuntime,
+        train_samples: int,
     ) -> None:
         self.plan, self.ctx, self.run_dir = plan, ctx, run_dir
+        self.train_samples = train_samples  # the data's size, kept with each checkpoint
         self.pm, self.optimizers, self.precision = pm, optimizers, precision
         self.layout = layout
         self.sync = sync  # the sync mode's state goes into checkpoints under "sync"
@@ -130,8 +132,23 @@ class Checkpointer:
         self.resumed_from = path.name
         if self.ctx.is_logging_rank:
             truncate_metrics(RunDir(self.run_dir).metrics, step)
+            self._say_if_data_changed(path, step)
         log.info("resumed from %s: step %d, %d samples seen", path, step, self.layout.base_samples)
         return step
+
+    def _say_if_data_changed(self, path: Path, step: int) -> None:
+        """The sample order is a permutation of the training samples: other data (a file
+        appended to, added or removed) draws other samples from here on, which ``dtrain
+        resume`` would otherwise continue silently as if exact."""
+        then = read_meta(path).get("train_samples")
+        if then is None or then == self.train_samples:
+            return
+        log.warning(
+            "the training data changed since %s was saved (%s samples then, %s now): the run "
+            "continues, but from step %d on it draws other samples than the original run "
+            "would have (for the same run, resume with the data as it was)",
+            path.name, f"{then:,}", f"{self.train_samples:,}", step + 1,
+        )  # fmt: skip
 
     def rollback(self, step: int) -> int | None:
         """Model, optimizer and LR position from the newest complete checkpoint; the step
@@ -180,6 +197,7 @@ class Checkpointer:
             "world_size": self.plan.world_size,
             "mesh": dict(zip(self.plan.mesh.dim_names, self.plan.mesh.shape, strict=True)),
             "model": self.pm.spec.config_dict(),
+            "train_samples": self.train_samples,
         }
         run = RunDir(self.run_dir)  # the checkpoint keeps both under the run dir's names
         files = {path.name: path.read_text() for path in (run.config, run.plan)}
