@@ -17,7 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dtrain_cli.config.hf_data_checks import hf_problems, tokenizer_json_vocab, visible_files
+from dtrain_cli.config.hf_data_checks import (
+    eos_warning,
+    hf_problems,
+    tokenizer_json_vocab,
+    visible_files,
+)
 from dtrain_cli.config.schema import DataConfig, DtrainConfig
 from dtrain_cli.targets import TargetError, import_roots, nested_targets, resolve_target
 
@@ -149,15 +154,17 @@ def vocab_warning(data: DataConfig, vocab_size: int | None, key: str) -> str | N
     )
 
 
-def model_vocab_warnings(data: DataConfig, spec: ModelSpec) -> list[str]:
-    """The plan's warning of a model's vocabulary far larger than its data's (none when the
-    model's config cannot be made: the plan's problems say why)."""
+def data_warnings(data: DataConfig, spec: ModelSpec) -> list[str]:
+    """The plan's warnings of the data: a model's vocabulary far larger than its data's (none
+    when the model's config cannot be made: the plan's problems say why), a tokenizer
+    without an end-of-text token to put between records."""
+    out = [w] if (w := eos_warning(data)) else []
     try:
         vocab = spec.vocab_size
     except Exception:
-        return []
+        return out
     warning = vocab_warning(data, vocab, spec.vocab_key)
-    return [warning] if warning else []
+    return ([warning] if warning else []) + out
 
 
 # -- data=custom ----------------------------------------------------------------------------

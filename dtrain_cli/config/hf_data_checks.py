@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dtrain_cli.config.schema import DataConfig
@@ -27,6 +27,7 @@ EXTENSIONS = {
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst")
 """What ``datasets`` decompresses as it reads: ``corpus.jsonl.gz`` is JSON lines."""
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 
 
 VAL_SPLITS = ("validation", "valid", "val")
@@ -203,4 +204,42 @@ def vocab_problem(vocab_size: int, needed: int, folder: str) -> str:
     return (
         f"model.vocab_size={vocab_size}: below the tokenizer's {needed} tokens "
         f"(data.tokenizer={folder}); set model.vocab_size={needed} or more"
+    )
+
+
+def eos_from_config(path: Path, token_to_id: Callable[[str], int | None]) -> int | None:
+    """The id of the tokenizer's end-of-text token: ``tokenizer_config.json``'s
+    ``eos_token``, else the first of :data:`EOS_NAMES` it has; None when it has none."""
+    names: list[str] = []
+    config = path / "tokenizer_config.json"
+    if config.is_file():
+        eos = json.loads(config.read_text()).get("eos_token")
+        eos = eos.get("content") if isinstance(eos, dict) else eos
+        if isinstance(eos, str):
+            names.append(eos)
+    for name in [*names, *EOS_NAMES]:
+        tid = token_to_id(name)
+        if tid is not None:
+            return tid
+    return None
+
+
+def eos_warning(data: DataConfig) -> str | None:
+    """Records are joined with the tokenizer's end-of-text token; a ``tokenizer.json``
+    without one joins them with nothing between (one record runs into the next)."""
+    path = Path(data.tokenizer or "").expanduser()
+    if data.source != "hf" or not (path / "tokenizer.json").is_file():
+        return None
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    except Exception:  # reported by tokenizer_problems
+        return None
+    if eos_from_config(path, tok.token_to_id) is not None:
+        return None
+    return (
+        f"data.tokenizer={data.tokenizer}: no end-of-text token (tokenizer_config.json's "
+        f"eos_token, or one of {', '.join(EOS_NAMES)}): records are joined with nothing "
+        "between them, each running into the next; add one to the tokenizer"
     )

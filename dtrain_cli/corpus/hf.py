@@ -29,6 +29,7 @@ import numpy as np
 from dtrain_cli.config.hf_data_checks import (
     HF_EXTRA,
     VAL_SPLITS,
+    eos_from_config,
     hf_data_files,
     hf_format,
     vocab_problem,
@@ -37,7 +38,6 @@ from dtrain_cli.config.schema import DataConfig
 from dtrain_cli.errors import ConfigError
 
 META = "meta.json"
-EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 
 
 @dataclass
@@ -65,21 +65,6 @@ def _folder_ident(path: Path) -> str:
     return "\n".join(f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
 
 
-def _eos_from_config(path: Path, token_to_id: Callable[[str], int | None]) -> int | None:
-    names: list[str] = []
-    config = path / "tokenizer_config.json"
-    if config.is_file():
-        eos = json.loads(config.read_text()).get("eos_token")
-        eos = eos.get("content") if isinstance(eos, dict) else eos
-        if isinstance(eos, str):
-            names.append(eos)
-    for name in [*names, *EOS_NAMES]:
-        tid = token_to_id(name)
-        if tid is not None:
-            return tid
-    return None
-
-
 def load_tokenizer(folder: str | None) -> TextTokenizer:
     """The tokenizer of ``data.tokenizer``; byte-level (vocab 256) when unset."""
     if not folder:
@@ -95,7 +80,7 @@ def load_tokenizer(folder: str | None) -> TextTokenizer:
         def encode(texts: list[str]) -> list[list[int]]:
             return [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
 
-        eos = _eos_from_config(path, tok.token_to_id)
+        eos = eos_from_config(path, tok.token_to_id)
         size = tok.get_vocab_size(with_added_tokens=True)
     else:
         transformers = _need("transformers")

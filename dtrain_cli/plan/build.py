@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dtrain_cli.config.data_checks import model_vocab_warnings
+from dtrain_cli.config.data_checks import data_warnings
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.suggest import not_allowed
 from dtrain_cli.config.validate import config_problems
@@ -301,7 +301,7 @@ def layout_of(
     problems, warnings = strategy_problems(cfg)
     mode = mode_for(cfg.sync.mode)
     problems += mode.problems(cfg, world.device)
-    warnings = model_vocab_warnings(cfg.data, spec) + warnings + mode.warnings(cfg)
+    warnings = data_warnings(cfg.data, spec) + warnings + mode.warnings(cfg)
     if par.activation_checkpointing in ("selective", "full") and not facts.num_layers:
         problems.append(
             f"parallel.activation_checkpointing={par.activation_checkpointing}: "

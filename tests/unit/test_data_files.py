@@ -142,3 +142,23 @@ def test_a_custom_dataset_taking_path_gets_data_path(tmp_path):
                         f"data.path={folder}") == []  # fmt: skip
     (line,) = _plan_errors("data=custom", "data._target_=tests.own_data.Pairs", "data.path=x")
     assert "Pairs() got an unexpected keyword argument 'path'" in line
+
+
+def test_a_tokenizer_without_an_end_of_text_token_is_warned(tmp_path, hf_files):
+    """Records were joined with nothing between them, silently (the cache's token count was
+    the records' sum)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "the": 1, "fox": 2}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    corpus, with_eos, vocab = hf_files
+    args = ["plan", "recipe=gpt_tiny", "data=hf", f"data.path={corpus}"]
+    args.append(f"model.vocab_size={vocab}")
+    without = CliRunner().invoke(app, [*args, f"data.tokenizer={tmp_path / 'tok'}"])
+    assert without.exit_code == 0, without.output
+    said = " ".join(without.output.split())
+    assert f"data.tokenizer={tmp_path / 'tok'}: no end-of-text token" in said
+    with_one = CliRunner().invoke(app, [*args, f"data.tokenizer={with_eos}"])
+    assert with_one.exit_code == 0 and "no end-of-text token" not in with_one.output
