@@ -45,9 +45,9 @@ def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> 
             )
     problems += _unread_problems(data)
     if data.source == "text":
-        problems += _path_problems(data)
+        problems += _path_problems(data) or _split_problems(data, cfg.model)
     elif data.source == "tokens":
-        problems += _token_path_problems(data)
+        problems += _token_path_problems(data) or _split_problems(data, cfg.model)
     elif data.source == "hf":
         problems += hf_problems(data, getattr(cfg.model, "vocab_size", None))
     elif data.source == "custom":
@@ -102,6 +102,40 @@ def _path_problems(data: DataConfig) -> list[str]:
             "are not read); give a text file or a folder of them"
         ]
     return [f"data.path={data.path}: no such file or folder"]
+
+
+def short_split(where: str, split: str, tokens: int, block_size: int, val_fraction: float) -> str:
+    """A split too short for one window of ``block_size + 1`` tokens, and what lengthens it."""
+    more = "a smaller data.val_fraction" if split == "train" else "a larger data.val_fraction"
+    return (
+        f"{where}: its {split} split holds {tokens} tokens, fewer than one window of "
+        f"model.block_size+1={block_size + 1}; a larger corpus, {more} (now {val_fraction}) "
+        "or a smaller model.block_size"
+    )
+
+
+def _split_problems(data: DataConfig, model: object) -> list[str]:
+    """What the launch's token windows would refuse, from the files' sizes where they give
+    the token count (byte-level text: one token a byte, a blank line between files; one raw
+    token file): a split shorter than one window."""
+    block_size = getattr(model, "block_size", None)
+    path = Path(data.path or "").expanduser()
+    if not isinstance(block_size, int):
+        return []
+    if data.source == "text":
+        files = [path] if path.is_file() else visible_files(path)
+        n = sum(f.stat().st_size for f in files) + 2 * (len(files) - 1)
+    elif path.is_file() and path.suffix != ".npy":
+        n = path.stat().st_size // {"uint8": 1, "uint16": 2}.get(data.token_dtype, 4)
+    else:
+        return []  # a folder's own train.bin/val.bin, an .npy: read by the launch
+    n_val = max(2, int(n * data.val_fraction))
+    where = f"data.path={data.path}"
+    return [
+        short_split(where, split, count, block_size, data.val_fraction)
+        for split, count in (("train", n - n_val), ("val", n_val))
+        if count < block_size + 1
+    ]
 
 
 def _token_path_problems(data: DataConfig) -> list[str]:

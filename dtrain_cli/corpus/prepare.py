@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dtrain_cli.config.data_checks import short_split
 from dtrain_cli.config.hf_data_checks import visible_files
 from dtrain_cli.config.schema import DataConfig
 from dtrain_cli.corpus.cache import cache_root, write_atomic
@@ -178,14 +179,7 @@ def window_problems(
     for split, path in paths.items():
         tokens, top = open_tokens(path, dtype)
         if len(tokens) < block_size + 1:
-            more = (
-                "a smaller data.val_fraction" if split == "train" else "a larger data.val_fraction"
-            )
-            problems.append(
-                f"{where}: its {split} split holds {len(tokens)} tokens, fewer than one window of "
-                f"model.block_size+1={block_size + 1}; a larger corpus, {more} (now "
-                f"{data.val_fraction}) or a smaller model.block_size"
-            )
+            problems.append(short_split(where, split, len(tokens), block_size, data.val_fraction))
         elif vocab_size is not None and top >= vocab_size:
             problems.append(
                 f"{where}: token id {top} in {path.name} >= model.vocab_size={vocab_size}; set "

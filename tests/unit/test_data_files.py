@@ -162,3 +162,21 @@ def test_a_tokenizer_without_an_end_of_text_token_is_warned(tmp_path, hf_files):
     assert f"data.tokenizer={tmp_path / 'tok'}: no end-of-text token" in said
     with_one = CliRunner().invoke(app, [*args, f"data.tokenizer={with_eos}"])
     assert with_one.exit_code == 0 and "no end-of-text token" not in with_one.output
+
+
+@pytest.mark.parametrize("sizes", [[1000], [600, 398], [600, 800]])
+def test_plan_refuses_a_split_shorter_than_one_window_as_the_launch_would(tmp_path, sizes):
+    """The launch refused a 1,000-byte corpus (its val split: 100 tokens < 129) after the
+    plan had said nothing; the plan now counts the tokens from the files' sizes, the same
+    count the launch's token files hold."""
+    from dtrain_cli.corpus.prepare import window_problems
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    for i, size in enumerate(sizes):
+        (folder / f"{i}.txt").write_bytes(b"x" * size)
+    data = DataConfig(source="text", path=str(folder), cache_dir=str(tmp_path / "c"))
+    launch = window_problems(data, prepare_corpus(data), 128, 256)
+    plan = [e.removeprefix("error: ") for e in _plan_errors("data=text", f"data.path={folder}")]
+    assert plan == launch
+    assert bool(plan) == (sum(sizes) < 1400)  # val: a tenth of the bytes (and blank lines)
