@@ -13,6 +13,8 @@ when the launcher builds it (:mod:`dtrain_cli.corpus.custom`), before workers st
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -44,18 +46,35 @@ def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> 
                 f"{data.source}); add data=custom"
             )
     problems += _unread_problems(data)
+    val = val_data(data)
     if data.source == "text":
-        problems += _path_problems(data) or _split_problems(data, cfg.model)
+        paths = _path_problems(data.path, "data.path")
+        if val is not None:
+            paths += _path_problems(val.path, "data.val_path")
+        problems += paths or _split_problems(data, cfg.model)
     elif data.source == "tokens":
-        problems += _token_path_problems(data) or _split_problems(data, cfg.model)
+        paths = _token_path_problems(data)
+        if val is not None:
+            paths += _token_val_problems(data)
+        problems += paths or _split_problems(data, cfg.model)
     elif data.source == "hf":
         problems += hf_problems(data, getattr(cfg.model, "vocab_size", None))
+        if val is not None:  # read as data.path is, with data.path's tokenizer
+            val.tokenizer = None
+            problems += [p.replace("data.path=", "data.val_path=") for p in hf_problems(val, None)]
     elif data.source == "custom":
         problems += target_problems(data, import_roots(config_dirs))
     return problems
 
 
 READS_PATH = ("text", "tokens", "hf")
+
+
+def val_data(data: DataConfig) -> DataConfig | None:
+    """``data`` reading ``data.val_path`` (its validation files) instead; None when unset."""
+    if data.val_path is None:
+        return None
+    return dataclasses.replace(data, path=data.val_path, val_path=None)
 
 
 PASSED_TO_CUSTOM = ("path", "tokenizer")
@@ -77,6 +96,11 @@ def _unread_problems(data: DataConfig) -> list[str]:
     problems: list[str] = []
     if data.source == "custom":  # its dataset's arguments (custom_arguments)
         return problems
+    if data.val_path is not None and data.source not in READS_PATH:
+        problems.append(
+            f"data.val_path={data.val_path}: only read by data=text, data=tokens or data=hf "
+            f"(data.source={data.source} ignores it)"
+        )
     if data.path is not None and data.source not in READS_PATH:
         problems.append(
             f"data.path={data.path}: only read by data=text, data=tokens or data=hf "
@@ -90,18 +114,31 @@ def _unread_problems(data: DataConfig) -> list[str]:
     return problems
 
 
-def _path_problems(data: DataConfig) -> list[str]:
-    path = Path(data.path or "").expanduser()
+def _path_problems(given: str | None, key: str) -> list[str]:
+    path = Path(given or "").expanduser()
     if path.is_file():
         return []
     if path.is_dir():
         if visible_files(path):
             return []
         return [
-            f"data.path={data.path}: no files in it (hidden ones, and those in hidden folders, "
+            f"{key}={given}: no files in it (hidden ones, and those in hidden folders, "
             "are not read); give a text file or a folder of them"
         ]
-    return [f"data.path={data.path}: no such file or folder"]
+    return [f"{key}={given}: no such file or folder"]
+
+
+def _token_val_problems(data: DataConfig) -> list[str]:
+    """data.val_path with token files: one file (of ``data.token_dtype`` ids, or .npy) beside
+    one file; a folder of train.bin and val.bin has its own."""
+    if Path(data.path or "").expanduser().is_dir():
+        return [
+            f"data.val_path={data.val_path}: data.path={data.path} is a folder with its own "
+            "val.bin; unset data.val_path, or give data.path one token file"
+        ]
+    if not Path(data.val_path or "").expanduser().is_file():
+        return [f"data.val_path={data.val_path}: no such file (one token file, as data.path)"]
+    return []
 
 
 def short_split(where: str, split: str, tokens: int, block_size: int, val_fraction: float) -> str:
@@ -119,23 +156,33 @@ def _split_problems(data: DataConfig, model: object) -> list[str]:
     the token count (byte-level text: one token a byte, a blank line between files; one raw
     token file): a split shorter than one window."""
     block_size = getattr(model, "block_size", None)
-    path = Path(data.path or "").expanduser()
-    if not isinstance(block_size, int):
+    n = _size_in_tokens(data, data.path)
+    if not isinstance(block_size, int) or n is None:
         return []
-    if data.source == "text":
-        files = [path] if path.is_file() else visible_files(path)
-        n = sum(f.stat().st_size for f in files) + 2 * (len(files) - 1)
-    elif path.is_file() and path.suffix != ".npy":
-        n = path.stat().st_size // {"uint8": 1, "uint16": 2}.get(data.token_dtype, 4)
-    else:
-        return []  # a folder's own train.bin/val.bin, an .npy: read by the launch
-    n_val = max(2, int(n * data.val_fraction))
+    val = _size_in_tokens(data, data.val_path) if data.val_path else None
+    if data.val_path and val is None:
+        return []
+    splits = (n, val) if val is not None else (n - max(2, int(n * data.val_fraction)), None)
+    if val is None:
+        splits = (splits[0], n - splits[0])
     where = f"data.path={data.path}"
     return [
         short_split(where, split, count, block_size, data.val_fraction)
-        for split, count in (("train", n - n_val), ("val", n_val))
-        if count < block_size + 1
+        for split, count in zip(("train", "val"), splits, strict=True)
+        if count is not None and count < block_size + 1
     ]
+
+
+def _size_in_tokens(data: DataConfig, given: str | None) -> int | None:
+    """Tokens a byte-level text file or folder (a blank line between files), or one raw
+    token file, holds; None where the files' sizes do not say (a token folder, an .npy)."""
+    path = Path(given or "").expanduser()
+    if data.source == "text":
+        files = [path] if path.is_file() else visible_files(path)
+        return sum(f.stat().st_size for f in files) + 2 * (len(files) - 1)
+    if path.is_file() and path.suffix != ".npy":
+        return path.stat().st_size // {"uint8": 1, "uint16": 2}.get(data.token_dtype, 4)
+    return None
 
 
 def _token_path_problems(data: DataConfig) -> list[str]:
@@ -188,11 +235,33 @@ def vocab_warning(data: DataConfig, vocab_size: int | None, key: str) -> str | N
     )
 
 
+VAL_NAMES = ("val", "valid", "validation", "dev", "test", "eval")
+
+
+def _validation_file_warning(data: DataConfig) -> str | None:
+    """A folder whose files include one named for validation (``dev.jsonl``): every file
+    under ``data.path`` trains, so it was trained on."""
+    path = Path(data.path or "").expanduser()
+    if data.source not in ("text", "hf") or data.val_path or not path.is_dir():
+        return None
+    named = next(
+        (f for f in visible_files(path) if re.split(r"[._-]", f.name.lower())[0] in VAL_NAMES),
+        None,
+    )
+    if named is None:
+        return None
+    return (
+        f"data.path={data.path} holds {named.relative_to(path)}: it is trained on, as every "
+        f"file there is (validation: the last data.val_fraction of them); data.val_path="
+        f"{named} validates on it instead (move it out of data.path)"
+    )
+
+
 def data_warnings(data: DataConfig, spec: ModelSpec) -> list[str]:
     """The plan's warnings of the data: a model's vocabulary far larger than its data's (none
     when the model's config cannot be made: the plan's problems say why), a tokenizer
     without an end-of-text token to put between records."""
-    out = [w] if (w := eos_warning(data)) else []
+    out = [w for w in (eos_warning(data), _validation_file_warning(data)) if w]
     try:
         vocab = spec.vocab_size
     except Exception:

@@ -29,6 +29,9 @@ class DataConfig:
     | shapes (images) | hf (JSONL/Parquet/text files, any tokenizer) | custom (``_target_``)."""
     path: str | None = None
     """File or folder for source=text / tokens / hf."""
+    val_path: str | None = None
+    """source=text / hf / tokens (one file): the validation file or folder, read as ``path``
+    is (all of ``path`` then trains); default: the last ``val_fraction`` of ``path``."""
     val_fraction: float = 0.1
     token_dtype: str = "uint16"
     """dtype of pre-tokenized .bin files (nanoGPT writes uint16)."""
@@ -47,7 +50,7 @@ class DataConfig:
     """source=custom: the validation dataset (built with ``kwargs``); default: the last
     ``val_fraction`` of the items of ``_target_``."""
     format: str = "auto"
-    """source=hf: json (JSONL) | parquet | text | auto (from the file extension)."""
+    """source=hf: json (JSONL) | parquet | csv | text | auto (from the file extension)."""
     text_field: str = "text"
     """source=hf: the column holding the text (json, parquet)."""
     tokenizer: str | None = None

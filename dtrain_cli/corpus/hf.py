@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from dtrain_cli.config.data_checks import val_data
 from dtrain_cli.config.hf_data_checks import (
     HF_EXTRA,
     VAL_SPLITS,
@@ -145,24 +146,32 @@ def _tokenize(tok: TextTokenizer, texts: Iterable[list[str]]) -> np.ndarray:
 
 def prepare_hf(data: DataConfig, cache: Path, vocab_size: int | None) -> dict[str, Path]:
     """Tokenize (once) and return the token file of each split."""
+    val_cfg = val_data(data)  # data.val_path: its records validate, all of data.path trains
     try:
         files = hf_data_files(data)
+        val_files = hf_data_files(val_cfg) if val_cfg is not None else []
     except FileNotFoundError as exc:
         raise ConfigError([str(exc)]) from None
     fmt = hf_format(data, files)
     tok = load_tokenizer(data.tokenizer)
     if vocab_size is not None and tok.vocab_size > vocab_size:
         raise ConfigError([vocab_problem(vocab_size, tok.vocab_size, str(data.tokenizer))])
-    ident = "\n".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
-    ident += f"\n{fmt}:{data.text_field}:{data.val_fraction}\n{tok.ident}"
+    ident = "\n".join(
+        f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in [*files, *val_files]
+    )
+    ident += f"\n{fmt}:{data.text_field}:{data.val_fraction}:val={len(val_files)}\n{tok.ident}"
     out_dir = cache / f"hf-{hashlib.sha1(ident.encode()).hexdigest()[:16]}"
     paths = {split: out_dir / f"{split}.bin" for split in ("train", "val")}
     if (out_dir / META).is_file() and all(p.exists() for p in paths.values()):
         return paths
     train_records, val_records = _record_sets(data, files, fmt, cache)
+    val_fmt = fmt
+    if val_cfg is not None:
+        val_fmt = hf_format(val_cfg, val_files)
+        val_records, _ = _record_sets(val_cfg, val_files, val_fmt, cache)
     tokens = _tokenize(tok, _texts(data, train_records, fmt))
     if val_records is not None:
-        train, val = tokens, _tokenize(tok, _texts(data, val_records, fmt))
+        train, val = tokens, _tokenize(tok, _texts(data, val_records, val_fmt))
     else:
         n_val = max(2, int(len(tokens) * data.val_fraction))
         if len(tokens) < 2 * n_val:

@@ -79,8 +79,12 @@ def prepare_corpus(
         files = _source_files(cfg)
         if not files:
             raise FileNotFoundError(f"data.source={cfg.source}: no files found")
-        ident = "\n".join(f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in files)
-        key = f"{cfg.source}-{hashlib.sha1(f'{ident}{cfg.val_fraction}'.encode()).hexdigest()[:16]}"
+        val_files = _text_files(Path(cfg.val_path)) if cfg.val_path else []
+        ident = "\n".join(
+            f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in [*files, *val_files]
+        )
+        ident += f"{cfg.val_fraction}" + (f"\nval:{len(val_files)}" if val_files else "")
+        key = f"{cfg.source}-{hashlib.sha1(ident.encode()).hexdigest()[:16]}"
     out_dir = cache_root(cfg) / key
     paths = {split: out_dir / f"{split}.bin" for split in SPLITS}
     if all(p.exists() for p in paths.values()):
@@ -90,12 +94,21 @@ def prepare_corpus(
         rng = np.random.default_rng(seed)
         tokens = rng.integers(0, 256, size=cfg.synthetic_tokens, dtype=np.uint16)
     else:
-        raw = b"\n\n".join(p.read_bytes() for p in files)
-        tokens = np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
+        tokens = _byte_tokens(files)
+        if val_files:  # data.val_path: all of data.path trains
+            write_atomic(paths["train"], tokens)
+            write_atomic(paths["val"], _byte_tokens(val_files))
+            return paths
     n_val = max(2, int(len(tokens) * cfg.val_fraction))
     write_atomic(paths["train"], tokens[:-n_val])
     write_atomic(paths["val"], tokens[-n_val:])
     return paths
+
+
+def _byte_tokens(files: list[Path]) -> np.ndarray:
+    """Byte-level tokens of the files, a blank line between two."""
+    raw = b"\n\n".join(p.read_bytes() for p in files)
+    return np.frombuffer(raw, dtype=np.uint8).astype(np.uint16)
 
 
 def _token_files(cfg: DataConfig) -> dict[str, Path]:
@@ -108,14 +121,21 @@ def _token_files(cfg: DataConfig) -> dict[str, Path]:
         return paths
     if not path.is_file():
         raise FileNotFoundError(f"data.path={path}: no such file or folder")
-    # One file: split it like text, into the cache.
+    # One file: split it like text (or data.val_path validates), into the cache.
     tokens = _one_token_file(path, cfg.token_dtype)
     ident = f"{path.resolve()}:{path.stat().st_mtime_ns}:{cfg.val_fraction}:{cfg.token_dtype}"
+    val_path = Path(cfg.val_path) if cfg.val_path else None
+    if val_path is not None:
+        ident += f"\nval:{val_path.resolve()}:{val_path.stat().st_mtime_ns}"
     key = hashlib.sha1(ident.encode()).hexdigest()[:16]
     out_dir = cache_root(cfg) / f"tokens-{key}"
     paths = {split: out_dir / f"{split}.bin" for split in SPLITS}
     if not all(p.exists() for p in paths.values()):
         out_dir.mkdir(parents=True, exist_ok=True)
+        if val_path is not None:
+            write_atomic(paths["train"], np.asarray(tokens))
+            write_atomic(paths["val"], np.asarray(_one_token_file(val_path, cfg.token_dtype)))
+            return paths
         n_val = max(2, int(len(tokens) * cfg.val_fraction))
         write_atomic(paths["train"], np.asarray(tokens[:-n_val]))
         write_atomic(paths["val"], np.asarray(tokens[-n_val:]))

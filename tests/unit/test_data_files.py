@@ -180,3 +180,46 @@ def test_plan_refuses_a_split_shorter_than_one_window_as_the_launch_would(tmp_pa
     plan = [e.removeprefix("error: ") for e in _plan_errors("data=text", f"data.path={folder}")]
     assert plan == launch
     assert bool(plan) == (sum(sizes) < 1400)  # val: a tenth of the bytes (and blank lines)
+
+
+def test_val_path_validates_on_its_own_files_and_all_of_path_trains(tmp_path):
+    """A dev.jsonl beside train.jsonl was concatenated into training, silently; the plan now
+    says so, and data.val_path reads validation from its own file (text, hf, one token
+    file)."""
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "a.txt").write_text("training text " * 20)
+    (tmp_path / "dev.txt").write_text("held out")
+    text = DataConfig(source="text", path=str(tmp_path / "train"), cache_dir=str(tmp_path))
+    text.val_path = str(tmp_path / "dev.txt")
+    paths = prepare_corpus(text)
+    assert bytes(np.fromfile(paths["train"], np.uint16).astype(np.uint8)) == b"training text " * 20
+    assert bytes(np.fromfile(paths["val"], np.uint16).astype(np.uint8)) == b"held out"
+    jsonl = tmp_path / "train.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in RECORDS))
+    (tmp_path / "dev.jsonl").write_text(json.dumps({"text": "held out"}) + "\n")
+    hf = DataConfig(source="hf", path=str(jsonl), val_path=str(tmp_path / "dev.jsonl"))
+    paths = prepare_hf(hf, tmp_path / "c", 256)
+    assert bytes(np.fromfile(paths["train"], np.uint16).astype(np.uint8)) == JOINED
+    assert bytes(np.fromfile(paths["val"], np.uint16).astype(np.uint8)) == b"held out"
+    (np.arange(500, dtype=np.uint16) % 256).tofile(tmp_path / "all.bin")
+    (np.arange(300, dtype=np.uint16) % 7).tofile(tmp_path / "val.bin")
+    tokens = DataConfig(source="tokens", path=str(tmp_path / "all.bin"), cache_dir=str(tmp_path))
+    tokens.val_path = str(tmp_path / "val.bin")
+    paths = prepare_corpus(tokens)
+    assert len(np.fromfile(paths["train"], np.uint16)) == 500
+    assert np.fromfile(paths["val"], np.uint16).tolist() == (np.arange(300) % 7).tolist()
+
+
+def test_a_validation_file_inside_the_training_folder_is_warned(tmp_path):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS * 20))
+    (folder / "dev.jsonl").write_text(json.dumps({"text": "held out"}) + "\n")
+    args = ["plan", "recipe=gpt_tiny", "data=hf", f"data.path={folder}"]
+    said = " ".join(CliRunner().invoke(app, args).output.split())
+    assert f"data.path={folder} holds dev.jsonl: it is trained on" in said
+    assert f"data.val_path={folder / 'dev.jsonl'} validates on it instead" in said
+    (line,) = _plan_errors("data=hf", f"data.path={folder}", f"data.val_path={tmp_path}/no.jsonl")
+    assert line == f"error: data.val_path={tmp_path}/no.jsonl: no such file or folder"
+    (line,) = _plan_errors("data=synthetic", "data.val_path=x.txt")
+    assert "data.val_path=x.txt: only read by data=text, data=tokens or data=hf" in line
