@@ -109,11 +109,12 @@ def is_peer_loss(error: str) -> bool:
     return any(p in text for p in PEER_LOSS) and not any(p in text for p in OWN_SOCKET)
 
 
-def attempt_cause(run_dir: Path, attempt: int) -> str:
+def attempt_cause(run_dir: Path, attempt: int, world_size: int | None = None) -> str:
     """What ended restart attempt ``attempt``, from its ranks' notes (a restarted group
-    says it): a rank killed by a signal, else an error of a rank's own, else the ranks
-    that lost a peer. Short of the launcher's report (:mod:`dtrain_cli.launch.failures`):
-    a rank killed without a drill leaves no note."""
+    says it): a rank killed by a signal, else an error of a rank's own, else the ranks of
+    ``world_size`` that left no note (killed without a drill: a real SIGKILL writes none),
+    whose peers then lost them. Short of the launcher's report
+    (:mod:`dtrain_cli.launch.failures`), which sees exit codes."""
     notes = [n for n in _all_notes(run_dir) if n.get("attempt", 0) == attempt]
     notes.sort(key=lambda n: float(n.get("time", 0)))
 
@@ -129,6 +130,14 @@ def attempt_cause(run_dir: Path, attempt: int) -> str:
             return f"rank {n['rank']} failed{after(n)}: {error}"
     if notes:
         lost = ", ".join(str(n["rank"]) for n in notes)
+        noted = {int(n["rank"]) for n in notes}
+        silent = [r for r in range(world_size or 0) if r not in noted]
+        if silent:
+            who = ("rank " if len(silent) == 1 else "ranks ") + ", ".join(map(str, silent))
+            return (
+                f"{who} ended without an error of its own{after(notes[0])} (killed by a "
+                f"signal?); rank(s) {lost} then lost a peer"
+            )
         return f"rank(s) {lost} lost a peer{after(notes[0])} (another rank was killed?)"
     return "a worker failed"
 

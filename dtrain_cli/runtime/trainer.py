@@ -291,7 +291,7 @@ class Trainer:
             "restarted (attempt %d of %d) after %s; %s",
             attempt,
             self.plan.max_restarts,
-            attempt_cause(self.run_dir, attempt - 1),
+            attempt_cause(self.run_dir, attempt - 1, self.plan.world_size),
             f"resuming from checkpoint {ckpt} (step {self.step})"
             if ckpt
             else "starting from step 0 (no complete checkpoint yet)",

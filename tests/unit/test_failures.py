@@ -283,3 +283,24 @@ def test_nodes_that_never_meet_are_one_line_not_torchs_traceback():
         "the rendezvous at node0:29500 (id exp1) failed: RendezvousStateError: "
         "The rendezvous state is corrupt."
     )
+
+
+def test_a_restart_after_a_real_kill_names_the_rank_that_left_no_note(tmp_path, monkeypatch):
+    """A real SIGKILL writes no note: the restarted group said 'rank(s) 0 lost a peer
+    (another rank was killed?)', the survivor the subject; the rank without a note is
+    named, as the launcher's report names a silent rank."""
+    from dtrain_cli.rundir.notes import attempt_cause, write_note
+
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    lost = RuntimeError("[../third_party/gloo/transport/tcp/pair.cc:534] Connection reset by peer")
+    write_note(tmp_path, 0, 30, lost)
+    assert attempt_cause(tmp_path, 0, 2) == (
+        "rank 1 ended without an error of its own after step 30 (killed by a signal?); "
+        "rank(s) 0 then lost a peer"
+    )
+    assert (
+        attempt_cause(tmp_path, 0)
+        == "rank(s) 0 lost a peer after step 30 (another rank was killed?)"
+    )
+    write_note(tmp_path, 1, 30, None, signal="SIGKILL")  # a drill says what it sends itself
+    assert attempt_cause(tmp_path, 0, 2) == "rank 1 was killed by SIGKILL after step 30"
