@@ -251,7 +251,13 @@ def start_workers(
         remove_if_untrained(run_dir, fresh, fresh_root)
         fail(exc.problems)
     except BaseException:  # Ctrl-C before the workers started: nothing of this start stays
-        remove_if_untrained(run_dir, unstarted, fresh_root)
+        if not remove_if_untrained(run_dir, unstarted, fresh_root) and plan.nnodes > 1:
+            err_console.print(  # the nodes share it: another may have written to it
+                f"kept {run_dir} (its nodes share it): the same command on each node starts "
+                "the run again",
+                highlight=False,
+                soft_wrap=True,
+            )
         raise
     finally:
         worker_server.stop()

@@ -368,6 +368,42 @@ def test_ctrl_c_during_start_up_stops_the_launch_and_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []  # the run dir it created is gone
 
 
+def test_ctrl_c_while_a_node_waits_for_the_others_keeps_the_shared_run_dir(tmp_path):
+    """Node 0 of two, alone at the rendezvous: Ctrl-C exits 130 and keeps the run dir the
+    nodes share (another node may have written to it), saying so; the docs said a failed
+    start leaves nothing (a new user's find)."""
+    from tests.launch.test_cluster_live import free_port
+
+    args = ["launch", *SMALL, "dp=2", "--nnodes", "2", "--node-rank", "0",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "lonely"]  # fmt: skip
+    proc = subprocess.Popen(
+        [*DTRAIN, *args],
+        cwd=tmp_path,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.time() + 60
+        while not list(tmp_path.glob("runs/lonely/launch.json")):  # its agent is starting
+            assert time.time() < deadline and proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(2)  # at the rendezvous, waiting for node 1
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out + err
+    run_dir = tmp_path / "runs" / "lonely"
+    said = " ".join(err.split())
+    assert f"kept {run_dir} (its nodes share it): the same command on each node" in said, err
+    assert "error: stopped by SIGINT" in err and "Traceback" not in err
+    assert (run_dir / "plan.yaml").is_file()
+
+
 def test_ctrl_c_while_the_fork_server_imports_prints_no_traceback():
     """A terminal's Ctrl-C reaches the workers' fork server too, while it imports dtrain
     and torch (its preload module, before it could install its own handlers): found by the
