@@ -56,7 +56,9 @@ def validate_cluster(
     sizes: str = typer.Option(DEFAULT_SIZES, "--sizes", help="all_reduce message sizes."),
     live: bool = typer.Option(True, "--live/--no-live", help="Run the live collective check."),
     single_host: bool = typer.Option(
-        False, "--single-host", help="All nodes run on this machine (tests)."
+        False,
+        "--single-host",
+        help='All nodes run on this machine (two "nodes" in two shells, a test).',
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:

@@ -306,7 +306,8 @@ def _rendezvous_host(req: Request, f: Facts, host: str, addrs: list[str]) -> Che
         f"{host} -> {', '.join(addrs)} is a loopback address but nnodes="
         f"{req.nnodes}: each node would rendezvous with itself and hang",
         "use node 0's real host name or IP in --rdzv-endpoint (in SLURM: the "
-        "first host of `scontrol show hostnames $SLURM_JOB_NODELIST`)",
+        "first host of `scontrol show hostnames $SLURM_JOB_NODELIST`); if every node runs "
+        'on this machine (two "nodes" in two shells), add --single-host',
     )
 
 
