@@ -123,6 +123,32 @@ def merge_windows(windows: dict[int, tuple[float, int]], ends: list[int]) -> lis
     return out
 
 
+def _no_common_steps(runs: list[RunData], per_run: list[dict[int, Any]]) -> str:
+    """Why no logged window ends at a step every run logged: a run that stopped (or has
+    logged nothing yet) before another's first logged step, else logging.every values
+    that do not divide each other."""
+    names = ", ".join(str(r.path) for r in runs)
+    firsts = [min(p) if p else None for p in per_run]
+    for run, steps in zip(runs, per_run, strict=True):
+        others = [
+            (f, r) for f, r in zip(firsts, runs, strict=True) if f is not None and r is not run
+        ]
+        if not others:
+            continue
+        first, other = min(others, key=lambda fr: fr[0])
+        if not steps or max(steps) < first:
+            logged = f"logged only up to step {max(steps)}" if steps else "logged no loss"
+            return (
+                f"no common logged steps in {names}: {run.path} {logged}; {other.path}'s first "
+                f"logged step is {first}"
+            )
+    return (
+        f"no common logged steps in {names}: each logged loss is the mean over the "
+        "steps since the one logged before, so windows must end at the same steps; "
+        "compare runs whose logging.every divide each other"
+    )
+
+
 def compare_runs(runs: list[RunData], tol: float) -> Comparison:
     """Train losses at the steps every run logged, each the mean over the same window (a
     run logged more often has its windows merged into the common ones); the first step
@@ -130,12 +156,7 @@ def compare_runs(runs: list[RunData], tol: float) -> Comparison:
     per_run = [r.loss_windows() for r in runs]
     common = sorted(set.intersection(*(set(p) for p in per_run)))
     if not common:
-        names = ", ".join(str(r.path) for r in runs)
-        raise RunDirError(
-            f"no common logged steps in {names}: each logged loss is the mean over the "
-            "steps since the one logged before, so windows must end at the same steps; "
-            "compare runs whose logging.every divide each other"
-        )
+        raise RunDirError(_no_common_steps(runs, per_run))
     merged = any(sorted(s for s in p if s <= common[-1]) != common for p in per_run)
     columns = [merge_windows(p, common) for p in per_run]
     rows = [list(row) for row in zip(*columns, strict=True)]

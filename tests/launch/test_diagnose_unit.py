@@ -52,10 +52,18 @@ def test_report_on_a_folder_that_is_not_a_run_dir(tmp_path):
 
 
 def test_compare_runs_without_common_steps(tmp_path):
+    """A run that stopped before the other's first logged step was told to pick
+    logging.every values that divide each other (1 and 5 do)."""
     a, b = fake_run(tmp_path / "a", [1, 2, 3]), fake_run(tmp_path / "b", [10, 20])
     run = run_dtrain(["compare", str(a), str(b)], tmp_path)
-    assert run.returncode == 2
-    assert "no common logged steps" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1
+    assert run.stderr.strip() == (
+        f"error: no common logged steps in {a}, {b}: {a} logged only up to step 3; {b}'s "
+        "first logged step is 10"
+    )
+    c, d = fake_run(tmp_path / "c", [3, 6, 9]), fake_run(tmp_path / "d", [4, 8])
+    run = run_dtrain(["compare", str(c), str(d)], tmp_path)
+    assert run.returncode == 2 and "compare runs whose logging.every divide" in run.stderr
 
 
 def test_compare_names_the_first_step_over_the_tolerance(tmp_path):
