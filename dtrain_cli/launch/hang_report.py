@@ -73,10 +73,28 @@ def hang_report(run_dir: Path, world_size: int) -> str | None:
     if waiting:
         parts.append(f"{_ranks(waiting)} waited in it for {timeout:g} s")
     if not behind and not waiting:
-        steps = sorted({rec["step"] for rec in records.values()})
-        where = "; ".join(f"rank {r} at {rec['where']}" for r, rec in sorted(records.items()))
-        parts.append(
-            f"no rank made progress for {timeout:g} s at step(s) "
-            f"{', '.join(map(str, steps))} ({where})"
-        )
+        parts.append(_by_step(records, timeout))
     return f"hang: {'; '.join(parts)}; stacks in {RunDir(run_dir).hang}/"
+
+
+def _by_step(records: dict[int, dict], timeout: float) -> str:
+    """No collective of dtrain's own tells the ranks apart (the wait is inside DDP's
+    gradient all-reduce, say): the ranks in the earliest step are the ones behind, the
+    others went on to a later step and waited there."""
+    steps = sorted({rec["step"] for rec in records.values()})
+
+    def where(ranks: list[int]) -> str:
+        return "; ".join(f"rank {r} at {records[r]['where']}" for r in ranks)
+
+    if len(steps) == 1:
+        return (
+            f"no rank made progress for {timeout:g} s in step {steps[0]} ({where(sorted(records))})"
+        )
+    behind = sorted(r for r, rec in records.items() if rec["step"] == steps[0])
+    ahead = sorted(r for r in records if r not in behind)
+    later = sorted({records[r]["step"] for r in ahead})
+    return (
+        f"{_ranks(behind)} stopped in step {steps[0]} ({where(behind)}); {_ranks(ahead)} went "
+        f"on to step {', '.join(map(str, later))} and waited there for {timeout:g} s "
+        f"({where(ahead)})"
+    )

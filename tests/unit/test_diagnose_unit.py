@@ -147,3 +147,23 @@ def test_python_warnings_reach_the_rank_log_and_rank_0_console_once(tmp_path, mo
     log = (tmp_path / "logs" / "rank_0.log").read_text()
     assert console.count(said) == 1 and log.count(said) == 1, console
     assert "(unit/test_diagnose_unit.py:" in console  # where it was called from
+
+
+def test_a_hang_outside_dtrains_collectives_names_the_ranks_in_the_earliest_step(tmp_path):
+    """The hang drill at logging.every=10: rank 0 waits in DDP's gradient all-reduce of
+    step 4, rank 1 froze in step 3; neither is in a collective of dtrain's own. It said
+    'no rank made progress ... at step(s) 3, 4', naming no rank behind."""
+    hang = tmp_path / "logs" / "hang"
+    hang.mkdir(parents=True)
+    ahead = record(0, 0, False, "graph.py:979 in _engine_run_backward") | {"step": 4}
+    frozen = record(1, 0, False, "faults.py:92 in maybe_fail") | {"step": 3}
+    for r in (ahead, frozen):
+        (hang / f"rank_{r['rank']}.json").write_text(json.dumps(r))
+    assert hang_report(tmp_path, 2) == (
+        "hang: rank 1 stopped in step 3 (rank 1 at faults.py:92 in maybe_fail); rank 0 went on "
+        "to step 4 and waited there for 60 s (rank 0 at graph.py:979 in _engine_run_backward); "
+        f"stacks in {hang}/"
+    )
+    frozen["step"] = 4
+    (hang / "rank_1.json").write_text(json.dumps(frozen))
+    assert hang_report(tmp_path, 2).startswith("hang: no rank made progress for 60 s in step 4")
