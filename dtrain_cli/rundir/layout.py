@@ -150,8 +150,12 @@ class RunDir:
         """The job id ``dtrain sbatch --submit`` got."""
         return self.slurm / "job_id"
 
+    @property
+    def profile(self) -> Path:
+        return self.path / "profile"
+
     def profile_trace(self, rank: int) -> Path:
-        return self.path / "profile" / f"rank_{rank}.trace.json"
+        return self.profile / f"rank_{rank}.trace.json"
 
     @property
     def report(self) -> Path:

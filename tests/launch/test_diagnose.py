@@ -119,6 +119,8 @@ def test_profile_writes_a_loadable_trace_per_rank(plain):
     assert "profile of steps 3-4" in (plain.run_dir / "logs" / "rank_0.log").read_text()
     # kineto's "USDT: ... SyncActivityProfilerHandler.cpp:52] profiler_start" on the console
     assert "profiler_start" not in plain.stdout + plain.stderr
+    files = next(x for x in plain.stdout.splitlines() if x.strip().startswith("files:"))
+    assert "profile/" in files.split()  # the end of the run lists the traces' folder
 
 
 @pytest.mark.parametrize("policy", ["skip", "rollback"])

@@ -210,7 +210,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
 def summary_lines(run_dir: Path) -> list[str]:
     """Below the table, unwrapped (a path to copy): the run dir and what it holds."""
     run = RunDir(run_dir)
-    held = (run.summary, run.metrics, run.tensorboard, run.checkpoints, run.logs)
+    held = (run.summary, run.metrics, run.tensorboard, run.checkpoints, run.profile, run.logs)
     files = " ".join(p.name + ("/" if p.is_dir() else "") for p in held if p.exists())
     return [f"run dir: {run_dir}", f"  files: {files}"]
 
