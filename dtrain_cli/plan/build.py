@@ -23,12 +23,12 @@ from dtrain_cli.config.validate import config_problems
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.mesh.dims import MESH_DIM_NAMES, ParallelDims
 from dtrain_cli.models import ModelFacts, ModelSpec, UnknownModelKind, model_spec
+from dtrain_cli.plan.fit import device_problems
 from dtrain_cli.plan.layout import (
     batch_layout,
     batchnorm_warning,
     bubble_warning,
     pipeline_layout,
-    plural,
     strategy_problems,
     tp_span_warning,
 )
@@ -236,7 +236,7 @@ def world_of(cfg: DtrainConfig, res: Resources) -> tuple[World, list[str]]:
             f"{nproc}*{nnodes} = {nproc * nnodes} processes were asked for; "
             + _world_fix(par.dp, par.tp * par.pp, nproc * nnodes, nnodes)
         )
-    problems += device_problems(cfg, device, nproc, res)
+    problems += device_problems(cfg, device, nproc, res.num_gpus)
     backend = "nccl" if device == "cuda" else "gloo"
     out = World(size=world, nnodes=nnodes, nproc_per_node=nproc, device=device, backend=backend)
     return out, problems
@@ -251,25 +251,6 @@ def _world_fix(dp: int, model_parallel: int, nproc_total: int, nnodes: int) -> s
     if world % nnodes == 0:
         fixes.append(f"nproc_per_node={world // nnodes}")
     return "set " + " or ".join(fixes) if fixes else "make them equal"
-
-
-def device_problems(cfg: DtrainConfig, device: str, nproc: int, res: Resources) -> list[str]:
-    problems = []
-    if device == "cuda" and nproc > res.num_gpus:
-        problems.append(
-            f"{plural(nproc, 'process', 'processes')} per node {'needs' if nproc == 1 else 'need'} "
-            f"{plural(nproc, 'GPU')} but "
-            f"{res.num_gpus} {'is' if res.num_gpus == 1 else 'are'} visible; "
-            f"lower dp/tp/pp or set run.device=cpu"
-        )
-    if cfg.run.device == "cuda" and res.num_gpus == 0:
-        problems.append("run.device=cuda: no GPU is visible here; use run.device=auto or cpu")
-    if cfg.precision.name == "fp16" and device == "cpu":
-        problems.append(
-            "precision=fp16: fp16 with dynamic loss scaling needs a CUDA device, and this "
-            "run is on cpu; use precision=bf16 or precision=fp32"
-        )
-    return problems
 
 
 def loss_problems(cfg: DtrainConfig, spec: ModelSpec) -> list[str]:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.models.spec import ModelSpec
+from dtrain_cli.plan.layout import plural
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.plan.steptime import GIB, peak_memory
 
@@ -161,3 +162,27 @@ def host_warnings(plan: Plan, cpus: int, ram_bytes: int) -> list[str]:
             f"{n // cpus}x slower than with a core each): fewer ranks here, or {elsewhere}"
         ]
     return []
+
+
+def device_problems(cfg: DtrainConfig, device: str, nproc: int, num_gpus: int) -> list[str]:
+    """What the device asked for cannot do here: more processes than visible GPUs, CUDA
+    where there is none, fp16's loss scaling on the CPU."""
+    problems = []
+    if device == "cuda" and nproc > num_gpus:
+        problems.append(
+            f"{plural(nproc, 'process', 'processes')} per node {'needs' if nproc == 1 else 'need'} "
+            f"{plural(nproc, 'GPU')} but "
+            f"{num_gpus} {'is' if num_gpus == 1 else 'are'} visible; "
+            f"lower dp/tp/pp or set run.device=cpu"
+        )
+    if cfg.run.device == "cuda" and num_gpus == 0:
+        problems.append("run.device=cuda: no GPU is visible here; use run.device=auto or cpu")
+    if cfg.precision.name == "fp16" and device == "cpu":
+        gpus = cfg.hardware.device == "cuda"  # planned for a GPU cluster from this machine
+        problems.append(
+            "precision=fp16: fp16 with dynamic loss scaling needs a CUDA device, and this "
+            "run is on cpu; use precision=bf16 or precision=fp32"
+            + (f" (for hardware={cfg.hardware.name}'s GPUs: dtrain sbatch or dtrain k8s "
+               "plans its job, dtrain simulate runs a rank of it here)" if gpus else "")
+        )  # fmt: skip
+    return problems

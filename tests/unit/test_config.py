@@ -185,6 +185,14 @@ BAD = [
     (["optim.base_lr=-1e-3"], ["optim.base_lr"]),
     (["precision.name=fp8"], ["precision.name=fp8", "fp32, bf16, fp16"]),
     (["precision=fp16"], ["precision=fp16", "CUDA", "bf16"]),
+    # planned for a GPU cluster from a laptop: where such a plan is made
+    (
+        ["precision=fp16", "hardware=h100_80g"],
+        [
+            "(for hardware=h100_80g's GPUs: dtrain sbatch or dtrain k8s plans its job, dtrain "
+            "simulate runs a rank of it here)"
+        ],
+    ),  # fmt: skip
     (["optim.lr_scaling=cubic"], ["optim.lr_scaling=cubic", "none, linear, sqrt"]),
     (["optim.name=lamb"], ["optim.name=lamb", "adamw, sgd"]),
     # a near miss of a choice names the closest one, for fixed choices and registered ones
