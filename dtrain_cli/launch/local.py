@@ -30,6 +30,7 @@ from typing import Any, NoReturn
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.import_gc import imports_without_collection
 from dtrain_cli.launch import failures, hang_report
+from dtrain_cli.launch.every_failure import every_failed_process
 from dtrain_cli.launch.exit_barrier import end_when_signalled_at_exit_barrier
 from dtrain_cli.launch.hang_guard import reap_frozen_ranks
 from dtrain_cli.launch.preload import WORKER_ENTRY, entry_point, worker_modules
@@ -218,6 +219,7 @@ def run_agent(
             no_orphans(plan.script is not None),
             reap_frozen_ranks(run_dir, plan.world_size),  # a stopped rank ends the run too
             end_when_signalled_at_exit_barrier(partial(_end_at_barrier, run_dir, report)),
+            every_failed_process(),  # a killed rank and the peer that lost it: both
         ):
             elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick

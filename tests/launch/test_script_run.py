@@ -671,3 +671,27 @@ def test_launcher_python_mistakes_are_one_line(tmp_path, args, says):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and says in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+KILLED_THEN_PEER_LOST = """import os, signal, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+if dist.get_rank() == 1:
+    time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)  # an OOM kill, a kill -9
+dist.all_reduce(t)  # rank 0: its peer is gone
+"""
+
+
+@pytest.mark.multiproc
+def test_a_killed_rank_is_named_when_its_peer_died_at_the_same_poll(tmp_path):
+    """Both dead when torch's agent next looks (every 3 s here): it took rank 0, first in
+    its list, as the failure, and the report said rank 1 'ended without an error of its own
+    (killed by a signal?)'; every process that failed by itself is reported now."""
+    (tmp_path / "race.py").write_text(KILLED_THEN_PEER_LOST)
+    run = run_dtrain(["run", "dp=2", "launcher.monitor_interval_s=3", "--", "race.py"], tmp_path)
+    assert run.returncode != 0
+    first = next(line for line in run.stderr.splitlines() if line.startswith("error:"))
+    assert first.startswith("error: rank 1 was killed by SIGKILL; rank 0 then lost its peer"), first

@@ -192,7 +192,7 @@ BAD = [
             "(for hardware=h100_80g's GPUs: dtrain sbatch or dtrain k8s plans its job, dtrain "
             "simulate runs a rank of it here)"
         ],
-    ),  # fmt: skip
+    ),
     (["optim.lr_scaling=cubic"], ["optim.lr_scaling=cubic", "none, linear, sqrt"]),
     (["optim.name=lamb"], ["optim.name=lamb", "adamw, sgd"]),
     # a near miss of a choice names the closest one, for fixed choices and registered ones
