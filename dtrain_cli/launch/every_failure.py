@@ -18,12 +18,18 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+from dtrain_cli.rundir.layout import RunDir
+from dtrain_cli.rundir.notes import write_note
 
 
 @contextlib.contextmanager
-def every_failed_process() -> Iterator[None]:
-    """``MultiprocessContext._poll`` reporting every worker that failed by itself."""
+def every_failed_process(run_dir: Path) -> Iterator[None]:
+    """``MultiprocessContext._poll`` reporting every worker that failed by itself; one
+    killed by a signal gets a note in ``run_dir`` (it could write none itself), which a
+    restarted group reads to say what ended the attempt before."""
     from torch.distributed.elastic.multiprocessing import api
 
     original = api.MultiprocessContext._poll
@@ -42,6 +48,9 @@ def every_failed_process() -> Iterator[None]:
                 exitcode=code,
                 error_file=self.error_files[local_rank],
             )
+        for local_rank, failure in result.failures.items():
+            if failure.exitcode < 0 and failure.exitcode != -signal.SIGTERM:
+                _note_signal(run_dir, self.envs.get(local_rank, {}), failure)
         return result
 
     api.MultiprocessContext._poll = _poll  # type: ignore[method-assign]
@@ -49,3 +58,16 @@ def every_failed_process() -> Iterator[None]:
         yield
     finally:
         api.MultiprocessContext._poll = original  # type: ignore[method-assign]
+
+
+def _note_signal(run_dir: Path, env: dict[str, str], failure: Any) -> None:
+    """The note a rank killed by a signal could not write (a drill's own note stays)."""
+    if (RunDir(run_dir).failures / f"{failure.pid}.json").exists():
+        return
+    try:
+        name = signal.Signals(-failure.exitcode).name
+    except ValueError:
+        name = f"signal {-failure.exitcode}"
+    rank = int(env.get("RANK", failure.local_rank))
+    attempt = int(env.get("TORCHELASTIC_RESTART_COUNT", 0))
+    write_note(run_dir, rank, None, None, signal=name, pid=failure.pid, attempt=attempt)

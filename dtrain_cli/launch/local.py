@@ -219,7 +219,7 @@ def run_agent(
             no_orphans(plan.script is not None),
             reap_frozen_ranks(run_dir, plan.world_size),  # a stopped rank ends the run too
             end_when_signalled_at_exit_barrier(partial(_end_at_barrier, run_dir, report)),
-            every_failed_process(),  # a killed rank and the peer that lost it: both
+            every_failed_process(run_dir),  # a killed rank and the peer that lost it: both
         ):
             elastic_launch(config, entry)(*args)
     except ChildFailedError as exc:  # the first failure in time, not torch's whole-second pick

@@ -29,15 +29,20 @@ def write_note(
     exc: BaseException | None,
     signal: str | None = None,
     exitcode: int | None = None,
+    *,
+    pid: int | None = None,
+    attempt: int | None = None,
 ) -> None:
     """Worker, in its ``except`` (``exc``), a fault drill about to send itself ``signal``,
-    or your script's rank about to exit with a non-zero ``exitcode`` (``sys.exit(3)``).
+    or your script's rank about to exit with a non-zero ``exitcode`` (``sys.exit(3)``); or
+    the launcher, for worker ``pid`` of restart ``attempt`` found killed by ``signal``.
     Best effort: a note that cannot be written is no error."""
+    pid = os.getpid() if pid is None else pid
     text = f"{type(exc).__name__}: {exc}".strip() if exc is not None else ""
-    note = {"rank": rank, "pid": os.getpid(), "step": step, "time": time.time(), "error": text}
+    note = {"rank": rank, "pid": pid, "step": step, "time": time.time(), "error": text}
     if exc is not None and (frames := traceback.extract_tb(exc.__traceback__)):
         note["where"] = pick_frame([(f.filename, str(f.lineno), f.name) for f in frames])
-    note["attempt"] = restart_count()
+    note["attempt"] = restart_count() if attempt is None else attempt
     if signal:
         note["signal"] = signal
     if exitcode is not None:
@@ -45,7 +50,7 @@ def write_note(
     try:
         folder = RunDir(Path(run_dir)).failures
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{os.getpid()}.json").write_text(json.dumps(note))
+        (folder / f"{pid}.json").write_text(json.dumps(note))
     except OSError:
         pass
 

@@ -285,3 +285,41 @@ def test_a_diverged_runs_metrics_stay_json_that_any_parser_reads(tmp_path):
     assert any(r["loss"] is None for r in train), train
     report = run_dtrain(["report", str(run.run_dir)], tmp_path)
     assert report.returncode == 0, report.stdout + report.stderr
+
+
+@pytest.mark.multiproc
+def test_a_restart_after_a_real_kill_names_the_killed_rank(tmp_path):
+    """kill -9 of rank 1 (no drill: the rank writes no note): the restarted group said
+    'after rank(s) 0 lost a peer (another rank was killed?)'. The launcher now notes the
+    signal for the rank it found killed."""
+    import signal
+    import subprocess
+
+    from tests.conftest import DTRAIN, cache_dir
+
+    args = [*DIAG, "train.steps=100", "checkpoint.every_steps=2", "launcher.max_restarts=1",
+            "run.name=killed"]  # fmt: skip
+    proc = subprocess.Popen(
+        [*DTRAIN, "launch", *args],
+        cwd=tmp_path,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    run_dir = tmp_path / "runs" / "killed"
+    log = run_dir / "logs" / "rank_1.log"
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "checkpoints" / "step_000004" / "meta.json").exists():
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        pid = int(log.read_text().split("rank 1 pid ", 1)[1].split()[0])
+        os.kill(pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = " ".join(out.split())
+    assert "restarted (attempt 1 of 1) after rank 1 was killed by SIGKILL" in said, out[-3000:]
+    assert proc.returncode == 0, out[-3000:]
