@@ -338,11 +338,9 @@ def _group(
     if option not in options:
         from dtrain_cli.config.validate import CHOICES
 
-        plain = selector_hint(group, option, schema_fields(), CHOICES)
-        return [
-            f"{group}={option}: no such option{did_you_mean(option, options)}; "
-            f"allowed: {', '.join(options)}{plain}"
-        ]
+        close = did_you_mean(option, options)  # a typo of an option: not the key's value
+        plain = "" if close else selector_hint(group, option, schema_fields(), CHOICES)
+        return [f"{group}={option}: no such option{close}; allowed: {', '.join(options)}{plain}"]
     good.append(Override(text=tok, key=group, value=option, kind="group"))
     return []
 

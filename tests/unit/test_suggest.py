@@ -66,7 +66,9 @@ def test_not_allowed_names_the_choices_and_the_closest():
     ("override", "hint"),
     [
         ("sync=diloco", "allowed: default (or the key sync.mode=diloco?)"),
-        ("parallel=hsdp", "allowed: ddp, fsdp, zero1 (or the key parallel.strategy=hsdp?)"),
+        # a typo of an option is that, not a value of the key (it said "or the key
+        # parallel.strategy=fdsp?", a value no strategy has)
+        ("parallel=fdsp", "no such option (did you mean 'fsdp'?); allowed: ddp, fsdp, hsdp, zero1"),
         ("pipeline=zbv", "(or the key pipeline.schedule=zbv?)"),
         ("precision=bf61", "allowed: bf16, fp16, fp32"),  # not a precision.name either
         ("cluster=mysite", "allowed: example_gpu, example_k8s, local"),  # cluster.name: a label
@@ -77,6 +79,14 @@ def test_a_group_given_a_value_of_its_selecting_key_names_that_key(override, hin
         compose_config("gpt_tiny", [override])
     (problem,) = info.value.problems
     assert problem.endswith(hint), problem
+
+
+def test_every_strategy_is_a_parallel_option():
+    """parallel=hsdp, as parallel=fsdp: every registered strategy has its config option."""
+    from dtrain_cli.strategies import names
+
+    for name in names():
+        assert compose_config("gpt_tiny", [f"parallel={name}"]).parallel.strategy == name
 
 
 def test_a_recipe_given_as_a_path_is_named_with_its_folder(tmp_path):
