@@ -219,6 +219,8 @@ def start_workers(
     from dtrain_cli.launch import worker_server
 
     unstarted = fresh or script_fresh  # removed on a failure before launch_local
+    if plan.nnodes == 1:
+        hold_run_dir(run_dir)
     try:
         print_warnings(plan.warnings)  # once, here: the workers read the plan, say none
         from dtrain_cli.plan.naming import run_label
@@ -268,6 +270,17 @@ def start_workers(
     if plan.script is not None:  # a recipe's end is its summary.json
         protocol.write_finished(RunDir(run_dir))
     console.print(f"[green]done[/]: {run_dir}", highlight=False, soft_wrap=True)
+
+
+def hold_run_dir(run_dir: Path) -> None:
+    """This launcher is the run dir's only one while it lives (a ``dtrain resume`` of a run
+    still training started a second group there: each pruned the other's checkpoint)."""
+    from dtrain_cli.rundir.lock import RunInUse, hold
+
+    try:
+        hold(run_dir)
+    except RunInUse as exc:
+        fail([str(exc)])
 
 
 def report_failure(result: LaunchResult, *, run_dir: Path, fresh: bool, fresh_root: bool) -> None:

@@ -86,6 +86,9 @@ def resume(
     except catalog.CheckpointError as exc:
         fail([str(exc)])
     run_dir = run_dir.resolve()
+    from dtrain_cli.cli.launch_cmd import hold_run_dir
+
+    hold_run_dir(run_dir)  # before anything of the run is moved or written
     from dtrain_cli.launch import worker_server
 
     worker_server.start(overrides)
@@ -220,8 +223,11 @@ def resume_script(run_dir: Path, overrides: list[str]) -> None:
                 "run that stopped: start a new one with dtrain run"
             ]
         )
+    from dtrain_cli.cli.launch_cmd import hold_run_dir
     from dtrain_cli.launch import worker_server
     from dtrain_cli.launch.preload import SCRIPT_FIRST
+
+    hold_run_dir(run_dir)
 
     worker_server.start([f"launcher.start_method={plan.start_method}"], first=SCRIPT_FIRST)
     cfg = config_from_yaml(run.config)

@@ -27,6 +27,10 @@ ENTRIES: dict[str, str] = {
     "preempted.json": "the run stopped for a preemption with its checkpoint saved (exit 75)",
     "finished.json": "a dtrain run script's run that ended well (exit 0): when",
     "launch.json": "multi-node launches: the rendezvous id of the node that created the dir",
+    "launcher.lock": (
+        "held by a single-node run's launcher while it runs (its pid): a `dtrain resume` "
+        "meanwhile is refused"
+    ),
     "logs/rank_<k>.log": "every rank's log (your script's stdout and stderr under dtrain run)",
     "logs/elastic/": "torch's elastic agent: its error files per attempt",
     "logs/hang/": "the hang watchdog's records: every rank's stack and last collective",
@@ -149,6 +153,10 @@ class RunDir:
     def slurm_job_id(self) -> Path:
         """The job id ``dtrain sbatch --submit`` got."""
         return self.slurm / "job_id"
+
+    @property
+    def launcher_lock(self) -> Path:
+        return self.path / "launcher.lock"
 
     @property
     def profile(self) -> Path:

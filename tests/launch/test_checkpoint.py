@@ -372,3 +372,38 @@ def test_save_failure_is_one_line_and_keeps_the_last_good(options, cause, tmp_pa
             catalog.verify(ckpts / "step_000005")
     finally:
         subprocess.run(["umount", str(ckpts)], check=False)
+
+
+@pytest.mark.multiproc
+def test_resume_of_a_run_still_training_is_refused(tmp_path):
+    """A resume of a run still training started a second group in its run dir: each pruned
+    the other's checkpoint in progress and the first died (a new user's find). The running
+    launcher holds the run dir; the resume is one line, exit 2, and changes nothing."""
+    import os
+    import signal
+    import time
+
+    from tests.conftest import DTRAIN, cache_dir
+
+    args = ["launch", "recipe=gpt_tiny", "dp=2", "train.steps=100000", "checkpoint.every_steps=2",
+            "logging.tensorboard=false", "run.name=busy"]  # fmt: skip
+    env = {**os.environ, "DTRAIN_CACHE": str(cache_dir())}
+    proc = subprocess.Popen([*DTRAIN, *args], cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    run_dir = tmp_path / "runs" / "busy"
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "checkpoints" / "step_000002" / "meta.json").exists():
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        before = sorted(p.name for p in run_dir.iterdir())
+        resumed = run_dtrain(["resume", str(run_dir), "train.steps=200000"], tmp_path)
+        assert proc.poll() is None  # still training
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    assert resumed.returncode == 2
+    (line,) = resumed.stderr.strip().splitlines()
+    assert line.startswith(f"error: {run_dir}: in use by a running dtrain (pid {proc.pid} since ")
+    assert "dtrain launch recipe=gpt_tiny dp=2" in line and line.endswith("then resume")
+    assert not (run_dir / "resumes.jsonl").exists() and "superseded" not in before

@@ -1,0 +1,58 @@
+"""One launcher per run directory at a time (this machine's): ``launcher.lock``.
+
+    dtrain resume runs/busy     # error: runs/busy: in use by a running dtrain (pid 4242 ...)
+
+A ``dtrain resume`` of a run still training started a second group in the same run dir:
+each pruned the other's checkpoint in progress, and the first one died. The launcher of a
+single-node run (``launch``, ``run``, ``resume``) holds an exclusive ``flock`` on the run
+dir's ``launcher.lock`` for as long as it lives (the kernel releases it when the process
+ends, however it ends); the file names the holder for the next one's message. Multi-node
+runs, whose nodes share the directory over a network file system, take none. Torch-free.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from dtrain_cli.rundir.layout import RunDir
+
+_HELD: list[int] = []
+"""The lock files this process holds: open until it ends."""
+
+
+class RunInUse(RuntimeError):
+    """Another process holds the run dir's lock: the message says who."""
+
+
+def hold(run_dir: Path) -> None:
+    """Take the run dir's lock for the life of this process (again: nothing more)."""
+    path = RunDir(run_dir).launcher_lock
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    if any(os.path.sameopenfile(fd, held) for held in _HELD):
+        os.close(fd)
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise RunInUse(f"{run_dir}: in use by a running dtrain ({holder}); wait for it to end "
+                       "or stop it (Ctrl-C, or kill that pid), then resume") from None  # fmt: skip
+    os.ftruncate(fd, 0)
+    since = time.strftime("%H:%M:%S")
+    os.write(fd, json.dumps({"pid": os.getpid(), "since": since, "argv": sys.argv}).encode())
+    _HELD.append(fd)
+
+
+def _holder(fd: int) -> str:
+    with contextlib.suppress(OSError, ValueError):
+        info = json.loads(os.pread(fd, 1 << 16, 0))
+        command = " ".join(["dtrain", *info.get("argv", [])[1:]])
+        return f"pid {info['pid']} since {info['since']}: {command}"
+    return "its pid unknown"

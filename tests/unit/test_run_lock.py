@@ -1,0 +1,34 @@
+"""One launcher per run directory: ``launcher.lock`` (:mod:`dtrain_cli.rundir.lock`)."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+
+import pytest
+
+from dtrain_cli.rundir import lock
+from dtrain_cli.rundir.layout import RunDir
+
+
+def test_a_held_run_dir_names_its_holder_and_this_process_may_take_it_again(tmp_path):
+    other = os.open(RunDir(tmp_path).launcher_lock, os.O_RDWR | os.O_CREAT)  # another launcher
+    fcntl.flock(other, fcntl.LOCK_EX)
+    info = {"pid": 4242, "since": "07:25:44", "argv": ["/x/bin/dtrain", "launch", "dp=2"]}
+    os.write(other, json.dumps(info).encode())
+    with pytest.raises(lock.RunInUse) as exc:
+        lock.hold(tmp_path)
+    assert str(exc.value) == (
+        f"{tmp_path}: in use by a running dtrain (pid 4242 since 07:25:44: dtrain launch dp=2); "
+        "wait for it to end or stop it (Ctrl-C, or kill that pid), then resume"
+    )
+    os.close(other)  # that launcher ended: the kernel released its lock
+    lock.hold(tmp_path)
+    lock.hold(tmp_path)  # the same process again (launch, then start_workers): nothing more
+    held = json.loads(RunDir(tmp_path).launcher_lock.read_text())
+    assert held["pid"] == os.getpid()
+    probe = os.open(RunDir(tmp_path).launcher_lock, os.O_RDWR)
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(probe)
