@@ -246,7 +246,10 @@ class Trainer:
             lr_steps=self.optimizers.lr_step,
         )  # fmt: skip
         if self.numerics.on_nan == "stop":
-            self.numerics.check_window(step, votes.loss, norm, self.metrics.last_window)
+            metrics = self.metrics
+            self.numerics.check_window(
+                step, votes.loss, norm, metrics.last_window, metrics.last_loss_steps
+            )
         return votes
 
     def meta(self) -> dict[str, Any]:

@@ -323,3 +323,18 @@ def test_a_restart_after_a_real_kill_names_the_killed_rank(tmp_path):
     said = " ".join(out.split())
     assert "restarted (attempt 1 of 1) after rank 1 was killed by SIGKILL" in said, out[-3000:]
     assert proc.returncode == 0, out[-3000:]
+
+
+@pytest.mark.parametrize(
+    ("policy", "extra"), [("skip", []), ("rollback", ["checkpoint.every_steps=2"])]
+)
+def test_a_spike_dropped_from_a_one_step_window_is_not_a_nan(tmp_path, policy, extra):
+    """logging.every=1 under the default on_nan=stop: the window of the dropped step counts
+    no step, its mean is 0/0, and that NaN stopped the run ('non-finite global gradient
+    norm by step 7; train.on_nan=stop'), though nothing was non-finite."""
+    run, _ = drill(tmp_path, "spike:step=7:rank=1", f"train.on_spike={policy}", *extra)
+    ok(run)
+    counted = "skipped" if policy == "skip" else "rollbacks"
+    assert run.summary()["numerics"][f"spike_{counted}"] == 1
+    window = next(r for r in run.metrics() if r["step"] == 7)
+    assert window["loss_steps"] == 0 and window["loss"] is None

@@ -100,6 +100,8 @@ class TrainMetrics:
         self.warmup_window_tps: float | None = None
         self.busy_s = self.step_wall_s = 0.0
         self.last_loss: float | None = None  # until the first logging window
+        self.last_loss_steps = 0
+        """Steps the last window's loss counts: 0 when the numerics policy skipped them all."""
         self._wall0 = self._cpu0 = 0.0
         self.measures_bubble = plan.pipeline is not None and ctx.device.type == "cpu"
         """A pipeline's idle share from CPU busy vs wall time per step (:meth:`bubble_report`);
@@ -180,7 +182,7 @@ class TrainMetrics:
         stragglers = self.note_ranks(step, ranks) if self.rank_times else []
         k = len(RANK_SLOTS)
         per_rank = {f"rank_{n}": ranks[i::k] for i, n in enumerate(RANK_SLOTS)} if ranks else {}
-        loss_steps = self.loss_steps
+        loss_steps = self.last_loss_steps = self.loss_steps
         tps, data_wait_ms = self.close_window(step)
         if self.sink:
             self.sink.log(

@@ -151,11 +151,15 @@ class NumericsPolicy:
         )
 
     # -- at logging steps (on_nan=stop) ---------------------------------------------------------
-    def check_window(self, step: int, loss: float, norm: torch.Tensor | None, losses: list) -> None:
+    def check_window(
+        self, step: int, loss: float, norm: torch.Tensor | None, losses: list, counted: int
+    ) -> None:
         """``loss`` is the reduced window loss (the same on every rank), so every rank takes
-        this branch together; the rare path gathers where each rank first saw it."""
+        this branch together; the rare path gathers where each rank first saw it.
+        ``counted``: the steps the loss counts; none (a spike skipped or rolled back every
+        step of the window) leaves no loss to check, not a NaN."""
         bad_norm = norm is not None and not bool(torch.isfinite(norm).all())
-        if math.isfinite(loss) and not bad_norm:
+        if (math.isfinite(loss) or not counted) and not bad_norm:
             return
         first = step - len(losses) + 1
         local = [i for i, v in enumerate(losses) if not bool(torch.isfinite(v).all())]
