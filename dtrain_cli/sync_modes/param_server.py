@@ -19,6 +19,7 @@ from dtrain_cli.sync_modes.base import (
     SyncMode,
     SyncPlan,
     needs_plain_replicas,
+    per_replica_state_problems,
     register,
 )
 
@@ -71,6 +72,35 @@ class ParamServer(SyncMode):
 
     def extra_processes(self, cfg: DtrainConfig) -> int:
         return cfg.sync.servers
+
+    def resume_problems(self, old: DtrainConfig, new: DtrainConfig) -> list[str]:
+        """The servers checkpoint the optimizer state in shards of their own (one per
+        server), and with staleness each worker its own: a resume keeps the mode, the
+        servers, and which side of 0 the staleness is on (a switch to sync dropped the
+        servers' AdamW moments silently; the rest failed in start-up)."""
+        o, n = old.sync, new.sync
+        if o.mode != n.mode:
+            return [
+                f"sync.mode={n.mode}: the checkpoint (sync.mode={o.mode}) keeps its optimizer "
+                "state where this run would not look (the parameter servers' shards, or the "
+                f"workers); resume with sync.mode={o.mode}"
+            ]
+        out = []
+        if o.servers != n.servers:
+            out.append(
+                f"sync.servers={n.servers}: the checkpoint's optimizer state is sharded over "
+                f"{o.servers} server(s); resume with sync.servers={o.servers}"
+            )
+        if (o.max_staleness > 0) != (n.max_staleness > 0):
+            kept = "each worker its own" if o.max_staleness else "one for all workers"
+            out.append(
+                f"sync.max_staleness={n.max_staleness}: the checkpoint (max_staleness="
+                f"{o.max_staleness}) keeps {kept} worker optimizer state; resume with "
+                f"max_staleness {'above 0' if o.max_staleness else '0'}"
+            )
+        elif o.max_staleness > 0:
+            out += per_replica_state_problems(self.name, old, new)
+        return out
 
     def problems(self, cfg: DtrainConfig, device: str) -> list[str]:
         par, sync, out = cfg.parallel, cfg.sync, []

@@ -281,6 +281,33 @@ def test_replicas_that_step_alone_resume_at_their_dp_and_mode_only(mode):
     assert line.endswith("resume with sync.mode=sync")
 
 
+def test_a_parameter_server_run_resumes_with_its_servers_and_staleness():
+    """The servers' optimizer state is sharded over them, and with staleness each worker
+    keeps its own: a switch to sync trained on with fresh AdamW moments (silently), more
+    servers or another side of staleness 0 failed in start-up with DCP's missing keys."""
+    from dtrain_cli.plan.resume import resume_problems
+
+    def ps(*extra: str):
+        return compose_config("gpt_tiny", ["dp=2", "sync.mode=param_server", *extra])
+
+    old, stale = ps(), ps("sync.max_staleness=2")
+    assert resume_problems(old, ps()) == [] == resume_problems(stale, ps("sync.max_staleness=3"))
+    (line,) = resume_problems(old, compose_config("gpt_tiny", ["dp=2"]))
+    assert line.startswith("sync.mode=sync: the checkpoint (sync.mode=param_server) keeps its")
+    assert line.endswith("resume with sync.mode=param_server")
+    (line,) = resume_problems(compose_config("gpt_tiny", ["dp=2"]), old)
+    assert line.endswith("resume with sync.mode=sync")
+    (line,) = resume_problems(old, ps("sync.servers=2"))
+    assert line == (
+        "sync.servers=2: the checkpoint's optimizer state is sharded over 1 server(s); resume "
+        "with sync.servers=1"
+    )
+    (line,) = resume_problems(old, ps("sync.max_staleness=2"))
+    assert line.startswith("sync.max_staleness=2: the checkpoint (max_staleness=0) keeps one")
+    (line,) = resume_problems(stale, ps("sync.max_staleness=2", "dp=1"))
+    assert line.startswith("parallel.dp=1: sync.mode=param_server checkpoints each replica's")
+
+
 @pytest.mark.parametrize("mode", ["diloco", "local_sgd"])
 def test_replicas_that_step_alone_refuse_elastic_membership(mode):
     from dtrain_cli.errors import ConfigError
