@@ -284,3 +284,20 @@ def set_aside_newer(run_dir: Path, step: int) -> list[Path]:
     if moved and latest.exists():
         latest.write_text(step_dir_name(step) + "\n")
     return moved
+
+
+SET_ASIDE_SUFFIX = len("-20261205-072600")
+
+
+def put_back(run_dir: Path, moved: list[Path]) -> None:
+    """Undo :func:`set_aside_newer` for a resume that trained nothing: the checkpoints in
+    their places again, ``latest`` the newest of them (a failed resume had hidden them, and
+    the next ``dtrain resume`` of the run started from the older one)."""
+    for dest in moved:
+        original = checkpoints_dir(run_dir) / dest.name[:-SET_ASIDE_SUFFIX]
+        if dest.is_dir() and not original.exists():
+            os.replace(dest, original)
+    newest = max((c.step for c in list_checkpoints(run_dir) if c.complete), default=None)
+    latest = checkpoints_dir(run_dir) / LATEST
+    if moved and newest is not None and latest.exists():
+        latest.write_text(step_dir_name(newest) + "\n")

@@ -104,7 +104,8 @@ def resume(
                 f"set train.steps above {step} to continue"
             ]
         )
-    for moved in catalog.set_aside_newer(run_dir, step):
+    set_aside = catalog.set_aside_newer(run_dir, step)
+    for moved in set_aside:
         warn(f"newer checkpoint set aside (resuming from step {step}): {moved}")
     before = record_resume(run_dir, cfg, plan, path, step, list(overrides or []))
     err_console.print(f"resuming {run_dir.name} from {path.name} (step {step})", highlight=False)
@@ -115,9 +116,11 @@ def resume(
     except BaseException as exc:
         ok = isinstance(exc, typer.Exit) and exc.exit_code == 0
         if not ok and undo_if_untrained(run_dir, step, before):
+            catalog.put_back(run_dir, set_aside)
+            again = ", its newer checkpoints back in place" if set_aside else ""
             err_console.print(
                 f"nothing trained past step {step}: the run's config.yaml and plan.yaml "
-                "are as before this resume",
+                f"are as before this resume{again}",
                 highlight=False,
                 soft_wrap=True,
             )

@@ -148,6 +148,28 @@ def test_a_resume_that_trains_nothing_leaves_the_run_dir_as_it_was(killed_dp2, t
     assert done.summary()["world_size"] == 2
 
 
+def test_a_failed_resume_from_an_older_checkpoint_puts_the_newer_ones_back(straight, tmp_path):
+    """A resume from an older checkpoint sets the newer ones aside; when it then failed
+    before training past its step, they stayed in superseded/ and latest named the older
+    one: the next plain resume lost the steps between (a new user's find)."""
+    run_dir = copy_run(straight[2].run_dir, tmp_path)
+    steps = [c.step for c in catalog.list_checkpoints(run_dir)]
+    assert len(steps) >= 2, steps
+    older = run_dir / "checkpoints" / catalog.step_dir_name(steps[-2])
+    run = run_dtrain(
+        ["resume", "--ckpt", str(older)],
+        tmp_path,
+        env={"DTRAIN_FAULTS": f"kill:step={steps[-2] + 1}:rank=0"},
+    )
+    assert run.returncode != 0
+    assert "newer checkpoint set aside" in run.stderr
+    assert "its newer checkpoints back in place" in " ".join(run.stderr.split()), run.stderr[-2000:]
+    assert [c.step for c in catalog.list_checkpoints(run_dir)] == steps
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest == catalog.step_dir_name(steps[-1])
+    assert not list((run_dir / "checkpoints" / "superseded").glob("*"))
+
+
 def test_crash_during_save_keeps_the_previous_checkpoint(straight, tmp_path):
     run_dir = interrupted(tmp_path, 2, "kill_in_save:step=20:rank=1")
     root = catalog.checkpoints_dir(run_dir)
