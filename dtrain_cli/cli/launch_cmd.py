@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import shlex
 import shutil
 import time
@@ -288,13 +289,18 @@ def report_failure(result: LaunchResult, *, run_dir: Path, fresh: bool, fresh_ro
     its run dir was removed: nothing was trained)."""
     if console.is_terminal:  # the progress bar's line may be unfinished
         console.line()
+    message, traceback = result.message, kept_traceback(run_dir, result.message)
     removed = result.exit_code != EXIT_PREEMPTED and remove_if_untrained(run_dir, fresh, fresh_root)
+    if removed and traceback:  # its log is gone with the run dir: the traceback is here
+        message = re.sub(r";? ?traceback in logs/rank_\d+\.log", "", message)
     err_console.print(
-        f"[bold red]error:[/] {escape(result.message)}",
+        f"[bold red]error:[/] {escape(message)}",
         highlight=False,
         markup=True,
         soft_wrap=True,
     )
+    if removed and traceback:
+        err_console.print(traceback, highlight=False, markup=False, soft_wrap=True)
     if removed:
         err_console.print(
             f"removed {run_dir}: the run failed before its first step",
@@ -303,6 +309,18 @@ def report_failure(result: LaunchResult, *, run_dir: Path, fresh: bool, fresh_ro
         )
     else:
         err_console.print(f"logs: {run_dir / 'logs'}", highlight=False, soft_wrap=True)
+
+
+def kept_traceback(run_dir: Path, message: str) -> str:
+    """The last traceback of the rank log a report points to (``traceback in
+    logs/rank_K.log``), read before a failed start's run dir is removed; "" for none."""
+    found = re.search(r"traceback in (logs/rank_\d+\.log)", message)
+    try:
+        text = (run_dir / found.group(1)).read_text(errors="replace") if found else ""
+    except OSError:
+        return ""
+    start = text.rfind("Traceback (most recent call last):")
+    return text[start:].rstrip() if start >= 0 else ""
 
 
 def remove_if_untrained(run_dir: Path, fresh: bool, fresh_root: bool = False) -> bool:

@@ -116,3 +116,32 @@ def test_arguments_of_a_model_or_dataset_take_either_form(tmp_path):
     assert flat["config"]["model"] == nested["config"]["model"]
     assert nested["config"]["model"]["width"] == 16 and "kwargs" not in nested["config"]["model"]
     assert flat["config"]["data"]["kwargs"]["n"] == nested["config"]["data"]["kwargs"]["n"] == 64
+
+
+BOOM = """import torch
+
+
+class Boom(torch.nn.Module):
+    def __init__(self, vocab_size=256, block_size=16):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab_size, vocab_size)
+
+    def forward(self, x):
+        raise RuntimeError("boom in forward")
+"""
+
+
+def test_a_model_failing_in_step_1_shows_its_traceback_before_its_run_dir_goes(tmp_path):
+    """The report pointed to logs/rank_0.log, in the run dir it then removed (nothing had
+    trained): the traceback was lost (a new user's find). It is printed instead."""
+    (tmp_path / "boom_model.py").write_text(BOOM)
+    args = ["launch", "recipe=gpt_tiny", "model=custom", "model._target_=boom_model.Boom",
+            "model.block_size=16", "train.steps=2"]  # fmt: skip
+    run = run_dtrain(args, tmp_path)
+    assert run.returncode == 1
+    err = run.stderr
+    assert "error: rank 0 failed in step 1 (exit code 1): RuntimeError: boom in forward" in err
+    assert "traceback in logs/" not in err and "at boom_model.py:10 in forward" in err
+    assert 'boom_model.py", line 10, in forward' in err
+    assert err.rstrip().splitlines()[-1].startswith("removed ")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
