@@ -193,7 +193,7 @@ def prepare_data(cfg: DtrainConfig) -> None:
 
     vocab = getattr(cfg.model, "vocab_size", None)
     try:
-        paths = prepare_corpus(cfg.data, cfg.train.seed, vocab)
+        paths = prepare_corpus(cfg.data, cfg.train.seed, vocab, cfg.run.import_roots)
     except (ConfigError, FileNotFoundError) as exc:
         fail(exc.problems if isinstance(exc, ConfigError) else [str(exc)])
     if problems := window_problems(cfg.data, paths, getattr(cfg.model, "block_size", None), vocab):

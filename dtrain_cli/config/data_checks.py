@@ -63,7 +63,9 @@ def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> 
             val.tokenizer = None
             problems += [p.replace("data.path=", "data.val_path=") for p in hf_problems(val, None)]
     elif data.source == "custom":
-        problems += target_problems(data, import_roots(config_dirs))
+        # the run's own roots first (a resume from another folder finds its modules there)
+        roots = list(dict.fromkeys([*cfg.run.import_roots, *import_roots(config_dirs)]))
+        problems += target_problems(data, roots)
     return problems
 
 

@@ -80,9 +80,11 @@ def check_map_style(key: str, target: str, dataset: Any) -> None:
         )
 
 
-def build_custom(data: DataConfig, roots: Sequence[str] | None = None) -> dict[str, Any]:
-    """train/val map-style datasets of ``data=custom``; ConfigError (one line) otherwise."""
-    problems = target_problems(data, import_roots() if roots is None else roots)
+def build_custom(data: DataConfig, roots: Sequence[str] = ()) -> dict[str, Any]:
+    """train/val map-style datasets of ``data=custom``; ConfigError (one line) otherwise.
+    ``roots``: where to import from before the current folder's (the run's
+    ``run.import_roots``: a resume from another folder finds the run's modules)."""
+    problems = target_problems(data, list(dict.fromkeys([*roots, *import_roots()])))
     if problems:
         raise ConfigError(problems)
     assert data._target_ is not None

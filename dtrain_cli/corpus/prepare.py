@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -51,7 +52,7 @@ def _source_files(cfg: DataConfig) -> list[Path]:
 
 
 def prepare_corpus(
-    cfg: DataConfig, seed: int = 0, vocab_size: int | None = None
+    cfg: DataConfig, seed: int = 0, vocab_size: int | None = None, roots: Sequence[str] = ()
 ) -> dict[str, Path]:
     """Tokenize (once) and return the token file of each split. Safe to call concurrently.
     ``hf``/``custom`` problems (tokenizer larger than ``vocab_size``, a target that builds no
@@ -69,7 +70,7 @@ def prepare_corpus(
 
         key = repr(cfg)
         if key not in _CHECKED:
-            build_custom(cfg)
+            build_custom(cfg, roots)
             _CHECKED.add(key)
         return {}
     if cfg.source == "synthetic":

@@ -145,7 +145,8 @@ def _prepare_agent(
 
         worker = entry_point(WORKER_ENTRY)  # here: forked workers inherit it
         # once, before workers start (cached: a no-op after `dtrain launch` prepared it)
-        prepare_corpus(cfg.data, cfg.train.seed, getattr(cfg.model, "vocab_size", None))
+        vocab = getattr(cfg.model, "vocab_size", None)
+        prepare_corpus(cfg.data, cfg.train.seed, vocab, cfg.run.import_roots)
     quiet_torch_loggers()
     os.environ.setdefault("OMP_NUM_THREADS", str(plan.threads_per_proc))
     config = launch_config(run_dir, cfg, plan, node_rank, join)

@@ -67,7 +67,7 @@ class Trainer:
         self.layout = BatchLayout(
             plan.batch.micro_batch_size, plan.batch.grad_accum, plan.batch.dp, ctx.dp_rank
         )
-        splits = open_splits(cfg.data, cfg.model, cfg.train.seed)
+        splits = open_splits(cfg.data, cfg.model, cfg.train.seed, cfg.run.import_roots)
         self.train_batches = Batches(
             splits["train"], self.layout, cfg.train.seed, ctx.device, cfg.data
         )

@@ -198,3 +198,37 @@ def test_custom_dataset_trains_under_dp2(tmp_path):
     assert len(curve) == 12 and curve[-1] < 0.9 * curve[0]
     summary = run.summary()
     assert summary["replicas_identical"] and np.isfinite(summary["val_loss"])
+
+
+PROJECT_DATA = """import torch
+from torch.utils.data import Dataset
+
+
+class Counting(Dataset):
+    def __init__(self, n: int = 64):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        seq = (torch.arange(33) * (1 + i % 3) + i) % 256
+        return seq[:-1], seq[1:]
+"""
+
+
+def test_a_custom_data_run_resumes_from_another_folder(tmp_path):
+    """The dataset's module sits in the folder the run was launched from; a resume from its
+    parent refused it ('no module ...', searched: the current folder only), though the run
+    recorded its import roots (a new user's find)."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "proj_data.py").write_text(PROJECT_DATA)
+    args = ["launch", "recipe=gpt_tiny", "data=custom", "data._target_=proj_data.Counting",
+            "model.block_size=32", "train.steps=4", "checkpoint.every_steps=2",
+            "logging.tensorboard=false"]  # fmt: skip
+    first = run_dtrain(args, project)
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_dtrain(["resume", str(first.run_dir), "train.steps=6"], tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resuming" in again.stderr and "no module" not in again.stderr

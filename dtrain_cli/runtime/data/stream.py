@@ -13,6 +13,7 @@ themselves are prepared by the launcher (:mod:`dtrain_cli.corpus.prepare`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,9 @@ class BatchLayout:
         )
 
 
-def open_splits(data: DataConfig, model: Any, seed: int) -> dict[str, Any]:
+def open_splits(
+    data: DataConfig, model: Any, seed: int, roots: Sequence[str] = ()
+) -> dict[str, Any]:
     """train/val datasets: ``len()`` and ``pairs(indices) -> (inputs, targets)`` (built-in
     sources), or map-style items (``data=custom``); :mod:`.loader` batches either."""
     if data.source == "shapes":
@@ -129,7 +132,7 @@ def open_splits(data: DataConfig, model: Any, seed: int) -> dict[str, Any]:
     if data.source == "custom":
         from dtrain_cli.corpus.custom import build_custom
 
-        return build_custom(data)
+        return build_custom(data, roots)
     paths = prepare_corpus(data, seed, model.vocab_size)
     dtype = token_dtype(data, paths)
     return {
