@@ -216,7 +216,8 @@ def _hydra_compose(recipe_path: Path, search: list[Path], chosen: list[str]) -> 
         with initialize_config_dir(config_dir=str(recipe_path.parent), version_base="1.3"):
             cfg = compose(config_name=recipe_path.stem, overrides=[searchpath, *chosen])
     except Exception as exc:  # Hydra/OmegaConf raise many types; translate all of them
-        raise ConfigError([yaml_error_text(exc) or explain_compose_error(exc, chosen)]) from None
+        told = yaml_error_text(exc) or explain_compose_error(exc, chosen, search, recipe_path)
+        raise ConfigError([told]) from None
     finally:
         GlobalHydra.instance().clear()
     if "hydra" in cfg:
@@ -342,9 +343,15 @@ def _all_keys(node: type = DtrainConfig, prefix: str = "") -> list[str]:
     return keys
 
 
-def explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
+def explain_compose_error(
+    exc: Exception,
+    overrides: Sequence[str],
+    config_dirs: Sequence[str | Path] = (),
+    recipe: Path | None = None,
+) -> str:
     """Hydra's errors (overrides are checked before, so mostly a recipe or group file's
-    content) as one line naming the key."""
+    content) as one line naming the key; a group option missing from a defaults list names
+    the options of every config folder (``config_dirs``) and the ``recipe`` composed."""
     chain, cause = [], exc
     while cause is not None and len(chain) < 5:
         chain.append(str(cause).strip())
@@ -368,9 +375,10 @@ def explain_compose_error(exc: Exception, overrides: Sequence[str]) -> str:
     m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
     if m:
         group, option = m.group(1).strip("/"), m.group(2)
-        opts = group_options().get(group, [])
+        opts = group_options(config_dirs).get(group, [])
+        where = f" (a defaults list, composing {recipe})" if recipe is not None else ""
         return (
-            f"{group}={option}: no such option{did_you_mean(option, opts)}; "
+            f"{group}={option}{where}: no such option{did_you_mean(option, opts)}; "
             f"allowed: {', '.join(opts)}"
         )
     return first

@@ -115,3 +115,18 @@ def test_a_recipe_given_as_a_path_is_named_with_its_folder(tmp_path):
     assert (
         "(a recipe" not in CliRunner().invoke(app, ["plan", f"recipe={tmp_path}/nope.yaml"]).stderr
     )
+
+
+def test_a_missing_option_in_ones_own_recipe_names_ones_own_options(tmp_path):
+    """A recipe of --config-dir asking for model=gpt_wdie was told 'did you mean gpt_tiny',
+    the built-in options only (gpt_wide, beside it, missing), and not which file asked."""
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "model").mkdir()
+    recipe = tmp_path / "recipes" / "missing.yaml"
+    recipe.write_text("defaults:\n  - base\n  - override model: gpt_wdie\n  - _self_\n")
+    (tmp_path / "model" / "gpt_wide.yaml").write_text("defaults:\n  - gpt_tiny\n  - _self_\n")
+    with pytest.raises(ConfigError) as info:
+        compose_config("missing", [], [tmp_path])
+    (problem,) = info.value.problems
+    assert problem.startswith(f"model=gpt_wdie (a defaults list, composing {recipe}): no such")
+    assert "(did you mean 'gpt_wide'?)" in problem and "gpt_tiny, gpt_wide, hf" in problem
