@@ -162,7 +162,8 @@ class _Checker:
             return int(pair)
         first, _, second = tok.partition(" ")
         if m is None and SHORTHANDS.get(first, first) in self.known and "=" not in first:
-            self.problems.append(f"{tok!r}: write {first}={second.strip()} (no spaces around '=')")
+            value = second.strip().removeprefix("=").strip()  # 'key = value' and 'key value'
+            self.problems.append(f"{tok!r}: write {first}={value} (no spaces around '=')")
             return 0
         if m is None:
             where = "no key before '='" if tok.startswith("=") else "not an override"

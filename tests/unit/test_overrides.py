@@ -145,6 +145,7 @@ def test_interpolation_that_resolves_is_fine():
     [
         (["dp", "2"], "'dp 2': write dp=2 (no spaces around '=')"),
         (["dp 2"], "'dp 2': write dp=2 (no spaces around '=')"),
+        (["optim.base_lr = 3e-4"], "write optim.base_lr=3e-4 (no spaces"),  # it said "=="
         (["--dp=2"], "'--dp=2': overrides take no dashes; write dp=2"),
         (["--train.steps", "5"], "'--train.steps 5': overrides take no dashes; write train.st"),
         (["--bogus"], "'--bogus': not an option of this command"),
