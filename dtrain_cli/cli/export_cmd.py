@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from dtrain_cli.cli.common import CKPT_HELP, checkpoint_arg, console, err_console, fail
+from dtrain_cli.cli.common import CKPT_HELP, checkpoint_arg, console, fail, print_warnings
 from dtrain_cli.config.suggest import not_allowed
 
 
@@ -43,8 +43,8 @@ def export(
     ckpt, _ = checkpoint_arg(ckpt, [str(run)] if run is not None else [], "export")
     from dtrain_cli.checkpoint import catalog
 
-    def warn(msg: str) -> None:
-        err_console.print(f"[yellow]warning:[/] {msg}", highlight=False)
+    def warn(msg: str) -> None:  # whole lines: a path in it stays one to copy
+        print_warnings([msg])
 
     try:
         _, path = catalog.resolve(ckpt, warn)

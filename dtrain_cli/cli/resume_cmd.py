@@ -23,6 +23,7 @@ from dtrain_cli.cli.common import (
     err_console,
     fail,
     more_warnings,
+    print_warnings,
 )
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env, protocol
@@ -78,8 +79,8 @@ def resume(
         return
     from dtrain_cli.checkpoint import catalog
 
-    def warn(msg: str) -> None:
-        err_console.print(f"[yellow]warning:[/] {msg}", highlight=False)
+    def warn(msg: str) -> None:  # whole lines: a path in it stays one to copy
+        print_warnings([msg])
 
     try:  # the path first: a wrong one starts nothing (no fork server, no torch)
         run_dir, path = catalog.resolve(ckpt, warn)
