@@ -212,6 +212,11 @@ def resolve(ckpt: Path, warn: Any = None) -> tuple[Path, Path]:
     if STEP_DIR.match(ckpt.name) and ckpt.parent.name == "checkpoints":
         verify(ckpt)
         return ckpt.parent.parent, ckpt
+    if ckpt.name.startswith(".tmp-") and ckpt.parent.name == "checkpoints":
+        raise CheckpointError(  # it holds a plan.yaml: it was taken for a run dir
+            f"{ckpt}: a checkpoint being written, or left by a save that never finished (not "
+            f"complete); give the run dir (its newest complete checkpoint) or a step_<N> folder"
+        )
     if ckpt.name == "checkpoints" and (run := run_dir_of(ckpt)) is not None:
         ckpt = run  # the run's checkpoints/ folder: its newest complete one
     if RunDir(ckpt).plan.is_file() or checkpoints_dir(ckpt).is_dir():

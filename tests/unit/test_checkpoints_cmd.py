@@ -56,6 +56,13 @@ def test_resume_and_export_take_a_run_its_checkpoints_or_one_step(tmp_path, give
     assert catalog.resolve(run / given) == (run, run / "checkpoints" / "step_000006")
     with pytest.raises(catalog.CheckpointError, match="neither a run directory"):
         catalog.resolve(tmp_path / "runs")
+    # a save in progress (or abandoned) holds a plan.yaml: it was taken for a run dir
+    half = run / "checkpoints" / ".tmp-step_000012-dtrain-x-0"
+    half.mkdir()
+    (half / "plan.yaml").write_text("world_size: 1\n")
+    with pytest.raises(catalog.CheckpointError) as info:
+        catalog.resolve(half)
+    assert str(info.value).startswith(f"{half}: a checkpoint being written, or left by a save")
 
 
 @pytest.mark.parametrize("command", ["resume", "export"])
