@@ -352,4 +352,13 @@ def strategy_problems(cfg: DtrainConfig) -> tuple[list[str], list[str]]:
         cfg.pipeline.schedule if par.pp > 1 and cfg.pipeline.schedule in SPLIT_BACKWARD else None
     )
     strategy = strategy_for(par.strategy)
-    return strategy.problems(cfg, split), strategy.warnings(cfg, split)
+    warnings = strategy.warnings(cfg, split)
+    comm, steps = cfg.comm, cfg.train.steps
+    exact = max(comm.powersgd_start_iter, 2)  # torch's PowerSGD hook: at least 2
+    if comm.compression == "powersgd" and par.dp > 1 and steps <= exact:
+        warnings.append(
+            f"comm.compression=powersgd: its first {exact} steps are exact all-reduces "
+            f"(comm.powersgd_start_iter={comm.powersgd_start_iter}) and train.steps={steps}: "
+            "it never compresses; lower comm.powersgd_start_iter or train longer"
+        )
+    return strategy.problems(cfg, split), warnings

@@ -36,6 +36,8 @@ def _ignored_because(cfg: DtrainConfig, key: str) -> str | None:
         return "read only with pp > 1 (parallel.pp=1)"
     if key == "parallel.tp_plan" and par.tp == 1:
         return "read only with tp > 1 (parallel.tp=1)"
+    if key.startswith("comm.powersgd_") and cfg.comm.compression != "powersgd":
+        return f"read only with comm.compression=powersgd (comm.compression={cfg.comm.compression})"
     if section == "sync" and name and name != "mode":
         field = name.split(".", 1)[0]
         if field not in mode_for(cfg.sync.mode).reads:

@@ -184,6 +184,17 @@ def test_tensor_parallel_across_nodes_is_warned(tp, dp, nproc, spans):
     ]
 
 
+def test_powersgd_that_would_never_compress_is_warned():
+    """torch's hook all-reduces exactly for powersgd_start_iter steps (at least 2): a run no
+    longer than that never compresses, and equalled the plain run bitwise, silently."""
+    said = "comm.compression=powersgd: its first 10 steps are exact all-reduces"
+    short = plan_for("dp=2", "comm.compression=powersgd", "train.steps=8")
+    assert any(w.startswith(said) and "train.steps=8: it never compresses" in w
+               for w in short.warnings)  # fmt: skip
+    longer = plan_for("dp=2", "comm.compression=powersgd", "train.steps=11")
+    assert not any("never compresses" in w for w in longer.warnings)
+
+
 def test_interleaved_and_v_schedules_place_stages():
     loop = plan_for("pp=2", "pipeline.schedule=interleaved_1f1b", "pipeline.virtual_stages=2")
     assert [s.pp_rank for s in loop.pipeline.stages] == [0, 1, 0, 1]

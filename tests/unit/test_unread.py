@@ -36,6 +36,14 @@ CASES = [
     (["dp=2", "sync.mode=local_sgd", "sync.every=4", "sync.warmup_steps=2"], []),
     (["dp=2", "sync.mode=param_server", "sync.max_staleness=1"], []),
     (["dp=2", "train.steps=3", "optim.base_lr=1e-3"], []),
+    (
+        ["dp=2", "comm.powersgd_rank=2"],
+        [
+            "comm.powersgd_rank=2: read only with comm.compression=powersgd (comm.compression="
+            "none); ignored"
+        ],
+    ),
+    (["dp=2", "comm.compression=powersgd", "comm.powersgd_start_iter=2"], []),
 ]
 
 
