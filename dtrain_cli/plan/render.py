@@ -174,6 +174,8 @@ def _estimates(plan: Plan) -> Table:
         ),
         (f"FLOPs per {unit} (fwd+bwd)", f"{e.flops_per_token:,}"),
     ]
+    if plan.batch.dp > 1:  # what comm.compression and the strategy change
+        rows.append(("dp bytes sent per step", bytes_text(e.comm_bytes_per_step)))
     return _kv("estimates per rank", rows)
 
 

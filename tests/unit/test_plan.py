@@ -445,3 +445,20 @@ def test_gpt_facts_follow_the_config_they_are_asked_for():
     assert sum(n for _, n, _ in after.param_rows) == after.num_params  # every tensor's rows
     cfg.model.name = "renamed"  # not a shape: the same counts
     assert model_spec(cfg).facts() == after
+
+
+def test_the_plan_table_shows_the_dp_bytes_compression_changes():
+    """docs/parallelism.md: "The plan shows the gradient bytes each option moves per step";
+    only --format yaml had them."""
+    from rich.console import Console
+
+    from dtrain_cli.plan.render import render_plan
+
+    def shown(*overrides: str) -> str | None:
+        console = Console(width=200, record=True)
+        console.print(render_plan(plan_for(*overrides)))
+        lines = [x for x in console.export_text().splitlines() if "dp bytes sent" in x]
+        return lines[0].split("│")[2].strip() if lines else None
+
+    assert shown("dp=2") == "3.3 MiB" and shown("dp=2", "comm.compression=fp16") == "1.7 MiB"
+    assert shown() is None  # dp=1 sends nothing
