@@ -3,7 +3,8 @@
     dtrain checkpoints runs/<run> --verify     # sha256 of every file; exit 1 when one is bad
 
 Exit code 0 when every listed checkpoint verifies (size checks; with ``--verify`` also the
-sha256 of every file), 1 when one does not: each problem is printed below the table, one
+sha256 of every file, and a line saying so), 1 when one does not (a ``step_*`` folder given:
+that checkpoint only): each problem is printed below the table, one
 line with the whole path, and ``latest`` pointing at a bad checkpoint says which one a
 resume would use instead.
 """
@@ -32,8 +33,11 @@ def checkpoints(
     """
     from dtrain_cli.checkpoint import catalog
 
+    asked = run_dir
     run_dir = _run_dir_of(run_dir)
     infos = catalog.list_checkpoints(run_dir)
+    if catalog.STEP_DIR.match(asked.name):  # one checkpoint asked about: that one
+        infos = [i for i in infos if i.path.name == asked.name]
     if not infos:
         fail([f"{run_dir}: no checkpoints in {catalog.checkpoints_dir(run_dir)}"], code=1)
     latest_file = catalog.checkpoints_dir(run_dir) / catalog.LATEST
@@ -74,6 +78,10 @@ def checkpoints(
         )
     if lines:
         raise typer.Exit(1)
+    if verify:  # the table reads the same either way: say what was checked
+        n = len(infos)
+        typer.echo(f"verified: every file of the {n} checkpoint{'s' * (n > 1)} matches the "
+                   "sha256 in its manifest")  # fmt: skip
 
 
 def _run_dir_of(path: Path) -> Path:

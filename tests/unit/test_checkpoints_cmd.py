@@ -106,3 +106,26 @@ def test_export_into_a_new_folder_needs_its_parent(tmp_path):
     result = CliRunner().invoke(app, ["export", str(tmp_path), "--out", "nope/deeper/"])
     assert result.exit_code == 2
     assert result.stderr.strip() == "error: --out nope/deeper/: folder nope does not exist"
+
+
+def test_one_checkpoint_asked_about_is_the_one_listed_and_verify_says_it_ran(tmp_path):
+    """A good step_* folder was listed with the whole run and exited 1 for another, bad
+    one; --verify printed the same table as without it, saying nothing of the sha256."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    run = tmp_path / "runs" / "r"
+    _complete(run / "checkpoints" / "step_000003")
+    _complete(run / "checkpoints" / "step_000006")
+    (run / "checkpoints" / "step_000006" / ".metadata").write_bytes(b"changed")  # bad sha256
+    (run / "plan.yaml").write_text("world_size: 1\n")
+    good = run / "checkpoints" / "step_000003"
+    result = CliRunner().invoke(app, ["checkpoints", str(good), "--verify"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "│ 3 " in result.stdout and "│ 6 " not in result.stdout
+    assert "verified: every file of the 1 checkpoint matches the sha256 in its manifest" in (
+        result.stdout
+    )
+    whole = CliRunner().invoke(app, ["checkpoints", str(run), "--verify"], terminal_width=200)
+    assert whole.exit_code == 1 and "verified:" not in whole.stdout
