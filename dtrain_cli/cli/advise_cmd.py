@@ -77,8 +77,8 @@ def advise(
             ]
         )
     rest, opts = _split(overrides or [])
-    recipe, rest = split_recipe(rest)
     try:
+        recipe, rest = split_recipe(rest)
         cfg = compose_config(recipe, rest, config_dir, validate=False)
     except ConfigError as exc:
         fail(exc.problems)

@@ -103,7 +103,10 @@ def compose_and_plan(
 
     if problems := script_problems(script):
         fail(problems)
-    recipe, rest = split_recipe(overrides, "script" if script else "gpt_tiny")
+    try:
+        recipe, rest = split_recipe(overrides, "script" if script else "gpt_tiny")
+    except ConfigError as exc:
+        fail(exc.problems)
     try:
         cfg = compose_config(recipe, rest, config_dirs, validate=False)  # build_plan checks
     except ConfigError as exc:

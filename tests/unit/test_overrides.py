@@ -163,6 +163,8 @@ def test_interpolation_that_resolves_is_fine():
         (["dp"], "'dp': no value; write dp=VALUE"),
         (["train.steps=$(ls)"], "train.steps=$(ls): cannot parse the value"),
         (["gpt_small"], "'gpt_small': a recipe; write recipe=gpt_small"),  # a bare recipe
+        # two recipes: the last was taken, silently
+        (["recipe=gpt_small"], "recipe=gpt_tiny recipe=gpt_small: one recipe per command"),
         # JSON's quoted keys: the line gives the override that parses (it was "quote it")
         (
             ['cluster.env={"NCCL_DEBUG": "WARN"}'],
