@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import fields, is_dataclass, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,9 +24,14 @@ from dtrain_cli.config.overrides import (
     apply_values,
     check_overrides,
     schema_fields,
-    unknown_key,
 )
-from dtrain_cli.config.recipe_checks import recipe_problems, yaml_error_text
+from dtrain_cli.config.recipe_checks import (
+    all_keys,
+    explain_compose_error,
+    recipe_key_problems,
+    recipe_problems,
+    yaml_error_text,
+)
 from dtrain_cli.config.schema import SCHEMA_NAME, DataConfig, DtrainConfig
 from dtrain_cli.config.search import (
     group_options,
@@ -47,7 +52,7 @@ if TYPE_CHECKING:
 def expand_shorthands(overrides: Sequence[str]) -> list[str]:
     """Map shorthands to full keys. Every key exists in the typed schema, so Hydra's
     ``+key=v``/``++key=v`` (add) mean set, and ``~key`` (delete) means unset (null)."""
-    leaves = {k for k in _all_keys() if "." in k}
+    leaves = {k for k in all_keys() if "." in k}
     out = []
     for ov in overrides:
         m = re.match(r"^([+~]{0,2})([A-Za-z_][\w.]*)(=.*)?$", ov)
@@ -219,8 +224,10 @@ def _hydra_compose(recipe_path: Path, search: list[Path], chosen: list[str]) -> 
         with initialize_config_dir(config_dir=str(recipe_path.parent), version_base="1.3"):
             cfg = compose(config_name=recipe_path.stem, overrides=[searchpath, *chosen])
     except Exception as exc:  # Hydra/OmegaConf raise many types; translate all of them
-        told = yaml_error_text(exc) or explain_compose_error(exc, chosen, search, recipe_path)
-        raise ConfigError([told]) from None
+        told = yaml_error_text(exc)  # else every key the recipe gets wrong, or Hydra's one
+        problems = [told] if told else recipe_key_problems(recipe_path)
+        problems = problems or [explain_compose_error(exc, chosen, search, recipe_path)]
+        raise ConfigError(problems) from None
     finally:
         GlobalHydra.instance().clear()
     if "hydra" in cfg:
@@ -326,65 +333,6 @@ def config_container(cfg: DtrainConfig) -> dict:
         "model": model_spec(cfg).config_dict(),
         **{k: v for k, v in data.items() if k != "model"},
     }
-
-
-def _all_keys(node: type = DtrainConfig, prefix: str = "") -> list[str]:
-    """Every key of the schema; under ``model`` the fields of every built-in model kind."""
-    from dtrain_cli.models import schema_classes
-
-    keys = []
-    for f in fields(node):
-        key = f"{prefix}{f.name}"
-        keys.append(key)
-        if key == "model":
-            names = {n.name for cls in schema_classes().values() for n in fields(cls)}
-            keys += [f"model.{n}" for n in sorted(names)] + ["model._target_"]
-            continue
-        t = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
-        if t is not None and is_dataclass(t):
-            keys += _all_keys(type(t), key + ".")
-    return keys
-
-
-def explain_compose_error(
-    exc: Exception,
-    overrides: Sequence[str],
-    config_dirs: Sequence[str | Path] = (),
-    recipe: Path | None = None,
-) -> str:
-    """Hydra's errors (overrides are checked before, so mostly a recipe or group file's
-    content) as one line naming the key; a group option missing from a defaults list names
-    the options of every config folder (``config_dirs``) and the ``recipe`` composed."""
-    chain, cause = [], exc
-    while cause is not None and len(chain) < 5:
-        chain.append(str(cause).strip())
-        cause = cause.__cause__ or cause.__context__
-    msg = "\n".join(chain)
-    first = chain[0].splitlines()[0] if chain and chain[0] else type(exc).__name__
-    m = re.search(r"Key '([^']+)' not in '?\w*'?", msg)
-    full_key = re.search(r"full_key: ([\w.]+)", msg)
-    if m and "not in" in msg:
-        key = full_key.group(1) if full_key else m.group(1)
-        if key not in _all_keys():
-            return unknown_key(key)
-    m = re.search(
-        r"Value '([^']*)' (?:of type '\w+' )?(?:could not be converted to|is not a valid) (\w+)",
-        msg,
-    )
-    if m:
-        where = full_key.group(1) if full_key else "a key"
-        kind = {"Integer": "integer", "Float": "number", "Boolean": "boolean (true/false)"}
-        return f"{where}: value {m.group(1)!r} is not a valid {kind.get(m.group(2), m.group(2))}"
-    m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
-    if m:
-        group, option = m.group(1).strip("/"), m.group(2)
-        opts = group_options(config_dirs).get(group, [])
-        where = f" (a defaults list, composing {recipe})" if recipe is not None else ""
-        return (
-            f"{group}={option}{where}: no such option{did_you_mean(option, opts)}; "
-            f"allowed: {', '.join(opts)}"
-        )
-    return first
 
 
 def register_schema() -> None:

@@ -5,8 +5,16 @@ that does not parse. Each as one line naming the file (``dtrain plan recipe=NAME
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from dtrain_cli.config.overrides import unknown_key
+from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.config.search import group_options
+from dtrain_cli.config.suggest import did_you_mean
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -45,3 +53,100 @@ def yaml_error_text(exc: BaseException) -> str | None:
     where = f"{mark.name} line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
     said = " ".join(x for x in (cause.context, cause.problem) if x)
     return f"{where}{said or type(cause).__name__} (YAML)"
+
+
+def all_keys(node: type = DtrainConfig, prefix: str = "") -> list[str]:
+    """Every key of the schema; under ``model`` the fields of every built-in model kind."""
+    from dtrain_cli.models import schema_classes
+
+    keys = []
+    for f in fields(node):
+        key = f"{prefix}{f.name}"
+        keys.append(key)
+        if key == "model":
+            names = {n.name for cls in schema_classes().values() for n in fields(cls)}
+            keys += [f"model.{n}" for n in sorted(names)] + ["model._target_"]
+            continue
+        t = f.default_factory() if callable(f.default_factory) else None  # type: ignore[misc]
+        if t is not None and is_dataclass(t):
+            keys += all_keys(type(t), key + ".")
+    return keys
+
+
+def explain_compose_error(
+    exc: Exception,
+    overrides: Sequence[str],
+    config_dirs: Sequence[str | Path] = (),
+    recipe: Path | None = None,
+) -> str:
+    """Hydra's errors (overrides are checked before, so mostly a recipe or group file's
+    content) as one line naming the key; a group option missing from a defaults list names
+    the options of every config folder (``config_dirs``) and the ``recipe`` composed."""
+    chain, cause = [], exc
+    while cause is not None and len(chain) < 5:
+        chain.append(str(cause).strip())
+        cause = cause.__cause__ or cause.__context__
+    msg = "\n".join(chain)
+    first = chain[0].splitlines()[0] if chain and chain[0] else type(exc).__name__
+    m = re.search(r"Key '([^']+)' not in '?\w*'?", msg)
+    full_key = re.search(r"full_key: ([\w.]+)", msg)
+    if m and "not in" in msg:
+        key = full_key.group(1) if full_key else m.group(1)
+        if key not in all_keys():
+            return unknown_key(key)
+    m = re.search(
+        r"Value '([^']*)' (?:of type '\w+' )?(?:could not be converted to|is not a valid) (\w+)",
+        msg,
+    )
+    if m:
+        where = full_key.group(1) if full_key else "a key"
+        kind = {"Integer": "integer", "Float": "number", "Boolean": "boolean (true/false)"}
+        return f"{where}: value {m.group(1)!r} is not a valid {kind.get(m.group(2), m.group(2))}"
+    m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
+    if m:
+        group, option = m.group(1).strip("/"), m.group(2)
+        opts = group_options(config_dirs).get(group, [])
+        where = f" (a defaults list, composing {recipe})" if recipe is not None else ""
+        return (
+            f"{group}={option}{where}: no such option{did_you_mean(option, opts)}; "
+            f"allowed: {', '.join(opts)}"
+        )
+    return first
+
+
+OPEN_SECTIONS = ("model", "data", "hydra")
+"""A model kind's or a custom dataset's own keys: checked when composed, not here."""
+
+
+def recipe_key_problems(recipe_path: Path) -> list[str]:
+    """Every key of the recipe file's own body that the schema lacks, and every value not
+    among a key's choices, each naming the file: Hydra stops at the first (its line named
+    no file), where the command line's mistakes are all told together."""
+    import yaml
+
+    from dtrain_cli.config.suggest import not_allowed
+    from dtrain_cli.config.validate import CHOICES
+
+    try:
+        body = yaml.safe_load(recipe_path.read_text())
+    except (OSError, yaml.YAMLError):
+        return []
+    known = set(all_keys())
+    sections = {k.rsplit(".", 1)[0] for k in known if "." in k}
+    out: list[str] = []
+
+    def walk(node: dict, prefix: str) -> None:
+        for name, value in node.items():
+            key = f"{prefix}{name}"
+            if key == "defaults" or key.split(".")[0] in OPEN_SECTIONS:
+                continue
+            if key in sections and isinstance(value, dict):
+                walk(value, key + ".")
+            elif key not in known:
+                out.append(f"{unknown_key(key)} (in recipe {recipe_path})")
+            elif key in CHOICES and value not in CHOICES[key]:
+                out.append(f"{not_allowed(key, value, CHOICES[key])} (in recipe {recipe_path})")
+
+    if isinstance(body, dict):
+        walk(body, "")
+    return out

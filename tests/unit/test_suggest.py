@@ -130,3 +130,25 @@ def test_a_missing_option_in_ones_own_recipe_names_ones_own_options(tmp_path):
     (problem,) = info.value.problems
     assert problem.startswith(f"model=gpt_wdie (a defaults list, composing {recipe}): no such")
     assert "(did you mean 'gpt_wide'?)" in problem and "gpt_tiny, gpt_wide, hf" in problem
+
+
+def test_every_mistake_in_ones_own_recipe_is_told_with_the_file(tmp_path):
+    """Hydra stopped at the first (and named no file); the command line's mistakes were all
+    told together. Nested and dotted keys alike; a valid recipe's keys are not named."""
+    (tmp_path / "recipes").mkdir()
+    nested = tmp_path / "recipes" / "typo.yaml"
+    nested.write_text(
+        "defaults:\n  - base\n  - _self_\ntrain:\n  stepz: 5\n  steps: 7\noptim:\n"
+        "  lr_scaling: cube\ncluster:\n  env: {NCCL_DEBUG: WARN}\nmodel:\n  n_layer: 2\n"
+    )
+    dotted = tmp_path / "recipes" / "dotted.yaml"
+    dotted.write_text("defaults:\n  - base\n  - _self_\ntrain.stepz: 5\noptim.lr_scaling: cube\n")
+    for recipe in (nested, dotted):
+        with pytest.raises(ConfigError) as info:
+            compose_config(recipe.stem, [], [tmp_path])
+        assert info.value.problems == [
+            "unknown key 'train.stepz' (did you mean 'train.steps'?); see `dtrain plan "
+            f"--show-config` for all keys (in recipe {recipe})",
+            "optim.lr_scaling=cube: not allowed; choose one of none, linear, sqrt (in recipe "
+            f"{recipe})",
+        ]
