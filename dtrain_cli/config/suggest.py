@@ -10,7 +10,10 @@ from pathlib import Path
 
 
 def did_you_mean(word: str, candidates: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
+    """`` (did you mean 'x'?)`` for the closest candidate; the same word in other case
+    first (``precision=BF16``: difflib, case-sensitive, found nothing)."""
+    same = [c for c in candidates if c.lower() == word.lower()]
+    close = same or difflib.get_close_matches(word, list(candidates), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from dtrain_cli.config.compose import compose_config
 from dtrain_cli.config.overrides import SHORTHANDS, schema_fields
-from dtrain_cli.config.suggest import did_you_mean_key, not_allowed
+from dtrain_cli.config.suggest import did_you_mean, did_you_mean_key, not_allowed
 from dtrain_cli.errors import ConfigError
 
 KNOWN = [*schema_fields(), *SHORTHANDS]
@@ -152,3 +152,10 @@ def test_every_mistake_in_ones_own_recipe_is_told_with_the_file(tmp_path):
             "optim.lr_scaling=cube: not allowed; choose one of none, linear, sqrt (in recipe "
             f"{recipe})",
         ]
+
+
+def test_a_choice_in_other_case_is_named():
+    assert did_you_mean("BF16", ["bf16", "fp16", "fp32"]) == " (did you mean 'bf16'?)"
+    with pytest.raises(ConfigError) as info:
+        compose_config("gpt_tiny", ["precision=BF16"])
+    assert "precision=BF16: no such option (did you mean 'bf16'?)" in info.value.problems[0]
