@@ -34,6 +34,8 @@ NOT_RUN = {
     "agent": "runs a SLURM job's node (tests/launch/test_slurm.py)",
     "simulate": "starts a process per simulated rank; the guide's layouts are simulated in "
     "tests/launch/test_simulate.py",
+    "--install-completion": "writes to the user's shell start-up file (Typer's own); what it "
+    "completes: tests/unit/test_overrides.py (test_completion_offers_recipes_options_and_keys)",
 }
 SHELL_BLOCKS = ("", "bash", "sh", "shell")
 
