@@ -35,10 +35,12 @@ CKPT_HELP = (
 
 
 def checkpoint_arg(ckpt: Path | None, args: list[str], command: str) -> tuple[Path, list[str]]:
-    """``--ckpt PATH``, or the path written first without it (``dtrain resume runs/<run>``,
-    as ``dtrain checkpoints runs/<run>`` takes it); the rest of ``args`` as they are."""
-    if ckpt is None and args and "=" not in args[0] and not args[0].startswith(("+", "~")):
-        return Path(args[0]), args[1:]
+    """``--ckpt PATH``, or the path written without it (``dtrain resume runs/<run>``, as
+    ``dtrain checkpoints runs/<run>`` takes it; first or after the overrides, the one
+    argument that is not one); the rest of ``args`` as they are."""
+    paths = [a for a in args if "=" not in a and not a.startswith(("+", "~"))]
+    if ckpt is None and (paths[:1] == args[:1] or len(paths) == 1) and paths:
+        return Path(paths[0]), [a for a in args if a is not paths[0]]
     if ckpt is None:
         fail(
             [

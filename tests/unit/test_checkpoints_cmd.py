@@ -71,9 +71,10 @@ def test_resume_and_export_take_the_run_without_ckpt(tmp_path, command):
     Typer's "Missing option '--ckpt'": the path written first is the checkpoint."""
     missing = tmp_path / "runs" / "nothere"
     extra = ["--out", str(tmp_path / "m.safetensors")] if command == "export" else ["steps=9"]
-    result = CliRunner().invoke(app, [command, str(missing), *extra])
-    assert result.exit_code == 2
-    assert result.stderr.strip() == f"error: {missing}: no such file or folder"
+    for args in ([str(missing), *extra], [*extra, str(missing)]):  # after them: the same
+        result = CliRunner().invoke(app, [command, *args])
+        assert result.exit_code == 2
+        assert result.stderr.strip() == f"error: {missing}: no such file or folder"
 
 
 def test_resume_without_a_checkpoint_names_both_forms():
