@@ -174,3 +174,6 @@ def test_rank_0_says_a_script_never_joined_unless_its_own_processes_may_have(
     assert (said in capsys.readouterr().err) == told
     arrival.say_if_alone(1, str(script))  # rank 0 says it, once
     assert capsys.readouterr().err == ""
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])  # it printed its help
+    arrival.say_if_alone(0, str(script))
+    assert capsys.readouterr().err == ""

@@ -52,7 +52,8 @@ def say_if_alone(rank: int, script_file: str) -> None:
     script that names nothing distributed (one that only splits files by ``RANK``) meant
     to run alone, and is not told."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if rank == 0 and world > 1 and joined() is False and _told(script_file):
+    asked_help = any(a in ("-h", "--help") for a in sys.argv[1:])  # its help: nothing to join
+    if rank == 0 and world > 1 and joined() is False and not asked_help and _told(script_file):
         print(
             f"warning: the script never called init_process_group: its {world} ranks ran "
             "alone, sharing nothing; to train together, call it when WORLD_SIZE > 1 "
