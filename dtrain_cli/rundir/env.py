@@ -30,6 +30,9 @@ FAULTS = "DTRAIN_FAULTS"
 """Fault drills (:mod:`dtrain_cli.runtime.diagnostics.faults`)."""
 VALIDATE_HANG_RANK = "DTRAIN_VALIDATE_HANG_RANK"
 """A drill of ``dtrain validate-cluster``: this rank never arrives."""
+LAUNCHER_PID = "DTRAIN_LAUNCHER_PID"
+"""The launch command whose agent starts the workers (set with the launch start, before its
+fork server starts): a worker ends with it (a SIGKILLed launcher left workers training)."""
 PRELOAD_FILE = "DTRAIN_PRELOAD_FILE"
 PRELOAD_LAUNCHER_PID = "DTRAIN_PRELOAD_LAUNCHER_PID"
 PRELOAD_FIRST = "DTRAIN_PRELOAD_FIRST"
@@ -54,6 +57,8 @@ def mark_launch_start(env: MutableMapping[str, str] | None = None, *, now: bool 
     """The launch command's first act: keep an earlier command's start (``dtrain run`` of
     ``--validate-cluster`` then the script) unless ``now``; ``env``: a child's environment."""
     target = os.environ if env is None else env
+    if env is None:  # this process launches: its workers (through its fork server) end with it
+        os.environ[LAUNCHER_PID] = str(os.getpid())
     if now:
         target[LAUNCH_T0] = repr(time.time())
     else:
@@ -66,6 +71,13 @@ def launch_started_at() -> float:
         return float(os.environ.get(LAUNCH_T0, "nan"))
     except ValueError:
         return float("nan")
+
+
+def launcher_pid() -> int | None:
+    try:
+        return int(os.environ[LAUNCHER_PID])
+    except (KeyError, ValueError):
+        return None
 
 
 def restart_count() -> int:

@@ -29,6 +29,7 @@ from dtrain_cli.rundir.notes import write_note
 from dtrain_cli.runtime.components import preemption
 from dtrain_cli.runtime.diagnostics import collective_debug, peak_memory
 from dtrain_cli.runtime.diagnostics.interrupt import InterruptGuard, restore_default_signals
+from dtrain_cli.runtime.diagnostics.launcher_watch import end_with_launcher
 from dtrain_cli.runtime.diagnostics.logs import make_console, setup_logging
 from dtrain_cli.runtime.diagnostics.watchdog import enable_flight_recorder, process_group_timeout_s
 from dtrain_cli.runtime.parallel.mesh import (
@@ -56,6 +57,7 @@ def worker_main(
     this worker started (config composed, agent ready), for the start-up breakdown."""
     started = time.time()
     restore_default_signals()  # forked from the fork server (it ignores some) or the agent
+    end_with_launcher()  # a SIGKILLed launcher leaves no worker training alone
     # Ctrl-C reaches every process of the terminal's group; the launcher reports it once,
     # so a worker ends quietly (its finally blocks close the progress bar), no traceback
     # (within seconds even when the main thread waits in C code: a store, a collective)

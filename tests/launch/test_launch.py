@@ -513,3 +513,44 @@ def test_saves_inside_a_logging_window_leave_its_rate_whole(tmp_path):
     ms = {r["step"]: r["step_time_ms"] for r in run.metrics()}
     # the second window (steps 11-20, saves after 12, 15 and 18): no warm-up step in it
     assert ms[20] >= 300, ms
+
+
+@pytest.mark.parametrize("pool", ["0", "1"], ids=["own_server", "warm_pool"])
+def test_workers_end_with_a_launcher_killed_by_sigkill(tmp_path, pool):
+    """kill -9 of the launcher (the OOM killer): its workers, forked by a fork server they
+    keep alive, trained on alone (with no warm pool), into a run dir a resume then shared
+    (a reviewer's find). Each worker ends with its launcher."""
+    args = ["launch", *SMALL, "dp=2", "train.steps=100000", "run.name=orphans"]
+    proc = subprocess.Popen(
+        [*DTRAIN, *args],
+        cwd=tmp_path,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir()), "DTRAIN_WARM_POOL": pool},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    logs = [tmp_path / "runs" / "orphans" / "logs" / f"rank_{r}.log" for r in (0, 1)]
+    try:
+        deadline = time.time() + 120
+        while not all(p.exists() and "step" in p.read_text() for p in logs):
+            assert time.time() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        workers = [int(p.read_text().split(" pid ", 1)[1].split()[0]) for p in logs]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.time() + 10
+        while any(_running(w) for w in workers) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not [w for w in workers if _running(w)]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a reaped-later child of a process that is gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

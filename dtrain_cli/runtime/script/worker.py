@@ -47,6 +47,7 @@ from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.notes import write_note
 from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
 from dtrain_cli.runtime.diagnostics.interrupt import InterruptGuard, restore_default_signals
+from dtrain_cli.runtime.diagnostics.launcher_watch import end_with_launcher
 from dtrain_cli.runtime.script.fresh_state import fresh_random_state
 
 # What torch's agent sets for each worker (already in os.environ when script_main runs)
@@ -83,6 +84,7 @@ def script_main(run_dir: str, agent_env: dict[str, str] | None = None) -> None:
     for key, value in (agent_env or {}).items():
         if key not in TORCH_WORKER_KEYS:
             os.environ[key] = value
+    end_with_launcher()  # a SIGKILLed launcher leaves no rank running the script alone
     InterruptGuard(grace_s=2.0).install(signal.default_int_handler)
     apply_thread_settings()
     restore_default_start_method()
