@@ -9,8 +9,9 @@ signal (an OOM kill, ``kill -9``) and the peer that then lost it are often both 
 same poll: the peer, lower in the list, was reported, and the killed rank, its exit status
 known to its ``Process`` object, was reported as having ended without an error
 (:mod:`.failures`: "killed by a signal?"). While the agent runs, :func:`every_failed_process`
-adds to the poll's failures every other process that had exited non-zero by itself (not by
-the agent's SIGTERM to the rest); :mod:`.failures` then picks the cause by time and kind.
+adds to the poll's failures every other process that had already exited non-zero when the
+poll began (not those the poll's clean-up then ended); :mod:`.failures` then picks the
+cause by time and kind.
 """
 
 from __future__ import annotations
@@ -35,13 +36,17 @@ def every_failed_process(run_dir: Path) -> Iterator[None]:
     original = api.MultiprocessContext._poll
 
     def _poll(self: Any) -> Any:
+        # which had ended before this poll: the poll's own clean-up then ends the rest
+        # (SIGTERM, and SIGKILL 30 s later for one that did not stop), not their failures
+        pc = getattr(self, "_pc", None)
+        ended = {i for i, p in enumerate(pc.processes) if p.exitcode is not None} if pc else set()
         result = original(self)
-        if result is None or not result.failures or getattr(self, "_pc", None) is None:
+        if result is None or not result.failures or pc is None:
             return result
-        for local_rank, proc in enumerate(self._pc.processes):
+        for local_rank, proc in enumerate(pc.processes):
             code = proc.exitcode
-            if local_rank in result.failures or code in (None, 0, -signal.SIGTERM):
-                continue  # running, done, or ended by the agent after the failure
+            if local_rank in result.failures or local_rank not in ended or code in (0, None):
+                continue  # reported, ended by this poll's clean-up, or done
             result.failures[local_rank] = api.ProcessFailure(
                 local_rank=local_rank,
                 pid=proc.pid,

@@ -304,3 +304,38 @@ def test_a_restart_after_a_real_kill_names_the_rank_that_left_no_note(tmp_path, 
     )
     write_note(tmp_path, 1, 30, None, signal="SIGKILL")  # a drill says what it sends itself
     assert attempt_cause(tmp_path, 0, 2) == "rank 1 was killed by SIGKILL after step 30"
+
+
+def test_every_failed_process_adds_only_ranks_dead_before_the_poll(tmp_path, monkeypatch):
+    """The poll reports one failure, then ends the rest (SIGTERM, SIGKILL 30 s later): a
+    rank that had died by itself before it is added (and noted, killed by a signal); one
+    ended by the poll's clean-up is not, whatever its code (a reviewer's find: a rank
+    ignoring SIGTERM was blamed as 'killed by SIGKILL')."""
+    import json
+    import signal
+
+    from torch.distributed.elastic.multiprocessing import api
+
+    from dtrain_cli.launch.every_failure import every_failed_process
+
+    procs = [SimpleNamespace(pid=100 + r, exitcode=None) for r in range(4)]
+    procs[0].exitcode, procs[1].exitcode = 1, -signal.SIGKILL  # dead when the poll began
+
+    def poll(self):  # torch's: rank 0 reported; the clean-up ends ranks 2 and 3
+        procs[2].exitcode, procs[3].exitcode = -signal.SIGKILL, -signal.SIGTERM
+        failure = api.ProcessFailure(local_rank=0, pid=100, exitcode=1, error_file="none")
+        return api.RunProcsResult(failures={0: failure})
+
+    monkeypatch.setattr(api.MultiprocessContext, "_poll", poll)
+    ctx = SimpleNamespace(
+        _pc=SimpleNamespace(processes=procs),
+        error_files={r: "none" for r in range(4)},
+        envs={r: {"RANK": str(4 + r), "TORCHELASTIC_RESTART_COUNT": "1"} for r in range(4)},
+    )
+    with every_failed_process(tmp_path):
+        result = api.MultiprocessContext._poll(ctx)
+    assert sorted(result.failures) == [0, 1]
+    assert result.failures[1].exitcode == -signal.SIGKILL
+    (note,) = [json.loads(p.read_text()) for p in (tmp_path / "logs" / "failures").iterdir()]
+    assert (note["rank"], note["pid"], note["signal"], note["attempt"]) == (5, 101, "SIGKILL", 1)
+    assert api.MultiprocessContext._poll is poll  # put back after the agent
