@@ -96,7 +96,14 @@ def _unread_problems(data: DataConfig) -> list[str]:
     """A path or tokenizer the chosen source would never read: without this, ``data.path=
     my.txt`` alone trained on the built-in corpus and said nothing."""
     problems: list[str] = []
-    if data.source == "custom":  # its dataset's arguments (custom_arguments)
+    if data.source == "custom":  # path, tokenizer: its dataset's arguments (custom_arguments)
+        if data.val_path is not None:
+            problems.append(
+                f"data.val_path={data.val_path}: data=custom validates on data.val_target (a "
+                "dataset built with the same arguments) or the last data.val_fraction of "
+                "its items; set data.val_target, or give your dataset its own argument "
+                f"(data.kwargs.val_path={data.val_path})"
+            )
         return problems
     if data.val_path is not None and data.source not in READS_PATH:
         problems.append(
@@ -143,13 +150,19 @@ def _token_val_problems(data: DataConfig) -> list[str]:
     return []
 
 
-def short_split(where: str, split: str, tokens: int, block_size: int, val_fraction: float) -> str:
-    """A split too short for one window of ``block_size + 1`` tokens, and what lengthens it."""
-    more = "a smaller data.val_fraction" if split == "train" else "a larger data.val_fraction"
+def short_split(data: DataConfig, split: str, tokens: int, block_size: int) -> str:
+    """A split too short for one window of ``block_size + 1`` tokens, and what lengthens it
+    (``data.val_path`` set: its own file is the val split, no fraction is taken)."""
+    where = f"data.path={data.path}" if data.path else f"data={data.source}"
+    if data.val_path is not None:
+        where = f"data.val_path={data.val_path}" if split == "val" else where
+        more = "a longer validation file" if split == "val" else "a larger corpus"
+    else:
+        fraction = "smaller" if split == "train" else "larger"
+        more = f"a larger corpus, a {fraction} data.val_fraction (now {data.val_fraction})"
     return (
         f"{where}: its {split} split holds {tokens} tokens, fewer than one window of "
-        f"model.block_size+1={block_size + 1}; a larger corpus, {more} (now {val_fraction}) "
-        "or a smaller model.block_size"
+        f"model.block_size+1={block_size + 1}; {more} or a smaller model.block_size"
     )
 
 
@@ -164,14 +177,13 @@ def _split_problems(data: DataConfig, model: object) -> list[str]:
     val = _size_in_tokens(data, data.val_path) if data.val_path else None
     if data.val_path and val is None:
         return []
-    splits = (n, val) if val is not None else (n - max(2, int(n * data.val_fraction)), None)
     if val is None:
-        splits = (splits[0], n - splits[0])
-    where = f"data.path={data.path}"
+        val = max(2, int(n * data.val_fraction))
+        n -= val
     return [
-        short_split(where, split, count, block_size, data.val_fraction)
-        for split, count in zip(("train", "val"), splits, strict=True)
-        if count is not None and count < block_size + 1
+        short_split(data, split, count, block_size)
+        for split, count in (("train", n), ("val", val))
+        if count < block_size + 1
     ]
 
 
@@ -238,25 +250,38 @@ def vocab_warning(data: DataConfig, vocab_size: int | None, key: str) -> str | N
 
 
 VAL_NAMES = ("val", "valid", "validation", "dev", "test", "eval")
+VAL_FILE = re.compile(rf"^({'|'.join(VAL_NAMES)})([-_]\d[\w-]*)?$")
+"""``dev.jsonl``, ``validation-00000-of-00002.parquet``; not ``test_model.py``."""
 
 
 def _validation_file_warning(data: DataConfig) -> str | None:
-    """A folder whose files include one named for validation (``dev.jsonl``): every file
-    under ``data.path`` trains, so it was trained on."""
+    """A file or folder under ``data.path`` named for validation (``dev.jsonl``, ``val/``):
+    every file under ``data.path`` trains, so it was trained on; or a ``data.val_path``
+    inside ``data.path``, trained on as well as validated on."""
     path = Path(data.path or "").expanduser()
-    if data.source not in ("text", "hf") or data.val_path or not path.is_dir():
+    if data.source not in ("text", "hf") or not path.is_dir():
         return None
-    named = next(
-        (f for f in visible_files(path) if re.split(r"[._-]", f.name.lower())[0] in VAL_NAMES),
-        None,
-    )
-    if named is None:
+    if data.val_path is not None:
+        val = Path(data.val_path).expanduser().resolve()
+        if val == path.resolve() or path.resolve() in val.parents:
+            return (
+                f"data.val_path={data.val_path} is inside data.path={data.path}: it is "
+                "trained on as well as validated on; move it out of data.path"
+            )
         return None
-    return (
-        f"data.path={data.path} holds {named.relative_to(path)}: it is trained on, as every "
-        f"file there is (validation: the last data.val_fraction of them); data.val_path="
-        f"{named} validates on it instead (move it out of data.path)"
-    )
+    for file in visible_files(path):
+        rel = file.relative_to(path)
+        folder = next((p for p in rel.parts[:-1] if p.lower() in VAL_NAMES), None)
+        if folder is None and not VAL_FILE.match(rel.name.split(".")[0].lower()):
+            continue
+        named = rel.parts[: rel.parts.index(folder) + 1] if folder else rel.parts
+        shown = Path(*named)
+        return (
+            f"data.path={data.path} holds {shown}{'/' if folder else ''}: it is trained on, "
+            "as every file there is (validation: the last data.val_fraction of them); "
+            f"data.val_path={path / shown} validates on it instead (move it out of data.path)"
+        )
+    return None
 
 
 def data_warnings(data: DataConfig, spec: ModelSpec) -> list[str]:

@@ -36,19 +36,20 @@ SPLITS = ("train", "val")
 _CHECKED: set[str] = set()  # custom datasets this process already built and checked
 
 
-def _text_files(path: Path) -> list[Path]:
+def _text_files(given: str | None, key: str = "data.path") -> list[Path]:
+    path = Path(given or "").expanduser()
     if path.is_file():
         return [path]
     if path.is_dir():
         return visible_files(path)
-    raise FileNotFoundError(f"data.path={path}: no such file or folder")
+    raise FileNotFoundError(f"{key}={given}: no such file or folder")
 
 
 def _source_files(cfg: DataConfig) -> list[Path]:
     if cfg.source == "builtin":
         stdlib = Path(sysconfig.get_paths()["stdlib"])
         return sorted(stdlib.glob("*.py"))
-    return _text_files(Path(cfg.path or ""))
+    return _text_files(cfg.path)
 
 
 def prepare_corpus(
@@ -80,7 +81,7 @@ def prepare_corpus(
         files = _source_files(cfg)
         if not files:
             raise FileNotFoundError(f"data.source={cfg.source}: no files found")
-        val_files = _text_files(Path(cfg.val_path)) if cfg.val_path else []
+        val_files = _text_files(cfg.val_path, "data.val_path") if cfg.val_path else []
         ident = "\n".join(
             f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in [*files, *val_files]
         )
@@ -113,7 +114,7 @@ def _byte_tokens(files: list[Path]) -> np.ndarray:
 
 
 def _token_files(cfg: DataConfig) -> dict[str, Path]:
-    path = Path(cfg.path or "")
+    path = Path(cfg.path or "").expanduser()
     if path.is_dir():
         paths = {split: path / f"{split}.bin" for split in SPLITS}
         missing = [str(p) for p in paths.values() if not p.exists()]
@@ -125,7 +126,7 @@ def _token_files(cfg: DataConfig) -> dict[str, Path]:
     # One file: split it like text (or data.val_path validates), into the cache.
     tokens = _one_token_file(path, cfg.token_dtype)
     ident = f"{path.resolve()}:{path.stat().st_mtime_ns}:{cfg.val_fraction}:{cfg.token_dtype}"
-    val_path = Path(cfg.val_path) if cfg.val_path else None
+    val_path = Path(cfg.val_path).expanduser() if cfg.val_path else None
     if val_path is not None:
         ident += f"\nval:{val_path.resolve()}:{val_path.stat().st_mtime_ns}"
     key = hashlib.sha1(ident.encode()).hexdigest()[:16]
@@ -200,7 +201,7 @@ def window_problems(
     for split, path in paths.items():
         tokens, top = open_tokens(path, dtype)
         if len(tokens) < block_size + 1:
-            problems.append(short_split(where, split, len(tokens), block_size, data.val_fraction))
+            problems.append(short_split(data, split, len(tokens), block_size))
         elif vocab_size is not None and top >= vocab_size:
             problems.append(
                 f"{where}: token id {top} in {path.name} >= model.vocab_size={vocab_size}; set "

@@ -223,3 +223,58 @@ def test_a_validation_file_inside_the_training_folder_is_warned(tmp_path):
     assert line == f"error: data.val_path={tmp_path}/no.jsonl: no such file or folder"
     (line,) = _plan_errors("data=synthetic", "data.val_path=x.txt")
     assert "data.val_path=x.txt: only read by data=text, data=tokens or data=hf" in line
+
+
+def test_the_validation_file_warning_reads_names_and_folders_not_prefixes(tmp_path):
+    """A code corpus's test_model.py was taken for a validation file; a val/ folder beside
+    train/ was not; a data.val_path inside data.path was trained on too, silently (a
+    reviewer's finds)."""
+
+    def warned(*args: str) -> str:
+        out = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "data=text", *args,
+                                       "model.block_size=1"]).output  # fmt: skip
+        return " ".join(line for line in out.splitlines() if "trained on" in line)
+
+    code = tmp_path / "code"
+    (code / "pkg").mkdir(parents=True)
+    (code / "pkg" / "test_model.py").write_text("x")
+    (code / "a.py").write_text("y")
+    assert warned(f"data.path={code}") == ""
+    split = tmp_path / "split"
+    for part in ("train", "val"):
+        (split / part).mkdir(parents=True)
+        (split / part / "a.txt").write_text(part * 10)
+    assert f"data.path={split} holds val/: it is trained on" in warned(f"data.path={split}")
+    inside = warned(f"data.path={split}", f"data.val_path={split / 'val'}")
+    assert f"data.val_path={split / 'val'} is inside data.path={split}" in inside
+    assert warned(f"data.path={split / 'train'}", f"data.val_path={split / 'val'}") == ""
+
+
+def test_a_short_validation_file_is_named_as_data_val_path(tmp_path):
+    """It said 'data.path=...: its val split ...; a larger data.val_fraction', a setting a
+    val_path run does not read."""
+    (tmp_path / "train.txt").write_text("t" * 5000)
+    (tmp_path / "val.txt").write_text("v" * 50)
+    (line,) = _plan_errors("data=text", f"data.path={tmp_path / 'train.txt'}",
+                           f"data.val_path={tmp_path / 'val.txt'}")  # fmt: skip
+    assert line == (
+        f"error: data.val_path={tmp_path / 'val.txt'}: its val split holds 50 tokens, fewer "
+        "than one window of model.block_size+1=129; a longer validation file or a smaller "
+        "model.block_size"
+    )
+
+
+def test_val_path_with_a_custom_dataset_is_refused(tmp_path):
+    (line,) = _plan_errors("data=custom", "data._target_=tests.own_data.Pairs", "data.val_path=v")
+    assert line.startswith("error: data.val_path=v: data=custom validates on data.val_target")
+
+
+def test_a_home_relative_path_reads_at_launch_as_the_plan_checked(tmp_path, monkeypatch):
+    """'~/corpus.txt' passed the plan (expanded) and failed the launch (not)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "corpus.txt").write_text("c" * 3000)
+    (tmp_path / "dev.txt").write_text("d" * 300)
+    data = DataConfig(source="text", path="~/corpus.txt", val_path="~/dev.txt")
+    data.cache_dir = str(tmp_path / "c")
+    paths = prepare_corpus(data)
+    assert len(np.fromfile(paths["val"], np.uint16)) == 300
