@@ -276,10 +276,10 @@ def start_workers(
 def hold_run_dir(run_dir: Path) -> None:
     """This launcher is the run dir's only one while it lives (a ``dtrain resume`` of a run
     still training started a second group there: each pruned the other's checkpoint)."""
-    from dtrain_cli.rundir.lock import RunInUse, hold
+    from dtrain_cli.rundir.lock import SCHEDULER_WAIT_S, RunInUse, hold
 
     try:
-        hold(run_dir)
+        hold(run_dir, SCHEDULER_WAIT_S if env.in_scheduler_job() else 0.0)
     except RunInUse as exc:
         fail([str(exc)])
 

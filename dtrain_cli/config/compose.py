@@ -77,7 +77,7 @@ def split_recipe(overrides: Sequence[str], default: str = "gpt_tiny") -> tuple[s
     """(the recipe named by ``recipe=``, or :class:`DefaultRecipe` of ``default``; the rest)."""
     recipe, rest = DefaultRecipe(default), []
     given = [ov for ov in overrides if ov.lstrip("+").startswith("recipe=")]
-    if len({g.split("=", 1)[1] for g in given}) > 1:  # the last one was taken, silently
+    if len({Path(g.split("=", 1)[1]).stem for g in given}) > 1:  # the last was taken, silently
         raise ConfigError([f"{' '.join(given)}: one recipe per command; keep the one you mean"])
     for ov in overrides:
         if ov.lstrip("+").startswith("recipe="):  # +recipe= means the same, as for keys

@@ -30,20 +30,35 @@ class RunInUse(RuntimeError):
     """Another process holds the run dir's lock: the message says who."""
 
 
-def hold(run_dir: Path) -> None:
-    """Take the run dir's lock for the life of this process (again: nothing more)."""
+SCHEDULER_WAIT_S = 120.0
+"""In a SLURM job or a pod, how long a start waits for the lock: a requeued job's node may
+find its run dir on a network file system still locked by the lease of the node that
+died (NFSv4: about 90 s), not by a launcher that runs."""
+
+
+def hold(run_dir: Path, wait_s: float = 0.0) -> None:
+    """Take the run dir's lock for the life of this process (again: nothing more), trying
+    for up to ``wait_s`` seconds."""
     path = RunDir(run_dir).launcher_lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     if any(os.path.sameopenfile(fd, held) for held in _HELD):
         os.close(fd)
         return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = _holder(fd)
-        os.close(fd)
-        raise RunInUse(f"{run_dir}: in use by a running dtrain ({holder}); wait for it to end "
-                       "or stop it (Ctrl-C, or kill that pid), then resume") from None  # fmt: skip
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() < deadline:
+                time.sleep(1.0)
+                continue
+            holder = _holder(fd)
+            os.close(fd)
+            raise RunInUse(
+                f"{run_dir}: in use by a running dtrain ({holder}); wait for it to end or "
+                "stop it (Ctrl-C, or kill that pid), then resume"
+            ) from None
     os.ftruncate(fd, 0)
     since = time.strftime("%H:%M:%S")
     os.write(fd, json.dumps({"pid": os.getpid(), "since": since, "argv": sys.argv}).encode())

@@ -32,3 +32,18 @@ def test_a_held_run_dir_names_its_holder_and_this_process_may_take_it_again(tmp_
     with pytest.raises(BlockingIOError):
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.close(probe)
+
+
+def test_a_start_in_a_scheduler_job_waits_for_a_lock_let_go(tmp_path):
+    """A requeued job's node may find the run dir still locked by a dead node's NFS lease:
+    there the start tries for a while (lock.SCHEDULER_WAIT_S) instead of failing at once."""
+    import threading
+
+    other = os.open(RunDir(tmp_path).launcher_lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    threading.Timer(1.0, os.close, args=(other,)).start()  # the lease runs out
+    with pytest.raises(lock.RunInUse):
+        lock.hold(tmp_path, wait_s=0.0)
+    lock.hold(tmp_path, wait_s=10.0)
+    assert json.loads(RunDir(tmp_path).launcher_lock.read_text())["pid"] == os.getpid()
+    assert lock.SCHEDULER_WAIT_S >= 90  # an NFSv4 lease
