@@ -18,7 +18,10 @@ def resolve_host(host: str) -> list[str]:
 
 
 def port_is_free(port: int) -> bool:
+    """Whether a listener could bind ``port`` as c10d's store does (``SO_REUSEADDR``: a port
+    whose last connections are in TIME_WAIT, after a node restarts, is free to it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", port))
         except OSError:

@@ -175,22 +175,40 @@ def _check_joined(run: RunDir, marker: dict, config_text: str, wait_s: float) ->
             )
         time.sleep(0.05)
     theirs = json.loads(run.launch_record.read_text() or "{}")
+    if theirs.get("rdzv_id") == marker["rdzv_id"] and theirs.get("nnodes") != marker["nnodes"]:
+        raise ValueError(
+            f"--nnodes {marker['nnodes']}: this run was started with --nnodes "
+            f"{theirs.get('nnodes')} ({run.launch_record}); start every node with the same "
+            "--nnodes"
+        )
     if theirs != marker:
         raise FileExistsError(
             f"{run.path} already holds a run (rendezvous id {theirs.get('rdzv_id')!r}); "
             "choose another run.name/--rdzv-id"
         )
     if (their_config := run.config.read_text()) != config_text:
-        where = _first_difference(their_config, config_text)
-        raise ValueError(
-            f"{run.config} differs from this node's config{where}: every node must run "
-            "the same recipe, overrides and script arguments"
+        where = _first_difference(their_config, config_text, ignore=MAY_DIFFER)
+        if where is not None:
+            raise ValueError(
+                f"{run.config} differs from this node's config{where}: every node must run "
+                "the same recipe, overrides and script arguments"
+            )
+    if run.summary.exists() or run.finished.exists():  # it ran no step: summary.json emptied
+        raise FileExistsError(
+            f"{run.path} already holds a run, which finished; choose another --rdzv-id (or "
+            "run.name)"
         )
     return run.path
 
 
-def _first_difference(theirs: str, ours: str) -> str:
-    """`` (script.args: [...] there, [...] here)``: the first key whose values differ."""
+MAY_DIFFER = ("launcher.rdzv_endpoint",)
+"""What a node may start with otherwise: the run restarted on another host or port (a
+requeue's node 0 elsewhere, a port still in TIME_WAIT)."""
+
+
+def _first_difference(theirs: str, ours: str, ignore: tuple[str, ...] = ()) -> str | None:
+    """`` (script.args: [...] there, [...] here)``: the first key whose values differ; None
+    when only keys of ``ignore`` do."""
     import yaml
 
     try:
@@ -198,6 +216,6 @@ def _first_difference(theirs: str, ours: str) -> str:
     except yaml.YAMLError:
         return ""
     for key in sorted(a.keys() | b.keys()):
-        if a.get(key) != b.get(key):
+        if a.get(key) != b.get(key) and key not in ignore:
             return f" ({key}: {a.get(key)!r} there, {b.get(key)!r} here)"
-    return ""
+    return None

@@ -246,6 +246,34 @@ def test_a_node_whose_config_differs_is_told_which_key(tmp_path):
     assert said.endswith("every node must run the same recipe, overrides and script arguments")
 
 
+def test_a_node_joining_its_run_again_after_it_ended_or_elsewhere(tmp_path):
+    """A finished multi-node run run again 'resumed' at its last step, trained nothing and
+    emptied its summary.json (exit 0); node 0 restarted on another port was refused as a
+    different config; --nnodes 4 against a run of 2 was told to choose another run name (a
+    new user's finds)."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.launch.multinode import join_run_dir
+    from dtrain_cli.plan.build import Resources, build_plan
+
+    def node(port: int, nnodes: int = 2):
+        cfg = compose_config("gpt_tiny", [f"run.root={tmp_path}", "run.name=two", "dp=2",
+                                          f"parallel.nnodes={nnodes}"])  # fmt: skip
+        cfg.launcher.rdzv_id, cfg.launcher.rdzv_endpoint = "two", f"127.0.0.1:{port}"
+        return cfg, build_plan(cfg, Resources(num_gpus=0, num_cpus=2))
+
+    first = join_run_dir(*node(29500))
+    assert join_run_dir(*node(29611), wait_s=1) == first  # restarted on another port
+    with pytest.raises(ValueError) as err:
+        join_run_dir(*node(29500, nnodes=1), wait_s=1)
+    assert str(err.value).startswith("--nnodes 1: this run was started with --nnodes 2")
+    (first / "summary.json").write_text("{}")
+    with pytest.raises(FileExistsError) as done:
+        join_run_dir(*node(29500), wait_s=1)
+    assert str(done.value) == (
+        f"{first} already holds a run, which finished; choose another --rdzv-id (or run.name)"
+    )
+
+
 def test_a_node_waits_for_node_0s_store_and_says_why_it_gave_up():
     """Before torch's store client (which prints C++ stack frames at each retry), a node
     other than 0 waits for something to listen at the endpoint itself."""
@@ -299,3 +327,33 @@ def test_plan_of_several_nodes_says_what_each_launch_still_needs(tmp_path, monke
     assert "every node must name" not in named.stderr
     one = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "dp=2"])
     assert "warning: nnodes" not in one.stderr
+
+
+def test_a_port_in_time_wait_is_free_and_a_listening_one_is_not():
+    """After a node restarts, its port's last connections wait in TIME_WAIT; c10d's store
+    binds it (SO_REUSEADDR), but the check said 'already in use' for about a minute."""
+    import socket
+    import time
+
+    from dtrain_cli.launch.host_facts import port_is_free
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # this side closes first: its end waits in TIME_WAIT
+    time.sleep(0.05)
+    client.close()
+    server.close()
+    assert port_is_free(port)
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("", port))
+    listener.listen()
+    try:
+        assert not port_is_free(port)
+    finally:
+        listener.close()
