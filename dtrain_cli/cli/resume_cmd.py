@@ -132,8 +132,9 @@ def several_nodes(plan: Plan) -> str:
     nodes = f"{plan.elastic.min_nnodes}:{plan.elastic.max_nnodes}" if plan.elastic else plan.nnodes
     return (
         f"parallel.nnodes={nodes}: dtrain resume starts this machine's workers only; continue "
-        "here with parallel.nnodes=1, or on every node with the cluster's own restart (a "
-        "requeued `dtrain sbatch` job, a restarted `dtrain k8s` pod: each runs dtrain agent)"
+        "here with parallel.nnodes=1, or on every node: its launch command again (dtrain "
+        "launch --nnodes ...), or the cluster's own restart (a requeued `dtrain sbatch` job, "
+        "a restarted `dtrain k8s` pod: each runs dtrain agent)"
     )
 
 

@@ -219,7 +219,9 @@ def run_agent(
             pool_follows_job_control(),
             no_orphans(plan.script is not None),
             reap_frozen_ranks(run_dir, plan.world_size),  # a stopped rank ends the run too
-            end_when_signalled_at_exit_barrier(partial(_end_at_barrier, run_dir, report)),
+            end_when_signalled_at_exit_barrier(
+                partial(_end_at_barrier, run_dir, report, plan.nnodes)
+            ),
             every_failed_process(run_dir),  # a killed rank and the peer that lost it: both
         ):
             elastic_launch(config, entry)(*args)
@@ -232,14 +234,14 @@ def run_agent(
         return LaunchResult(ok=False, exit_code=1, message=rendezvous_failure(exc, config, cfg))
     except SignalException as exc:
         if (marker := protocol.read_preempted(run)) is not None:
-            return preempted_result(marker, run_dir)
+            return preempted_result(marker, run_dir, plan.nnodes)
         return LaunchResult(
             ok=False,
             exit_code=128 + int(exc.sigval),
             message=f"stopped by {exc.sigval.name}; workers terminated",
         )
     if (marker := protocol.read_preempted(run)) is not None:
-        return preempted_result(marker, run_dir)
+        return preempted_result(marker, run_dir, plan.nnodes)
     return LaunchResult(ok=True, exit_code=0)
 
 
@@ -340,12 +342,12 @@ def failed_result(exc: Any, run_dir: Path, plan: Plan, since: float) -> LaunchRe
 
 
 def _end_at_barrier(
-    run_dir: Path, report: Callable[[LaunchResult], None] | None, signum: int
+    run_dir: Path, report: Callable[[LaunchResult], None] | None, nnodes: int, signum: int
 ) -> NoReturn:
     """The launch's outcome when a termination signal found its agent at the exit barrier,
     its workers ended: reported, then this process ends with its exit code."""
     if (marker := protocol.read_preempted(RunDir(run_dir))) is not None:
-        result = preempted_result(marker, run_dir)
+        result = preempted_result(marker, run_dir, nnodes)
     else:
         name = signal.Signals(signum).name
         result = LaunchResult(
@@ -366,9 +368,13 @@ def _end_at_barrier(
     os._exit(result.exit_code)
 
 
-def preempted_result(marker: dict, run_dir: Path) -> LaunchResult:
+def preempted_result(marker: dict, run_dir: Path, nnodes: int = 1) -> LaunchResult:
+    """``nnodes`` > 1: the same launch command on every node continues it (``dtrain
+    resume`` starts this machine's workers only, and refuses such a run)."""
     code = protocol.EXIT_PREEMPTED
     resume = f"`dtrain resume --ckpt {shlex.quote(str(run_dir))}`"
+    if nnodes > 1:
+        resume = "the same launch command on every node"
     if marker.get("by") == "script":
         text = (
             f"preempted: rank {marker.get('rank')}'s script saved its checkpoint and exited "

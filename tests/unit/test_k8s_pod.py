@@ -67,3 +67,16 @@ def test_a_preempted_pod_names_who_continues_the_run(monkeypatch, tmp_path):
     assert said[""] == f"{head} from it"
     assert said["pod"] == f"{head} from it (the JobSet's restarted pods do so by themselves)"
     assert said["slurm"] == f"{head} from it (a requeued SLURM job does so by itself)"
+
+
+def test_a_preempted_multi_node_run_is_continued_by_its_launch_command(monkeypatch, tmp_path):
+    """It told two local "nodes" to run `dtrain resume`, which refuses a multi-node run."""
+    from dtrain_cli.launch.local import preempted_result
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    said = preempted_result({"step": 15}, tmp_path, nnodes=2).message
+    assert said == (
+        "preempted: checkpoint saved at step 15; the same launch command on every node "
+        "continues from it"
+    )
