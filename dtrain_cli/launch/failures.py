@@ -256,6 +256,15 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
         if not timeouts:
             how += " (killed by a signal?)"
         text = f"{_ranks([f.rank for f in silent])} {how}{lost_when}"
+    elif lost:  # every rank here lost a peer, none here was silent: another node's ended
+        root = min(lost, key=lambda f: f.time)
+        verb = "lost its peer" if len(lost) == 1 else "lost their peers"
+        text = (
+            f"{_ranks(sorted(f.rank for f in lost))} {verb}{lost_when} ({root.headline}): a "
+            "rank of another node ended first; that node's report and logs say why"
+        )
+        exitcode = root.exitcode if root.exitcode else 0
+        return (exitcode if exitcode > 0 else 1), text
     else:
         root = min(errors or failed, key=lambda f: f.time)
         text = f"rank {root.rank} failed{when(root.step)} (exit code {root.exitcode})"

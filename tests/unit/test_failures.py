@@ -339,3 +339,16 @@ def test_every_failed_process_adds_only_ranks_dead_before_the_poll(tmp_path, mon
     (note,) = [json.loads(p.read_text()) for p in (tmp_path / "logs" / "failures").iterdir()]
     assert (note["rank"], note["pid"], note["signal"], note["attempt"]) == (5, 101, "SIGKILL", 1)
     assert api.MultiprocessContext._poll is poll  # put back after the agent
+
+
+def test_a_node_whose_ranks_all_lost_their_peer_says_another_node_ended_first():
+    """Node 1's launcher killed: node 0's rank only lost its peer, and was reported as
+    'rank 0 failed after step 13 (exit code 1)' with dtrain's own frame as the cause (a new
+    user's find). A node sees only its own ranks (no silent rank to name)."""
+    lost = Failed(rank=0, exitcode=1, headline=RESET, time=1000.0, step=13)
+    code, text = describe([lost])
+    assert code == 1
+    assert text == (
+        f"rank 0 lost its peer after step 13 ({RESET}): a rank of another node ended first; "
+        "that node's report and logs say why"
+    )
