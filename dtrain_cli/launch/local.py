@@ -34,6 +34,7 @@ from dtrain_cli.launch.every_failure import every_failed_process
 from dtrain_cli.launch.exit_barrier import end_when_signalled_at_exit_barrier
 from dtrain_cli.launch.hang_guard import reap_frozen_ranks
 from dtrain_cli.launch.preload import WORKER_ENTRY, entry_point, worker_modules
+from dtrain_cli.launch.rendezvous_failure import rendezvous_failure
 from dtrain_cli.launch.signals import (
     forward_signal,
     interrupted,
@@ -231,7 +232,8 @@ def run_agent(
         where = f"{cfg.launcher.rdzv_endpoint} (id {config.run_id})"
         return LaunchResult(ok=False, exit_code=1, message=f"the run at {where} has already ended")
     except RendezvousError as exc:  # the nodes never met: said in one line, not torch's trace
-        return LaunchResult(ok=False, exit_code=1, message=rendezvous_failure(exc, config, cfg))
+        said = rendezvous_failure(exc, config, cfg, trained=protocol.trained(run))
+        return LaunchResult(ok=False, exit_code=1, message=said)
     except SignalException as exc:
         if (marker := protocol.read_preempted(run)) is not None:
             return preempted_result(marker, run_dir, plan.nnodes)
@@ -243,40 +245,6 @@ def run_agent(
     if (marker := protocol.read_preempted(run)) is not None:
         return preempted_result(marker, run_dir, plan.nnodes)
     return LaunchResult(ok=True, exit_code=0)
-
-
-def rendezvous_failure(exc: BaseException, config: Any, cfg: DtrainConfig) -> str:
-    """Why the nodes never met: the others did not come within the rendezvous timeout, or
-    this node could not host (node 0) or reach (the others) the store at the endpoint."""
-    from torch.distributed.elastic.rendezvous.api import (
-        RendezvousConnectionError,
-        RendezvousTimeoutError,
-    )
-
-    where = f"{cfg.launcher.rdzv_endpoint} (id {config.run_id})"
-    nodes = f"{config.min_nodes}:{config.max_nodes}"
-    nodes = str(config.max_nodes) if config.min_nodes == config.max_nodes else nodes
-    if isinstance(exc, RendezvousTimeoutError):
-        return (
-            f"the rendezvous at {where} did not gather --nnodes {nodes} within "
-            f"launcher.rdzv_timeout_s={cfg.launcher.rdzv_timeout_s}: start every node with the "
-            "same --rdzv-endpoint, --rdzv-id and --nnodes (one of them --node-rank 0)"
-        )
-    if not isinstance(exc, RendezvousConnectionError):  # its state broken: torch's words
-        return f"the rendezvous at {where} failed: {type(exc).__name__}: {exc}"
-    cause = exc.__cause__ or exc.__context__
-    said = str(cause).strip().splitlines()[0] if cause is not None and str(cause).strip() else ""
-    said = f" ({said})" if said else ""
-    if config.rdzv_configs.get("is_host", True):
-        return (
-            f"this node could not host the rendezvous store at {where}{said}: is another "
-            "node started as --node-rank 0, or another run using the port?"
-        )
-    return (
-        f"this node could not reach the rendezvous store at {where}{said}: start node 0 "
-        "(--node-rank 0) first, with the same --rdzv-endpoint, and check that this node "
-        "reaches its host and port"
-    )
 
 
 def launch_config(

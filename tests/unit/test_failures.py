@@ -249,7 +249,7 @@ def test_nodes_that_never_meet_are_one_line_not_torchs_traceback():
     )
 
     from dtrain_cli.config.compose import compose_config
-    from dtrain_cli.launch.local import rendezvous_failure
+    from dtrain_cli.launch.rendezvous_failure import rendezvous_failure
 
     cfg = compose_config("gpt_tiny", ["launcher.rdzv_timeout_s=5"])
     cfg.launcher.rdzv_endpoint = "node0:29500"
@@ -273,6 +273,12 @@ def test_nodes_that_never_meet_are_one_line_not_torchs_traceback():
     assert said.startswith("this node could not reach the rendezvous store at node0:29500")
     assert "(client socket has timed out after 60s while connecting)" in said
     assert "start node 0 (--node-rank 0) first" in said
+    # the same error once the run trained: node 0 was there, and ended (it said to start
+    # node 0 first, which had been training)
+    said = rendezvous_failure(lost, config(False), cfg, trained=True)
+    assert said.startswith("lost the rendezvous store at node0:29500 (id exp1): node 0, which")
+    assert said.endswith("run the launch command again on every node to continue from the "
+                         "newest checkpoint")  # fmt: skip
     lost.__cause__ = RuntimeError("The server socket has failed to listen (errno: 98 - EADDRINUSE)")
     said = rendezvous_failure(lost, config(None), cfg)
     assert said.startswith("this node could not host the rendezvous store at node0:29500")
