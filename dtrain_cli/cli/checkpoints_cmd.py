@@ -36,7 +36,8 @@ def checkpoints(
     asked = run_dir
     run_dir = _run_dir_of(run_dir)
     infos = catalog.list_checkpoints(run_dir)
-    if catalog.STEP_DIR.match(asked.name):  # one checkpoint asked about: that one
+    one = catalog.STEP_DIR.match(asked.name) is not None
+    if one:  # one checkpoint asked about: that one, not the run's latest
         infos = [i for i in infos if i.path.name == asked.name]
     if not infos:
         fail([f"{run_dir}: no checkpoints in {catalog.checkpoints_dir(run_dir)}"], code=1)
@@ -67,7 +68,7 @@ def checkpoints(
         )
     print_whole(table)
     lines = list(problems.values())  # each names the whole path of the bad file
-    if latest and (latest in problems or not (latest_file.parent / latest).is_dir()):
+    if not one and latest and (latest in problems or not (latest_file.parent / latest).is_dir()):
         good = [i.path.name for i in reversed(infos) if i.path.name not in problems]
         why = "is bad" if latest in problems else "does not exist"
         instead = f"a resume uses {good[0]} instead" if good else "no checkpoint verifies"

@@ -219,7 +219,12 @@ def resume_script(run_dir: Path, overrides: list[str]) -> None:
             ]
         )
     if plan.nnodes > 1:
-        fail([f"{run_dir}: a multi-node script run continues with dtrain agent on every node"])
+        fail(
+            [
+                f"{run_dir}: a multi-node script run continues on every node: its launch "
+                "command again (dtrain run --nnodes ...), or dtrain agent"
+            ]
+        )
     if (done := protocol.read_finished(run)) is not None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(done.get("time", 0)))
         fail(

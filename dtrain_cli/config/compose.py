@@ -224,9 +224,11 @@ def _hydra_compose(recipe_path: Path, search: list[Path], chosen: list[str]) -> 
         with initialize_config_dir(config_dir=str(recipe_path.parent), version_base="1.3"):
             cfg = compose(config_name=recipe_path.stem, overrides=[searchpath, *chosen])
     except Exception as exc:  # Hydra/OmegaConf raise many types; translate all of them
-        told = yaml_error_text(exc)  # else every key the recipe gets wrong, or Hydra's one
+        told = yaml_error_text(exc)  # else every key the recipe gets wrong, and Hydra's one
         problems = [told] if told else recipe_key_problems(recipe_path)
-        problems = problems or [explain_compose_error(exc, chosen, search, recipe_path)]
+        explained = explain_compose_error(exc, chosen, search, recipe_path)
+        if not told and not any(explained.split(" (")[0] in p for p in problems):
+            problems.append(explained)  # what stopped Hydra, unless a line above says it
         raise ConfigError(problems) from None
     finally:
         GlobalHydra.instance().clear()

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from dtrain_cli.config.hf_data_checks import (
     eos_warning,
     hf_problems,
+    saved_splits,
     tokenizer_json_vocab,
     visible_files,
 )
@@ -259,8 +260,8 @@ def _validation_file_warning(data: DataConfig) -> str | None:
     every file under ``data.path`` trains, so it was trained on; or a ``data.val_path``
     inside ``data.path``, trained on as well as validated on."""
     path = Path(data.path or "").expanduser()
-    if data.source not in ("text", "hf") or not path.is_dir():
-        return None
+    if data.source not in ("text", "hf") or not path.is_dir() or saved_splits(path) is not None:
+        return None  # a saved DatasetDict trains on its train split only
     if data.val_path is not None:
         val = Path(data.val_path).expanduser().resolve()
         if val == path.resolve() or path.resolve() in val.parents:
@@ -271,7 +272,9 @@ def _validation_file_warning(data: DataConfig) -> str | None:
         return None
     for file in visible_files(path):
         rel = file.relative_to(path)
-        folder = next((p for p in rel.parts[:-1] if p.lower() in VAL_NAMES), None)
+        # a text tree's test/ and eval/ folders are code as often as not
+        names = VAL_NAMES if data.source == "hf" else VAL_NAMES[:-2]
+        folder = next((p for p in rel.parts[:-1] if p.lower() in names), None)
         if folder is None and not VAL_FILE.match(rel.name.split(".")[0].lower()):
             continue
         named = rel.parts[: rel.parts.index(folder) + 1] if folder else rel.parts

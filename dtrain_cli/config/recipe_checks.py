@@ -144,7 +144,7 @@ def recipe_key_problems(recipe_path: Path) -> list[str]:
                 walk(value, key + ".")
             elif key not in known:
                 out.append(f"{unknown_key(key)} (in recipe {recipe_path})")
-            elif key in CHOICES and value not in CHOICES[key]:
+            elif key in CHOICES and value not in CHOICES[key] and "${" not in str(value):
                 out.append(f"{not_allowed(key, value, CHOICES[key])} (in recipe {recipe_path})")
 
     if isinstance(body, dict):

@@ -224,10 +224,13 @@ def _others_text(root: Failed | None, causes: list[Failed], lost: list[Failed]) 
     return text
 
 
-def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
+def describe(
+    failed: list[Failed], steps_known: bool = True, multi_node: bool = False
+) -> tuple[int, str]:
     """(exit code, report): the first failure in time with its signal or exit code, then
     the ranks that followed it (lost their peer). When every error seen is a lost peer, the
-    ranks that left no error of their own are the cause (killed, or frozen).
+    ranks that left no error of their own are the cause (killed, or frozen); on a node of a
+    ``multi_node`` run that sees none, a rank of another node.
     ``steps_known=False``: your own script's run, whose steps dtrain does not see."""
 
     def when(step: int | None) -> str:
@@ -256,15 +259,14 @@ def describe(failed: list[Failed], steps_known: bool = True) -> tuple[int, str]:
         if not timeouts:
             how += " (killed by a signal?)"
         text = f"{_ranks([f.rank for f in silent])} {how}{lost_when}"
-    elif lost:  # every rank here lost a peer, none here was silent: another node's ended
+    elif lost and multi_node:  # every rank here lost a peer, none silent: another node's
         root = min(lost, key=lambda f: f.time)
         verb = "lost its peer" if len(lost) == 1 else "lost their peers"
         text = (
             f"{_ranks(sorted(f.rank for f in lost))} {verb}{lost_when} ({root.headline}): a "
             "rank of another node ended first; that node's report and logs say why"
         )
-        exitcode = root.exitcode if root.exitcode else 0
-        return (exitcode if exitcode > 0 else 1), text
+        lost = []  # said
     else:
         root = min(errors or failed, key=lambda f: f.time)
         text = f"rank {root.rank} failed{when(root.step)} (exit code {root.exitcode})"

@@ -232,7 +232,9 @@ def run_agent(
         where = f"{cfg.launcher.rdzv_endpoint} (id {config.run_id})"
         return LaunchResult(ok=False, exit_code=1, message=f"the run at {where} has already ended")
     except RendezvousError as exc:  # the nodes never met: said in one line, not torch's trace
-        said = rendezvous_failure(exc, config, cfg, trained=protocol.trained(run))
+        since = env.launch_started_at()  # trained in this launch, not an earlier attempt's
+        trained = run.metrics.is_file() and run.metrics.stat().st_mtime >= since
+        said = rendezvous_failure(exc, config, cfg, trained=trained)
         return LaunchResult(ok=False, exit_code=1, message=said)
     except SignalException as exc:
         if (marker := protocol.read_preempted(run)) is not None:
@@ -305,7 +307,7 @@ def failed_result(exc: Any, run_dir: Path, plan: Plan, since: float) -> LaunchRe
     if plan.script is not None:
         code, text = script_failure(failed, run_dir, plan)
     else:
-        code, text = failures.describe(failed)
+        code, text = failures.describe(failed, multi_node=plan.nnodes > 1)
     return LaunchResult(ok=False, exit_code=code, message=text)
 
 

@@ -30,7 +30,7 @@ def rendezvous_failure(
     if (
         trained
         and isinstance(exc, RendezvousConnectionError)
-        and not config.rdzv_configs.get("is_host", False)
+        and config.rdzv_configs.get("is_host") is False  # a node that does not host it
     ):
         return (
             f"lost the rendezvous store at {where}: node 0, which hosts it, ended; the run "

@@ -79,7 +79,7 @@ def script_failure(failed: list[Any], run_dir: Path, plan: Plan) -> tuple[int, s
         f.exited = f.exitcode is not None and "Traceback (most recent" not in (tail or "")
         if f.exited and not tail:
             f.headline = f.detail = ""
-    code, text = failures.describe(failed, steps_known=False)
+    code, text = failures.describe(failed, steps_known=False, multi_node=plan.nnodes > 1)
     first, nl, rest = text.partition("\n")
     if "ModuleNotFoundError" in first:
         first += (

@@ -49,7 +49,7 @@ def hold(run_dir: Path, wait_s: float = 0.0) -> None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
-        except OSError:
+        except BlockingIOError:  # held; any other error: a file system without flock
             if time.monotonic() < deadline:
                 time.sleep(1.0)
                 continue
@@ -59,6 +59,14 @@ def hold(run_dir: Path, wait_s: float = 0.0) -> None:
                 f"{run_dir}: in use by a running dtrain ({holder}); wait for it to end or "
                 "stop it (Ctrl-C, or kill that pid), then resume"
             ) from None
+        except OSError as exc:  # Lustre without flock, some FUSE mounts, NFS without lockd
+            os.close(fd)
+            print(
+                f"warning: {run_dir}: no lock on this file system ({exc.strerror}); nothing "
+                "stops a second launcher from sharing the run dir",
+                file=sys.stderr,
+            )
+            return
     os.ftruncate(fd, 0)
     since = time.strftime("%H:%M:%S")
     os.write(fd, json.dumps({"pid": os.getpid(), "since": since, "argv": sys.argv}).encode())

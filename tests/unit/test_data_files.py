@@ -248,6 +248,21 @@ def test_the_validation_file_warning_reads_names_and_folders_not_prefixes(tmp_pa
     inside = warned(f"data.path={split}", f"data.val_path={split / 'val'}")
     assert f"data.val_path={split / 'val'} is inside data.path={split}" in inside
     assert warned(f"data.path={split / 'train'}", f"data.val_path={split / 'val'}") == ""
+    (code / "test").mkdir()  # a source tree's tests: code, not a validation split
+    (code / "test" / "unit.py").write_text("z")
+    assert warned(f"data.path={code}") == ""
+
+
+def test_a_saved_dataset_dicts_validation_split_is_not_warned(tmp_path):
+    """Its validation/ folder validates (load_from_disk's split), it is not trained on."""
+    import datasets
+
+    train = datasets.Dataset.from_list(RECORDS)
+    datasets.DatasetDict({"train": train, "validation": train}).save_to_disk(str(tmp_path / "d"))
+    out = CliRunner().invoke(
+        app, ["plan", "recipe=gpt_tiny", "data=hf", f"data.path={tmp_path / 'd'}"]
+    )
+    assert out.exit_code == 0 and "trained on" not in out.output
 
 
 def test_a_short_validation_file_is_named_as_data_val_path(tmp_path):

@@ -277,6 +277,8 @@ def test_nodes_that_never_meet_are_one_line_not_torchs_traceback():
     # node 0 first, which had been training)
     said = rendezvous_failure(lost, config(False), cfg, trained=True)
     assert said.startswith("lost the rendezvous store at node0:29500 (id exp1): node 0, which")
+    unsaid = rendezvous_failure(lost, config(None), cfg, trained=True)  # maybe the host itself
+    assert not unsaid.startswith("lost the rendezvous store")
     assert said.endswith("run the launch command again on every node to continue from the "
                          "newest checkpoint")  # fmt: skip
     lost.__cause__ = RuntimeError("The server socket has failed to listen (errno: 98 - EADDRINUSE)")
@@ -351,10 +353,14 @@ def test_a_node_whose_ranks_all_lost_their_peer_says_another_node_ended_first():
     """Node 1's launcher killed: node 0's rank only lost its peer, and was reported as
     'rank 0 failed after step 13 (exit code 1)' with dtrain's own frame as the cause (a new
     user's find). A node sees only its own ranks (no silent rank to name)."""
-    lost = Failed(rank=0, exitcode=1, headline=RESET, time=1000.0, step=13)
-    code, text = describe([lost])
+    lost = Failed(rank=0, exitcode=1, headline=RESET, time=1000.0, step=13, detail="  at x.py:3")
+    code, text = describe([lost], multi_node=True)
     assert code == 1
     assert text == (
         f"rank 0 lost its peer after step 13 ({RESET}): a rank of another node ended first; "
-        "that node's report and logs say why"
+        "that node's report and logs say why\n  at x.py:3"
     )
+    # one node: no other node to blame (a reviewer's find: a script whose ranks all hit
+    # 'Connection refused' from a service was told so)
+    _, alone = describe([lost])
+    assert alone.startswith("rank 0 failed after step 13 (exit code 1)") and "another" not in alone

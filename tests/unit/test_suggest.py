@@ -159,3 +159,18 @@ def test_a_choice_in_other_case_is_named():
     with pytest.raises(ConfigError) as info:
         compose_config("gpt_tiny", ["precision=BF16"])
     assert "precision=BF16: no such option (did you mean 'bf16'?)" in info.value.problems[0]
+
+
+def test_an_interpolated_choice_is_no_mistake_and_hydras_error_is_still_told(tmp_path):
+    """`optim.decay: ${oc.env:DECAY,cosine}` was called not allowed, and it hid the recipe's
+    real error (a group option that does not exist) (a reviewer's find)."""
+    (tmp_path / "recipes").mkdir()
+    recipe = tmp_path / "recipes" / "interp.yaml"
+    recipe.write_text(
+        "defaults:\n  - base\n  - override parallel: fdsp\n  - _self_\n"
+        "optim:\n  decay: ${oc.env:DECAY,cosine}\n"
+    )
+    with pytest.raises(ConfigError) as info:
+        compose_config("interp", [], [tmp_path])
+    (problem,) = info.value.problems
+    assert problem.startswith(f"parallel=fdsp (a defaults list, composing {recipe}): no such")

@@ -28,11 +28,11 @@ POLL_S = 1.0
 def end_with_launcher() -> None:
     """Start the watch (a daemon thread); nothing outside a launch's workers."""
     pid = env.launcher_pid()
-    if pid is None or pid == os.getpid():
-        return
+    if pid is None or pid == os.getpid() or not _is_dtrain(pid):
+        return  # not this machine's launcher as seen from here (another PID namespace)
     try:
         fd: int | None = os.pidfd_open(pid)
-    except ProcessLookupError:  # already gone
+    except ProcessLookupError:  # gone since
         _end()
         return
     except (OSError, AttributeError):  # no pidfd here (an old kernel): poll
@@ -49,6 +49,16 @@ def _watch(pid: int, fd: int | None) -> None:
         while _alive(pid):
             time.sleep(POLL_S)
     _end()
+
+
+def _is_dtrain(pid: int) -> bool:
+    """The pid is a dtrain command here (``launcher.python`` may run a rank in a container
+    with PID namespace of its own, where the number names another process, or none)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"dtrain" in f.read()
+    except OSError:
+        return False
 
 
 def _alive(pid: int) -> bool:
