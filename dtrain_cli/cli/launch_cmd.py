@@ -255,22 +255,29 @@ def start_workers(
         fail(exc.problems)
     except BaseException:  # Ctrl-C before the workers started: nothing of this start stays
         if not remove_if_untrained(run_dir, unstarted, fresh_root) and plan.nnodes > 1:
-            err_console.print(  # the nodes share it: another may have written to it
-                f"kept {run_dir} (its nodes share it): the same command on each node starts "
-                "the run again",
-                highlight=False,
-                soft_wrap=True,
-            )
+            _say_kept(run_dir)
         raise
     finally:
         worker_server.stop()
     if not result.ok:
         gone = fresh or (script_fresh and not result.workers_started)
         report_failure(result, run_dir=run_dir, fresh=gone, fresh_root=fresh_root)
+        if plan.nnodes > 1 and not result.workers_started:  # Ctrl-C at the rendezvous
+            _say_kept(run_dir)
         raise typer.Exit(result.exit_code)
     if plan.script is not None:  # a recipe's end is its summary.json
         protocol.write_finished(RunDir(run_dir))
     console.print(f"[green]done[/]: {run_dir}", highlight=False, soft_wrap=True)
+
+
+def _say_kept(run_dir: Path) -> None:
+    """A multi-node start stopped before its workers: the run dir stays (the nodes share it,
+    another may have written to it)."""
+    err_console.print(
+        f"kept {run_dir} (its nodes share it): the same command on each node starts the run again",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def hold_run_dir(run_dir: Path) -> None:
