@@ -343,15 +343,7 @@ def test_ctrl_c_stops_every_worker_with_one_clean_message(tmp_path):
 def test_ctrl_c_during_start_up_stops_the_launch_and_leaves_nothing(tmp_path):
     """Ctrl-C while the launcher imports torch and starts the agent (a library's import
     swallowed the KeyboardInterrupt and the run went on to train)."""
-    proc = subprocess.Popen(
-        [*DTRAIN, "launch", *SMALL, "train.steps=100000"],
-        cwd=tmp_path,
-        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _start_in_background(["launch", *SMALL, "train.steps=100000"], tmp_path)
     try:
         deadline = time.time() + 60
         while not list(tmp_path.glob("runs/*/plan.yaml")):  # composed, run dir written
@@ -376,15 +368,7 @@ def test_ctrl_c_while_a_node_waits_for_the_others_keeps_the_shared_run_dir(tmp_p
 
     args = ["launch", *SMALL, "dp=2", "--nnodes", "2", "--node-rank", "0",
             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "lonely"]  # fmt: skip
-    proc = subprocess.Popen(
-        [*DTRAIN, *args],
-        cwd=tmp_path,
-        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    proc = _start_in_background(args, tmp_path)
     try:
         deadline = time.time() + 60
         while not list(tmp_path.glob("runs/lonely/launch.json")):  # its agent is starting
@@ -554,3 +538,17 @@ def _running(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state != "Z"
+
+
+def _start_in_background(args: list[str], cwd: Path) -> subprocess.Popen:
+    """``dtrain ARGS`` in a session of its own (a signal reaches its whole group), its
+    output piped, the test cache shared."""
+    return subprocess.Popen(
+        [*DTRAIN, *args],
+        cwd=cwd,
+        env={**os.environ, "DTRAIN_CACHE": str(cache_dir())},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
