@@ -51,6 +51,7 @@ def checkpoint_arg(ckpt: Path | None, args: list[str], command: str) -> tuple[Pa
     return ckpt, args
 
 
+FORCE_HELP = "Submit it although its memory estimate is far above its devices' memory."
 CONFIG_DIR_HELP = "Extra config folder (group folders and recipes/); also $DTRAIN_CONFIG_PATH."
 
 
@@ -171,6 +172,16 @@ def fit_warning(
         return build_plan(other, node_of(other) if on_hardware else None)
 
     return memory_warning(cfg, model_spec(cfg), plan, replan)
+
+
+def refuse_over_memory(cfg: DtrainConfig, plan: Plan, force: bool) -> None:
+    """A job for a cluster's queue estimated far above its devices' memory ends here, exit
+    2, nothing submitted or written, unless ``--force`` (:func:`.fit.submit_refusal`)."""
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.fit import submit_refusal
+
+    if not force and (refusal := submit_refusal(cfg, model_spec(cfg), plan)):
+        fail([refusal])
 
 
 def cluster_job_warnings(

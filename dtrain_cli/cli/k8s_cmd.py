@@ -23,12 +23,14 @@ from typer.core import TyperGroup
 from dtrain_cli.cli import cluster_shorthands
 from dtrain_cli.cli.common import (
     CONFIG_DIR_HELP,
+    FORCE_HELP,
     OVERRIDES_HELP,
     cluster_job_warnings,
     complete_override,
     err_console,
     fail,
     print_warnings,
+    refuse_over_memory,
 )
 from dtrain_cli.errors import ConfigError
 
@@ -118,6 +120,7 @@ def job_cmd(
     submit: bool = typer.Option(False, "--submit", help="Create it in the cluster."),
     follow: bool = typer.Option(True, "--follow/--no-follow", help="After --submit."),
     context: str | None = typer.Option(None, "--context", help=CONTEXT_HELP),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """The run's manifest (ConfigMap + JobSet): print it, write it (--out) or create it
     (--submit; then follow its status and rank 0's logs). `dtrain k8s OVERRIDES` is this."""
@@ -127,10 +130,12 @@ def job_cmd(
     if dry_run and (submit or out is not None):
         fail(["--dry-run prints the manifest; --out and --submit do more: choose"])
     try:
-        _, plan, job = build(list(overrides or []), config_dir)
+        cfg, plan, job = build(list(overrides or []), config_dir)
     except ConfigError as exc:
         fail(exc.problems)
     print_warnings([*plan.warnings, *job_warnings(job)])
+    if submit:
+        refuse_over_memory(cfg, plan, force)
     text = render_manifest(job)
     if out is not None:
         try:

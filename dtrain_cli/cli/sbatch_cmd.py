@@ -28,12 +28,14 @@ import typer
 from dtrain_cli.cli import cluster_shorthands
 from dtrain_cli.cli.common import (
     CONFIG_DIR_HELP,
+    FORCE_HELP,
     OVERRIDES_HELP,
     cluster_job_warnings,
     complete_override,
     err_console,
     fail,
     print_warnings,
+    refuse_over_memory,
 )
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env as launch_env
@@ -116,6 +118,7 @@ def sbatch(
     join: Path | None = typer.Option(
         None, "--join", help="RUN_DIR of an elastic run: nodes=K more nodes join it."
     ),
+    force: bool = typer.Option(False, "--force", help=FORCE_HELP),
 ) -> None:
     """Write the run's SLURM batch script: print it (--dry-run) or submit it (--submit).
     Your own script: ``dtrain sbatch nodes=2 dp=8 -- train.py --epochs 3``.
@@ -145,6 +148,8 @@ def sbatch(
     if not submit:
         sys.stdout.write(script)
         return
+    if built.plan is not None:
+        refuse_over_memory(built.cfg, built.plan, force)
     if shutil.which("sbatch") is None:
         fail(["sbatch: not found on PATH; is this a SLURM login node? (--dry-run prints)"], 1)
     run_dir = built.job.run_dir

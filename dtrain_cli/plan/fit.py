@@ -17,7 +17,7 @@ from dtrain_cli.errors import ConfigError
 from dtrain_cli.models.spec import ModelSpec
 from dtrain_cli.plan.layout import plural
 from dtrain_cli.plan.plan import Plan
-from dtrain_cli.plan.steptime import GIB, peak_memory
+from dtrain_cli.plan.steptime import GIB, Memory, peak_memory
 
 Replan = Callable[[DtrainConfig], Plan]
 SAYS = "peak memory per device estimated at"
@@ -33,14 +33,10 @@ def memory_warning(
     profile is kept on any machine: ``dtrain plan`` here plans the cluster's run.
     ``replan``: the plan of another config (the caller's ``build_plan``), to find the
     largest micro-batch that fits."""
+    m = _estimate(cfg, spec, plan)
+    if m is None or m.fits:
+        return None
     hw = cfg.hardware
-    if plan.script is not None or hw.memory_gib <= 0:
-        return None
-    if hw.device == "cpu" and plan.device != "cpu":
-        return None
-    m = peak_memory(cfg, spec, plan, hw)
-    if m.fits:
-        return None
     parts = {
         "parameters": m.params,
         "gradients": m.grads,
@@ -61,6 +57,37 @@ def memory_warning(
         f"hardware={hw.name}'s {_gib(m.capacity)} GiB; most of it {most} "
         f"({_gib(parts[most])} GiB): {remedy}; dtrain advise ranks the layouts that fit"
     )
+
+
+REFUSED_AT = 1.5
+"""A job for a cluster's queue estimated at this many times its device's memory or more is
+not submitted (``dtrain sbatch --submit``, ``dtrain k8s --submit``; ``--force`` submits it):
+it would wait its turn to run out of memory at its first step. The estimate is within 10%
+of torchtitan's published peaks (bench/RESULTS.md); between 1x and this, a warning."""
+
+
+def submit_refusal(cfg: DtrainConfig, spec: ModelSpec, plan: Plan) -> str | None:
+    """One line when the estimate is :data:`REFUSED_AT` times the device's memory or more
+    (what fits is in the warning printed above it); None otherwise."""
+    m = _estimate(cfg, spec, plan)
+    if m is None or m.total < REFUSED_AT * m.capacity:
+        return None
+    return (
+        f"{SAYS} {_gib(m.total)} GiB, {m.total / max(m.capacity, 1):.1f}x "
+        f"hardware={cfg.hardware.name}'s {_gib(m.capacity)} GiB: not submitted, it would "
+        "run out of memory at its first step (the warning above says what fits; --force "
+        "submits it anyway)"
+    )
+
+
+def _estimate(cfg: DtrainConfig, spec: ModelSpec, plan: Plan) -> Memory | None:
+    """The plan's peak memory per device, or None where no profile describes the device."""
+    hw = cfg.hardware
+    if plan.script is not None or hw.memory_gib <= 0:
+        return None
+    if hw.device == "cpu" and plan.device != "cpu":
+        return None
+    return peak_memory(cfg, spec, plan, hw)
 
 
 def _activation_remedy(

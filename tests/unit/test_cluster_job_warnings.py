@@ -51,3 +51,23 @@ def test_sbatch_says_what_the_plan_says_of_a_script_and_of_unread_keys(tmp_path,
     assert any(w.startswith("script train.py line 2 reads SLURM_PROCID") for w in said), said
     unread = runner.invoke(app, ["sbatch", "recipe=gpt_tiny", "pipeline.schedule=gpipe"])
     assert any("pipeline.schedule" in w for w in _warnings(unread))
+
+
+REFUSED = "971 GiB, 12.5x hardware=h100_80g's 78 GiB: not submitted"
+
+
+def test_sbatch_submit_refuses_a_layout_far_above_its_gpus_memory(tmp_path, monkeypatch):
+    """12x its memory waited in the queue to fail at step 1; now exit 2, nothing written,
+    unless --force (then it goes on to sbatch, absent from this PATH)."""
+    monkeypatch.chdir(tmp_path)
+    env = {"COLUMNS": "400", "PATH": str(tmp_path)}
+    result = runner.invoke(app, ["sbatch", *TOO_BIG, "--submit"], env=env)
+    assert result.exit_code == 2, result.output
+    assert REFUSED in result.stderr and "--force submits it anyway" in result.stderr
+    assert "Traceback" not in result.output and not (tmp_path / "runs").exists()
+    forced = runner.invoke(app, ["sbatch", *TOO_BIG, "--submit", "--force"], env=env)
+    assert forced.exit_code == 1 and "sbatch: not found on PATH" in forced.stderr, forced.output
+    # under 1.5x its memory it is a warning only (the estimate is within 10% of published)
+    near = [*TOO_BIG, "train.micro_batch_size=32", "parallel.activation_checkpointing=selective"]
+    said = runner.invoke(app, ["sbatch", *near, "--submit"], env=env)
+    assert said.exit_code == 1 and "not submitted" not in said.stderr, said.output

@@ -177,3 +177,16 @@ def test_an_unreachable_cluster_is_one_line_and_exit_2(tmp_path, monkeypatch):
     fake.server.server_close()
     line = one_line_error(runner.invoke(app, [*JOB, "--submit"]))
     assert line.startswith(f"error: cannot reach the cluster at {fake.url} (")
+
+
+def test_submit_refuses_a_layout_far_above_its_gpus_memory_unless_forced(kube):
+    """A JobSet estimated at 12x its GPUs' memory is not created (its pods would wait to
+    run out of memory at step 1); --force creates it."""
+    gpt_1b = ["recipe=gpt_1b", "parallel.strategy=fsdp", "cluster.gpus_per_node=8"]
+    too_big = [a for a in JOB if not a.startswith(("recipe=", "dp="))] + gpt_1b
+    line = one_line_error(runner.invoke(app, [*too_big, "--submit", "--no-follow"]))
+    assert "12.5x hardware=h100_80g's 78 GiB: not submitted" in line, line
+    assert kube.requests == []
+    forced = runner.invoke(app, [*too_big, "--submit", "--no-follow", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert kube.get("jobsets", "t1") is not None
