@@ -44,13 +44,21 @@ def hold(run_dir: Path, wait_s: float = 0.0) -> None:
     if any(os.path.sameopenfile(fd, held) for held in _HELD):
         os.close(fd)
         return
-    deadline = time.monotonic() + wait_s
+    deadline, said = time.monotonic() + wait_s, False
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
         except BlockingIOError:  # held; any other error: a file system without flock
             if time.monotonic() < deadline:
+                if not said:  # the job's log says why its start waits
+                    print(
+                        f"{run_dir}: waiting up to {wait_s:.0f} s for its lock, held "
+                        f"({_holder(fd)})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    said = True
                 time.sleep(1.0)
                 continue
             holder = _holder(fd)

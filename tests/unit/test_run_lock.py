@@ -34,7 +34,7 @@ def test_a_held_run_dir_names_its_holder_and_this_process_may_take_it_again(tmp_
     os.close(probe)
 
 
-def test_a_start_in_a_scheduler_job_waits_for_a_lock_let_go(tmp_path):
+def test_a_start_in_a_scheduler_job_waits_for_a_lock_let_go(tmp_path, capsys):
     """A requeued job's node may find the run dir still locked by a dead node's NFS lease:
     there the start tries for a while (lock.SCHEDULER_WAIT_S) instead of failing at once."""
     import threading
@@ -44,7 +44,13 @@ def test_a_start_in_a_scheduler_job_waits_for_a_lock_let_go(tmp_path):
     threading.Timer(1.0, os.close, args=(other,)).start()  # the lease runs out
     with pytest.raises(lock.RunInUse):
         lock.hold(tmp_path, wait_s=0.0)
+    capsys.readouterr()
     lock.hold(tmp_path, wait_s=10.0)
+    # the job's log says why its start waits (it was silent for up to two minutes)
+    assert (
+        capsys.readouterr().err
+        == f"{tmp_path}: waiting up to 10 s for its lock, held (its pid unknown)\n"
+    )
     assert json.loads(RunDir(tmp_path).launcher_lock.read_text())["pid"] == os.getpid()
     assert lock.SCHEDULER_WAIT_S >= 90  # an NFSv4 lease
 
