@@ -80,9 +80,42 @@ def complete_override(incomplete: str) -> list[str]:
 def fail(problems: Sequence[str], code: int = EXIT_CONFIG) -> NoReturn:
     for p in problems:
         err_console.print(
-            f"[bold red]error:[/] {escape(p)}", markup=True, highlight=False, soft_wrap=True
+            f"[bold red]error:[/] {escape(_option_hint(p))}",
+            markup=True,
+            highlight=False,
+            soft_wrap=True,
         )
     raise typer.Exit(code)
+
+
+def _option_hint(problem: str) -> str:
+    """``'--formt': not an option of this command (see --help)`` names the command's
+    closest option instead, where one is close (the config layer knows no command)."""
+    import difflib
+    import re
+
+    found = re.match(r"'(--?[\w-]+)(?:[= ][^']*)?': not an option of this command", problem)
+    if found is None:
+        return problem
+    names = [n for n in _command_options() if n.startswith("--")]
+    close = difflib.get_close_matches(found.group(1), names, 1, cutoff=0.75)
+    return problem.replace("(see --help)", f"(did you mean {close[0]}?)") if close else problem
+
+
+def _command_options() -> list[str]:
+    """The option names of the command running now, from click's context: Typer's own
+    copy of click (typer 0.28) or click itself, whichever its Context comes from."""
+    import importlib
+
+    base = next((c for c in typer.Context.__mro__ if c.__module__.endswith(".core")), None)
+    try:
+        globals_ = importlib.import_module(base.__module__.removesuffix("core") + "globals")
+        ctx = globals_.get_current_context(silent=True)
+    except (AttributeError, ImportError):  # another Typer's layout: no hint, the line stands
+        return []
+    if ctx is None:
+        return []
+    return [o for p in ctx.command.params for o in (*p.opts, *p.secondary_opts)]
 
 
 def compose_and_plan(

@@ -148,7 +148,9 @@ def test_interpolation_that_resolves_is_fine():
         (["optim.base_lr = 3e-4"], "write optim.base_lr=3e-4 (no spaces"),  # it said "=="
         (["--dp=2"], "'--dp=2': overrides take no dashes; write dp=2"),
         (["--train.steps", "5"], "'--train.steps 5': overrides take no dashes; write train.st"),
-        (["--bogus"], "'--bogus': not an option of this command"),
+        (["--bogus"], "'--bogus': not an option of this command (see --help)"),
+        # a misspelt option of the command: its closest option is named
+        (["--formt", "json"], "'--formt': not an option of this command (did you mean --format?)"),
         (["train.compile=maybe"], "train.compile: value 'maybe' is not a boolean; write e.g. "),
         (["~train.steps"], "train.steps: cannot be unset (it has no null value); set it, e.g. "),
         (["=2"], "'=2': no key before '='"),
