@@ -200,6 +200,25 @@ def test_failing_rank_exit_code_and_its_last_lines(tmp_path, mode, code, shown):
 
 
 @pytest.mark.multiproc
+@pytest.mark.parametrize("mode", ["segv", "sigkill"])
+def test_a_rank_killed_by_a_signal_keeps_its_last_lines(tmp_path, mode):
+    """What a rank wrote just before a segmentation fault or the OOM killer's SIGKILL was
+    still in its pipe when it died, and the tee thread died with it: its log held none of
+    it, the console neither (a user's find). The tee is a process now; a fault also prints
+    the Python stack (faulthandler), as the script would have to ask torchrun for."""
+    run = run_probe(tmp_path, "-m", "probepkg.probe", mode, str(tmp_path / "out"))
+    signame = {"segv": "SIGSEGV", "sigkill": "SIGKILL"}[mode]
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"rank 1 was killed by {signame}" in run.stderr, run.stderr
+    log = (run.run_dir / "logs" / "rank_1.log").read_text()
+    assert "rank 1 line 1\nrank 1 line 2 on stderr\n" in log, log
+    assert "rank 1 line 2 on stderr" in run.stderr  # the console too
+    if mode == "segv":
+        assert "Fatal Python error: Segmentation fault" in log, log
+        assert 'line' in log and "in reads_address_zero" in log, log
+
+
+@pytest.mark.multiproc
 def test_a_script_asking_for_nccl_without_cuda_is_told_what_works(tmp_path):
     """torch says only "Distributed package doesn't have NCCL built in"; the error line
     adds why (no CUDA here) and what runs on both CPU and GPU."""

@@ -1,6 +1,6 @@
-"""How a ``dtrain run`` rank ends: its output is all forwarded, its process groups never
-deadlock it (:mod:`dtrain_cli.runtime.script.worker`'s tee,
-:mod:`dtrain_cli.runtime.parallel.group_lifetime`). In-process: threads, no process."""
+"""How a ``dtrain run`` rank ends: its process groups never deadlock it
+(:mod:`dtrain_cli.runtime.parallel.group_lifetime`). In-process: threads, no process.
+Its output's tee is a process: tests/launch/test_script_tee.py."""
 
 from __future__ import annotations
 
@@ -17,53 +17,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dtrain_cli.runtime.parallel import group_lifetime
-from dtrain_cli.runtime.script import worker
-
-
-def _lines(n: int, tag: str) -> list[str]:
-    return [f"{tag} line {i:04d} " + "x" * 60 for i in range(n)]
-
-
-def test_output_written_last_reaches_the_log_when_the_pump_is_slow(tmp_path, monkeypatch):
-    """A loaded machine can keep the pump from running for seconds: what is still in the
-    pipe when the rank exits would be lost, and the launcher would show an older line
-    than the traceback (a CI failure: "rank 1 about to fail" for "ValueError: boom")."""
-    real_forward = worker._forward
-    slowed: set[int] = set()
-
-    def slow_forward(data: bytes, console: int, log: int) -> None:
-        if data and console not in slowed:  # each pump's first lines wait
-            slowed.add(console)
-            time.sleep(5.0)  # longer than the 2 s each pump was given before
-        real_forward(data, console, log)
-
-    monkeypatch.setattr(worker, "_forward", slow_forward)
-    log = tmp_path / "rank_0.log"
-    wanted = _lines(600, "out")  # 44 KB: all of it fits in the pipe, no write waits
-    with worker.tee_output(log):
-        os.write(1, ("\n".join(wanted[:300]) + "\n").encode())
-        os.write(2, b"Traceback (most recent call last):\nValueError: boom from rank 1\n")
-        os.write(1, ("\n".join(wanted[300:]) + "\n").encode())
-    text = log.read_text().splitlines()
-    assert [line for line in text if line.startswith("out ")] == wanted
-    assert "ValueError: boom from rank 1" in text
-
-
-def test_a_child_holding_the_pipe_does_not_hold_the_end(tmp_path):
-    """A process the script started (here: a second write end, as a child's inherited fd
-    1 is) keeps the pipe open: the drain ends once everything written is forwarded, not
-    after its full wait."""
-    log = tmp_path / "rank_0.log"
-    with worker.tee_output(log):
-        held = os.dup(1)  # the pump never sees the pipe's end while this is open
-        os.write(1, b"before the end\npartial without a newline")
-        start = time.monotonic()
-    waited = time.monotonic() - start
-    try:
-        assert waited < 5.0, waited  # well under DRAIN_S
-        assert log.read_text() == "before the end\npartial without a newline"
-    finally:
-        os.close(held)
 
 
 @pytest.fixture

@@ -12,7 +12,9 @@ current directory for ``-m``) and ``__file__`` absolute, and ``DTRAIN_RUN_DIR`` 
 ``DTRAIN_PLAN`` point at the run (:mod:`dtrain_cli.script_env` reads them).
 
 Every rank's stdout and stderr go to the console, as under torchrun, and to
-``logs/rank_<k>.log``, so the launcher can show the failing rank's last traceback lines.
+``logs/rank_<k>.log`` (:mod:`.tee`, which outlives a rank killed by a signal), so the
+launcher can show the failing rank's last traceback lines; a fatal signal (a segmentation
+fault in a C extension, an abort) prints the rank's Python stack first (faulthandler).
 A script that saved its checkpoint on the preemption signal exits with
 :data:`~dtrain_cli.rundir.protocol.EXIT_PREEMPTED` (75): the rank records
 ``preempted.json`` and ends cleanly, and the launcher exits 75 (SLURM then requeues).
@@ -21,22 +23,17 @@ No torch import here: a ``spawn`` worker imports only what the script imports.
 
 from __future__ import annotations
 
-import array
 import builtins
 import contextlib
-import fcntl
+import faulthandler
 import importlib.machinery
 import os
 import runpy
-import select
 import signal
 import sys
-import termios
-import threading
 import time
 import traceback
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +46,7 @@ from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
 from dtrain_cli.runtime.diagnostics.interrupt import InterruptGuard, restore_default_signals
 from dtrain_cli.runtime.diagnostics.launcher_watch import end_with_launcher
 from dtrain_cli.runtime.script.fresh_state import fresh_random_state
+from dtrain_cli.runtime.script.tee import drain_output, tee_output
 
 # What torch's agent sets for each worker (already in os.environ when script_main runs)
 TORCH_WORKER_KEYS = frozenset(
@@ -126,7 +124,7 @@ def _agent_return_queue(frame: types.FrameType | None) -> Any:
 
 def hand_back_on_os_exit(queue: Any) -> None:
     """``os._exit(code)`` in the script, on this rank's own process: its output drained
-    first (the tee's threads die with the process), and for code 0 the agent told that
+    first (so the launcher's last line comes after it), and for code 0 the agent told that
     the rank returned (torch's function entry waits for a return value: a process that
     left with 0 and none would be waited for forever). Children the script forks keep the
     real ``os._exit``."""
@@ -134,7 +132,7 @@ def hand_back_on_os_exit(queue: Any) -> None:
 
     def _exit(code: int) -> None:
         if os.getpid() == me:
-            _drain_output()
+            drain_output()
             if code == 0 and queue is not None:
                 with contextlib.suppress(Exception):
                     queue.put(None)
@@ -176,6 +174,8 @@ def run_script(run_dir: Path) -> None:
     group_lifetime.install()  # no hang when DDP's reducer outlives destroy_process_group
     fresh_random_state()
     with tee_output(run.rank_log(rank)):
+        if not faulthandler.is_enabled():  # a fatal signal prints the Python stack first
+            faulthandler.enable()
         try:
             run_as_main(sc)
             script_arrival.say_if_alone(rank, sc["file"])
@@ -272,128 +272,6 @@ def _record_error(exc: BaseException) -> None:
         from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
         ErrorHandler().record_exception(exc)
-
-
-PARTIAL_LINE_S = 0.25
-"""How long an unfinished line (a prompt, a progress bar without ``\\r``) waits for its end
-before it is forwarded as it is."""
-PIPE_BUF = 4096
-"""Writes up to this size reach a pipe whole (POSIX): one rank's lines never splice with
-another's on a shared console."""
-
-DRAIN_S = 30.0
-"""How long a rank's end waits for its output to reach the console and its log: a loaded
-machine can keep the pump from running for seconds, and what is still in the pipe when the
-process exits is lost. A child of the script that still holds the pipe ends the wait as
-soon as everything written so far is forwarded."""
-
-_tee: list[tuple[int, int]] = []  # (fd, console) while the tee runs
-_pumps: list[_Pump] = []
-
-
-@contextlib.contextmanager
-def tee_output(path: Path) -> Iterator[None]:
-    """fds 1 and 2 (Python's, C extensions', forked children's) to the console they were
-    on and to ``path``, a whole line at a time."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    for fd in (1, 2):
-        console = os.dup(fd)
-        read_end, write_end = os.pipe()
-        os.dup2(write_end, fd)
-        os.close(write_end)
-        pump = _Pump(read_end=read_end, console=console, log=log)
-        pump.start()
-        _tee.append((fd, console))
-        _pumps.append(pump)
-    try:
-        yield
-    finally:
-        _drain_output()
-        os.close(log)
-
-
-def _drain_output() -> None:
-    """Put fds 1 and 2 back on the console and wait until the pumps have forwarded what is
-    left: they see the pipe's end, or (a child of the script still holds the pipe) nothing
-    is left unread; at most :data:`DRAIN_S`."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    while _tee:
-        fd, console = _tee.pop()
-        os.dup2(console, fd)  # the pipe's last write end closes: the pump sees EOF
-    deadline = time.monotonic() + DRAIN_S
-    while _pumps:
-        pump = _pumps[-1]
-        pump.join(timeout=0.01)
-        if pump.forwarded_all() or time.monotonic() > deadline:
-            _pumps.pop()
-
-
-class _Pump(threading.Thread):
-    """One pipe to the console and the log, a whole line at a time."""
-
-    def __init__(self, *, read_end: int, console: int, log: int) -> None:
-        super().__init__(daemon=True, name=f"dtrain-tee-{read_end}")
-        self.read_end, self.console, self.log = read_end, console, log
-        self.idle = threading.Event()  # waiting for data, nothing held back
-
-    def forwarded_all(self) -> bool:
-        """Ended, or nothing unread in the pipe while nothing is held back (checked in this
-        order: a pump that was forwarding when the pipe was found empty has set ``idle``
-        only after it wrote everything out)."""
-        if not self.is_alive():
-            return True
-        try:
-            unread = array.array("i", [0])
-            fcntl.ioctl(self.read_end, termios.FIONREAD, unread)
-        except OSError:  # closed: the pump saw the end
-            return not self.is_alive()
-        return unread[0] == 0 and self.idle.is_set()
-
-    def run(self) -> None:
-        pending = b""
-        try:
-            while True:
-                if not pending:
-                    self.idle.set()
-                wait = PARTIAL_LINE_S if pending else None
-                ready = select.select([self.read_end], [], [], wait)[0]
-                self.idle.clear()
-                if not ready:
-                    _forward(pending, self.console, self.log)  # an unfinished line waited
-                    pending = b""
-                    continue
-                data = os.read(self.read_end, 65536)
-                if not data:
-                    break
-                pending += data
-                cut = max(pending.rfind(b"\n"), pending.rfind(b"\r")) + 1
-                if cut:
-                    _forward(pending[:cut], self.console, self.log)
-                    pending = pending[cut:]
-        finally:
-            _forward(pending, self.console, self.log)
-            os.close(self.read_end)
-            os.close(self.console)
-
-
-def _forward(data: bytes, console: int, log: int) -> None:
-    """Whole lines, each write at most one pipe buffer (a longer line goes alone)."""
-    while data:
-        cut = data.rfind(b"\n", 0, PIPE_BUF) + 1 if len(data) > PIPE_BUF else len(data)
-        chunk, data = data[: cut or len(data)], data[cut or len(data) :]
-        for fd in (console, log):
-            _write_all(fd, chunk)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    with contextlib.suppress(OSError):  # a closed console must not stop the log
-        while data:
-            data = data[os.write(fd, data) :]
 
 
 if __name__ == "__main__":

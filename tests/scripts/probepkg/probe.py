@@ -2,8 +2,8 @@
 
     dtrain run dp=2 -m probepkg.probe MODE OUT [ARGS...]    # from tests/scripts
 
-Modes: dump (what it was given), raise / exit3 (rank 1 fails), kill_once (rank 1 dies on
-the first attempt), late (rank 1 never calls init_process_group), hang (waits to be
+Modes: dump (what it was given), raise / exit3 (rank 1 fails), segv / sigkill (rank 1 dies
+by a signal after its last lines), kill_once (rank 1 dies on the first attempt), late (rank 1 never calls init_process_group), hang (waits to be
 stopped, with a child process of its own), preempt (saves on USR1, exits 75), nccl (asks
 for NCCL, as a script written for GPUs does).
 """
@@ -76,6 +76,20 @@ elif MODE == "exit3":
         wait_for_rank_0()
         print("bad data on rank 1", file=sys.stderr, flush=True)
         sys.exit(3)
+    running_until_stopped()
+elif MODE in ("segv", "sigkill"):  # rank 1 dies by a signal right after its last lines
+    if RANK == 1:
+        wait_for_rank_0()
+        print("rank 1 line 1", flush=True)
+        print("rank 1 line 2 on stderr", file=sys.stderr, flush=True)
+        if MODE == "segv":  # a C extension's fault: faulthandler's stack, then the death
+            import ctypes
+
+            def reads_address_zero() -> None:
+                ctypes.string_at(0)
+
+            reads_address_zero()
+        os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer's way
     running_until_stopped()
 elif MODE == "kill_once":
     import torch

@@ -1,0 +1,196 @@
+"""A ``dtrain run`` rank's stdout and stderr to the console and to ``logs/rank_<k>.log``.
+
+    with tee_output(run.rank_log(rank)):
+        run_as_main(script)        # print(), C extensions, forked children: fds 1 and 2
+
+fds 1 and 2 become pipes, read by a process forked from the rank (the tee) that writes each
+whole line to the console the fd was on and to the log. The tee is a process and not a
+thread of the rank because the rank may die at any instruction: a SIGKILL from the kernel's
+OOM killer, a segmentation fault in a C extension, an NCCL abort. What it wrote last (the
+lines that say why) is then still in the pipe, and a thread of the rank would die with it
+(a user's segfaulting rank left only its first line in its log). The tee reads to the
+pipe's end, after the rank's death as before it; it ignores the signals a launcher sends
+its group (Ctrl-C, SIGTERM, preemption), so it ends only when every writer has. Pure
+``os`` calls in the tee (forked from a process with threads: no lock of theirs is taken).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import mmap
+import os
+import select
+import signal
+import sys
+import termios
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+PARTIAL_LINE_S = 0.25
+"""How long an unfinished line (a prompt, a progress bar without ``\\r``) waits for its end
+before it is forwarded as it is."""
+PIPE_BUF = 4096
+"""Writes up to this size reach a pipe whole (POSIX): one rank's lines never splice with
+another's on a shared console."""
+
+DRAIN_S = 30.0
+"""How long a rank's end waits for its output to reach the console and its log (so the
+launcher's last line comes after them): a loaded machine can keep the tee from running for
+seconds. A child of the script that still holds the pipe ends the wait as soon as
+everything written so far is forwarded. Nothing is lost either way: the tee outlives the
+rank."""
+
+TEE_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+"""What a launcher sends a rank's process group; the tee ends at the pipes' end instead."""
+
+
+class _Tee:
+    """The running tee: its pid, this rank's ends of it, and its idle flag (one byte of
+    memory shared with it: 1 while it waits for data with nothing held back)."""
+
+    def __init__(
+        self, pid: int, consoles: dict[int, int], read_ends: list[int], idle: mmap.mmap
+    ) -> None:
+        self.pid, self.consoles, self.read_ends, self.idle = pid, consoles, read_ends, idle
+
+    def forwarded_all(self) -> bool:
+        """Nothing unread in the pipes while the tee is idle (checked in this order: a tee
+        that was forwarding when the pipes were found empty sets ``idle`` only after it
+        wrote everything out)."""
+        return not any(_unread(fd) for fd in self.read_ends) and self.idle[0] == 1
+
+
+_running: list[_Tee] = []
+
+
+@contextlib.contextmanager
+def tee_output(path: Path) -> Iterator[None]:
+    """fds 1 and 2 to the console they were on and to ``path``, a whole line at a time,
+    through a forked tee (see the module's doc)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    consoles = {fd: os.dup(fd) for fd in (1, 2)}
+    pipes = {fd: os.pipe() for fd in (1, 2)}
+    idle = mmap.mmap(-1, 1)  # anonymous and shared: the tee's writes are seen here
+    try:
+        pid = os.fork()
+    except OSError as exc:  # no process to spare (ulimit -u): the console alone
+        for fd in (log, *consoles.values(), *(end for pair in pipes.values() for end in pair)):
+            os.close(fd)
+        print(f"warning: {path} not written: cannot start its tee ({exc})", file=sys.stderr)
+        yield
+        return
+    if pid == 0:  # the tee: never returns
+        _tee_main([(pipes[fd][0], consoles[fd]) for fd in (1, 2)], log, pipes, idle)
+    os.close(log)
+    for fd, (_, write_end) in pipes.items():
+        os.dup2(write_end, fd)
+        os.close(write_end)
+    _running.append(_Tee(pid, consoles, [r for r, _ in pipes.values()], idle))
+    try:
+        yield
+    finally:
+        drain_output()
+
+
+def drain_output() -> None:
+    """Put fds 1 and 2 back on the console and wait until the tee has forwarded what is
+    left: it ended (it saw the pipes' end), or (a child of the script still holds a pipe)
+    nothing was left unread for longer than an unfinished line waits; at most
+    :data:`DRAIN_S`."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    while _running:
+        tee = _running.pop()
+        for fd, console in tee.consoles.items():
+            os.dup2(console, fd)  # this rank's write ends close: the tee sees the end
+            os.close(console)
+        _wait_for(tee)
+        for read_end in tee.read_ends:
+            os.close(read_end)
+
+
+def _wait_for(tee: _Tee) -> None:
+    """Until the tee ended or forwarded all there is, at most :data:`DRAIN_S`."""
+    deadline = time.monotonic() + DRAIN_S
+    while time.monotonic() < deadline:
+        try:
+            if os.waitpid(tee.pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # reaped elsewhere (the script's os.wait())
+            return
+        if tee.forwarded_all():
+            return
+        time.sleep(0.005)
+
+
+def _unread(read_end: int) -> int:
+    unread = array.array("i", [0])
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(read_end, termios.FIONREAD, unread)
+    return unread[0]
+
+
+def _tee_main(
+    pairs: list[tuple[int, int]], log: int, pipes: dict[int, tuple[int, int]], idle: mmap.mmap
+) -> None:
+    """The forked tee's life: its copies of the write ends closed (else it never sees the
+    end), the launcher's signals ignored, then :func:`pump` until both pipes end."""
+    try:
+        for _, write_end in pipes.values():
+            os.close(write_end)
+        for sig in TEE_IGNORES:
+            signal.signal(sig, signal.SIG_IGN)
+        pump(pairs, log, idle)
+    finally:
+        os._exit(0)  # none of the rank's exit handlers: they are the rank's to run
+
+
+def pump(pairs: list[tuple[int, int]], log: int, idle: mmap.mmap) -> None:
+    """Each (read end, console) pair to its console and the log, whole lines; a line still
+    unfinished after :data:`PARTIAL_LINE_S` goes as it is. ``idle[0]`` is 1 while it waits
+    with nothing held back."""
+    console = dict(pairs)
+    pending = dict.fromkeys(console, b"")
+    since: dict[int, float] = {}
+    while console:
+        waits = [since[r] + PARTIAL_LINE_S - time.monotonic() for r in console if pending[r]]
+        idle[0] = 0 if waits else 1
+        ready = select.select(list(console), [], [], max(min(waits), 0) if waits else None)[0]
+        idle[0] = 0
+        for r in ready:
+            data = os.read(r, 65536)
+            if not data:  # every writer is gone
+                forward(pending.pop(r), console.pop(r), log)
+                continue
+            pending[r] += data
+            cut = max(pending[r].rfind(b"\n"), pending[r].rfind(b"\r")) + 1
+            if cut:
+                forward(pending[r][:cut], console[r], log)
+                pending[r] = pending[r][cut:]
+            since[r] = time.monotonic()
+        for r in console:
+            if pending[r] and time.monotonic() - since[r] >= PARTIAL_LINE_S:
+                forward(pending[r], console[r], log)  # an unfinished line waited
+                pending[r] = b""
+
+
+def forward(data: bytes, console: int, log: int) -> None:
+    """Whole lines, each write at most one pipe buffer (a longer line goes alone)."""
+    while data:
+        cut = data.rfind(b"\n", 0, PIPE_BUF) + 1 if len(data) > PIPE_BUF else len(data)
+        chunk, data = data[: cut or len(data)], data[cut or len(data) :]
+        for fd in (console, log):
+            _write_all(fd, chunk)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # a closed console must not stop the log
+        while data:
+            data = data[os.write(fd, data) :]

@@ -1,0 +1,79 @@
+"""A ``dtrain run`` rank's tee (:mod:`dtrain_cli.runtime.script.tee`): a process forked
+from the rank that forwards its stdout and stderr, whole lines, to the console and its log;
+what a rank wrote is all there when its end returns, and even after it died by a signal
+(tests/launch/test_script_run.py). Forks: the launch room."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from dtrain_cli.runtime.script import tee
+
+
+def _lines(n: int, tag: str) -> list[str]:
+    return [f"{tag} line {i:04d} " + "x" * 60 for i in range(n)]
+
+
+def test_output_written_last_reaches_the_log_when_the_pump_is_slow(tmp_path, monkeypatch):
+    """A loaded machine can keep the pump from running for seconds: what is still in the
+    pipe when the rank exits would be lost, and the launcher would show an older line
+    than the traceback (a CI failure: "rank 1 about to fail" for "ValueError: boom")."""
+    real_forward = tee.forward
+    slowed: set[int] = set()
+
+    def slow_forward(data: bytes, console: int, log: int) -> None:
+        if data and console not in slowed:  # each pump's first lines wait
+            slowed.add(console)
+            time.sleep(5.0)  # longer than the 2 s each pump was given before
+        real_forward(data, console, log)
+
+    monkeypatch.setattr(tee, "forward", slow_forward)
+    log = tmp_path / "rank_0.log"
+    wanted = _lines(600, "out")  # 44 KB: all of it fits in the pipe, no write waits
+    with tee.tee_output(log):
+        os.write(1, ("\n".join(wanted[:300]) + "\n").encode())
+        os.write(2, b"Traceback (most recent call last):\nValueError: boom from rank 1\n")
+        os.write(1, ("\n".join(wanted[300:]) + "\n").encode())
+    text = log.read_text().splitlines()
+    assert [line for line in text if line.startswith("out ")] == wanted
+    assert "ValueError: boom from rank 1" in text
+
+
+def test_a_child_holding_the_pipe_does_not_hold_the_end(tmp_path):
+    """A process the script started (here: a second write end, as a child's inherited fd
+    1 is) keeps the pipe open: the drain ends once everything written is forwarded, not
+    after its full wait."""
+    log = tmp_path / "rank_0.log"
+    with tee.tee_output(log):
+        held = os.dup(1)  # the pump never sees the pipe's end while this is open
+        os.write(1, b"before the end\npartial without a newline")
+        start = time.monotonic()
+    waited = time.monotonic() - start
+    try:
+        assert waited < 5.0, waited  # well under DRAIN_S
+        assert log.read_text() == "before the end\npartial without a newline"
+    finally:
+        os.close(held)
+
+
+def test_the_tee_outlives_a_rank_killed_with_its_lines_in_the_pipe(tmp_path):
+    """A process that writes and dies at once by SIGKILL (the OOM killer): its lines were
+    in the pipe, read by a thread of the dead process. The tee reads them after."""
+    log = tmp_path / "rank_1.log"
+    pid = os.fork()
+    if pid == 0:  # the rank
+        try:
+            with tee.tee_output(log):
+                os.write(1, b"line 1\n")
+                os.write(2, b"line 2 why it died\n")
+                os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(3)  # not reached
+    _, status = os.waitpid(pid, 0)
+    assert os.WTERMSIG(status) == signal.SIGKILL
+    deadline = time.monotonic() + 10
+    while log.read_text().count("\n") < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(log.read_text().splitlines()) == ["line 1", "line 2 why it died"]
