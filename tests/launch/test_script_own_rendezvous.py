@@ -43,6 +43,26 @@ print(f"rank {rank} of {world}: sum {t.item()}")
 dist.destroy_process_group()
 """
 
+# its own TCPStore at torchrun's address, rank 0 the master (positional or keyword)
+OWN_STORE = """\
+import os, sys
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+where = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+if sys.argv[1] == "positional":
+    store = dist.TCPStore(*where, world, rank == 0, timeout=timedelta(seconds=30))
+else:
+    store = dist.TCPStore(*where, world_size=world, is_master=rank == 0)
+assert isinstance(store, dist.TCPStore)
+dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+t = torch.ones(1) * (rank + 1)
+dist.all_reduce(t)
+print(f"rank {rank} of {world}: sum {t.item()}")
+dist.destroy_process_group()
+"""
+
 # the shape of PyTorch's DDP tutorial: the script starts its ranks itself
 SPAWNS = """\
 import os, sys
@@ -82,6 +102,18 @@ def test_a_script_meets_where_it_says(tmp_path, source, own_port):
     (tmp_path / "train.py").write_text(source)
     args = ["run", "dp=2", "launcher.rdzv_timeout_s=30", "--", "train.py"]
     run = run_dtrain([*args, *([_free_port()] if own_port else [])], tmp_path, timeout=150)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(run.stdout.count(f"rank {r} of 2: sum 3.0") for r in (0, 1)) == [1, 1]
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize("form", ["positional", "keywords"])
+def test_a_scripts_own_tcpstore_at_master_port_is_a_client_there(tmp_path, form):
+    """As under torchrun (whose C++ store takes the port in use for the agent's): rank 0's
+    ``TCPStore(..., is_master=True)`` at ``MASTER_PORT`` failed with EADDRINUSE under
+    dtrain's fork server, and the error told the user to change the script."""
+    (tmp_path / "train.py").write_text(OWN_STORE)
+    run = run_dtrain(["run", "dp=2", "--", "train.py", form], tmp_path, timeout=150)
     assert run.returncode == 0, run.stderr[-2000:]
     assert sorted(run.stdout.count(f"rank {r} of 2: sum 3.0") for r in (0, 1)) == [1, 1]
 

@@ -16,7 +16,9 @@ dead rank, or hangs). A rank that did not come within that time is named in the 
 the launcher shows. ``tcp://`` on the agent's port is taken the same way; a script that
 passes its own ``store``, or meets at an address of its own (``MASTER_PORT=12355`` set in
 the script, processes it starts with ``mp.spawn``), is left to host its own store there,
-as under plain ``python`` (:func:`keep_agent_store_to_this_process`). A script that ends
+as under plain ``python`` (:func:`keep_agent_store_to_this_process`); a ``TCPStore`` it
+builds at the agent's port is a client of the agent's, as under torchrun
+(:func:`client_at_agent_port`). A script that ends
 well on several ranks without ever calling it (nor ``init_device_mesh``, which calls it) is
 told so by rank 0 (:func:`say_if_alone`), unless it starts processes of its own.
 """
@@ -123,11 +125,36 @@ def install(timeout_s: float) -> None:
             raise RuntimeError(f"{exc}: {hint}").with_traceback(exc.__traceback__) from None
 
     init_process_group._dtrain_arrival = True  # type: ignore[attr-defined]
+    if _AGENT is not None:
+        dist.TCPStore = client_at_agent_port(dist.TCPStore, int(_AGENT[1] or 0))
     dist.init_process_group = init_process_group
     dist.distributed_c10d.init_process_group = init_process_group
     mesh = sys.modules.get("torch.distributed.device_mesh")  # init_device_mesh's own name
     if getattr(mesh, "init_process_group", None) is real:
         mesh.init_process_group = init_process_group  # type: ignore[union-attr]
+
+
+def client_at_agent_port(real: type, agent_port: int) -> type:
+    """torch's ``TCPStore`` whose ``is_master=True`` at the agent's port is a client there,
+    as a torchrun worker's is (``TORCHELASTIC_USE_AGENT_STORE``, which torch's C++ store
+    reads to take the port in use for the agent's, is kept from this rank's children: see
+    :func:`keep_agent_store_to_this_process`). A script's ``TCPStore(MASTER_ADDR,
+    MASTER_PORT, world, rank == 0)`` failed on rank 0 with EADDRINUSE."""
+
+    class TCPStore(real):  # type: ignore[misc,valid-type]
+        __doc__ = real.__doc__
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            port = args[1] if len(args) > 1 else kwargs.get("port")
+            if port == agent_port:
+                if len(args) > 3:  # host_name, port, world_size, is_master, ...
+                    args = (*args[:3], False, *args[4:])
+                elif kwargs.get("is_master"):
+                    kwargs["is_master"] = False
+            super().__init__(*args, **kwargs)
+
+    TCPStore.__module__, TCPStore.__qualname__ = real.__module__, real.__qualname__
+    return TCPStore
 
 
 def nccl_hint(backend: object, error: str) -> str | None:
