@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from dtrain_cli.rundir.layout import RunDir
-from dtrain_cli.rundir.notes import OWN_SOCKET, innermost_frame, is_peer_loss
+from dtrain_cli.rundir.notes import OWN_SOCKET, innermost_frame, is_peer_loss, not_arrived
 
 # Errors the runtime raises on purpose, with a message that names the cause: shown as one
 # line (their traceback stays in logs/rank_<k>.log).
@@ -245,6 +245,14 @@ def describe(
     silent = [f for f in failed if f.silent]
     steps = [f.step for f in lost if f.step is not None]
     lost_when = when(min(steps)) if steps else ""
+    if late := [f for f in causes if not_arrived(f.headline)]:  # named by the ranks that came
+        root = min(late, key=lambda f: f.rank)
+        ranks, seconds = not_arrived(root.headline) or ([], "")
+        text = (
+            f"{_ranks(ranks)} never reached init_process_group: the others waited {seconds} s "
+            f"(launcher.rdzv_timeout_s); see logs/rank_{ranks[0]}.log"
+        )
+        return 1, text
     if causes:
         root = min(causes, key=lambda f: (f.time, f.signal is None))
         # the same error on several ranks: the lowest rank, whichever arrived first

@@ -109,9 +109,29 @@ failure, not a lost peer."""
 
 def is_peer_loss(error: str) -> bool:
     """Whether an error's text is what a rank reports when another rank died or stopped
-    answering (:data:`PEER_LOSS`), not a failure of its own (:data:`OWN_SOCKET`)."""
+    answering (:data:`PEER_LOSS`), not a failure of its own (:data:`OWN_SOCKET`) nor the
+    naming of ranks that never came (:func:`not_arrived`)."""
     text = error.lower()
-    return any(p in text for p in PEER_LOSS) and not any(p in text for p in OWN_SOCKET)
+    if any(p in text for p in OWN_SOCKET) or not_arrived(error) is not None:
+        return False
+    return any(p in text for p in PEER_LOSS)
+
+
+NOT_ARRIVED = (
+    "init_process_group: rank(s) {ranks} of {world} did not arrive within {seconds:g} s "
+    "(launcher.rdzv_timeout_s); see logs/rank_{first}.log"
+)
+"""What a ``dtrain run`` rank raises when others never reached ``init_process_group``
+(:mod:`dtrain_cli.runtime.script.arrival`); the launcher names those ranks from it."""
+_NOT_ARRIVED = re.compile(r"rank\(s\) ([\d, ]+) of \d+ did not arrive within (\S+) s")
+
+
+def not_arrived(error: str) -> tuple[list[int], str] | None:
+    """(the ranks that never came, the seconds waited) of a :data:`NOT_ARRIVED` error."""
+    found = _NOT_ARRIVED.search(error)
+    if found is None:
+        return None
+    return [int(r) for r in found.group(1).split(",")], found.group(2)
 
 
 def attempt_cause(run_dir: Path, attempt: int, world_size: int | None = None) -> str:

@@ -34,6 +34,7 @@ from datetime import timedelta
 from typing import Any
 
 from dtrain_cli.rundir import env
+from dtrain_cli.rundir.notes import NOT_ARRIVED
 
 PREFIX = "dtrain/script_arrival"
 POLL_S = 0.2
@@ -243,6 +244,5 @@ def wait_for_all_ranks(store: Any, timeout_s: float) -> None:
         return
     names = ", ".join(map(str, missing))
     raise RuntimeError(
-        f"init_process_group: rank(s) {names} of {world} did not arrive within "
-        f"{timeout_s:g} s (launcher.rdzv_timeout_s); see logs/rank_{missing[0]}.log"
+        NOT_ARRIVED.format(ranks=names, world=world, seconds=timeout_s, first=missing[0])
     )

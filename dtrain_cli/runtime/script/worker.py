@@ -243,7 +243,8 @@ def run_file(file: str) -> None:
 
 def print_script_traceback(exc: BaseException) -> None:
     """The traceback as ``python train.py`` prints it: the frames of runpy and of this
-    module left out at the top, the interrupt guard's handler at the bottom."""
+    module left out at the top, the interrupt guard's handler at the bottom, and those of
+    the wrapper that stands in for ``init_process_group`` (the script called torch's)."""
     tb = exc.__traceback__
     ours = ("runpy", __name__)  # runpy may be frozen: known by its module name
     while tb is not None and tb.tb_frame.f_globals.get("__name__") in ours:
@@ -251,12 +252,15 @@ def print_script_traceback(exc: BaseException) -> None:
     frames = [
         (frame, line)
         for frame, line in traceback.walk_tb(tb)
-        if frame.f_globals.get("__name__") != InterruptGuard.__module__
+        if frame.f_globals.get("__name__") not in (InterruptGuard.__module__, ARRIVAL)
     ]
     shown = traceback.TracebackException(type(exc), exc, None)
     shown.stack = traceback.StackSummary.extract(iter(frames))
     print("".join(shown.format()), end="", file=sys.stderr)
     sys.stderr.flush()
+
+
+ARRIVAL = "dtrain_cli.runtime.script.arrival"
 
 
 def record_preempted(run_dir: Path, rank: int) -> None:
