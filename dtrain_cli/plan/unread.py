@@ -3,6 +3,7 @@ Torch-free.
 
     dtrain launch recipe=gpt_tiny pipeline.microbatches=4     # pp=1: no pipeline to split
     dtrain launch recipe=gpt_small dp=4 sync.outer_lr=0.5     # sync.mode=sync: not DiLoCo
+    dtrain run dp=2 debug.collective_timeout_s=60 -- train.py # dtrain's trainer's watchdog
 
 Each would otherwise train as if it had not been typed and say nothing. Only what the
 command line sets is named: a recipe may hold a pipeline schedule for when it runs with
@@ -32,6 +33,13 @@ def unread_warnings(cfg: DtrainConfig, overrides: Sequence[str]) -> list[str]:
 def _ignored_because(cfg: DtrainConfig, key: str) -> str | None:
     section, _, name = key.partition(".")
     par = cfg.parallel
+    if section == "debug" and (cfg.script.path or cfg.script.module):
+        if name == "collective_timeout_s":  # what a script's hang is limited by instead
+            return (
+                "read only by dtrain's own trainer; your script's limit is its process "
+                "group's: init_process_group(timeout=timedelta(seconds=N))"
+            )
+        return "read only by dtrain's own trainer, not by your script"
     if section == "pipeline" and par.pp == 1:
         return "read only with pp > 1 (parallel.pp=1)"
     if key == "parallel.tp_plan" and par.tp == 1:

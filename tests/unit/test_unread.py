@@ -77,3 +77,21 @@ def test_the_warning_is_printed_by_plan_and_a_recipe_value_is_not_named(tmp_path
     result = CliRunner().invoke(app, ["plan", "recipe=piped", "-c", str(tmp_path / "conf")])
     assert result.exit_code == 0, result.output
     assert "ignored" not in result.output
+
+
+def test_debug_keys_of_dtrains_trainer_are_named_for_a_script(tmp_path, monkeypatch):
+    """``dtrain run debug.collective_timeout_s=10 -- train.py`` hung past its 10 s without a
+    word: the watchdog is dtrain's trainer's; the line says what limits a script instead."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    over = ["dp=2", "debug.collective_timeout_s=10", "debug.hang_watchdog=false"]
+    result = CliRunner().invoke(app, ["plan", *over, "--", "train.py"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    said = [" ".join(w.split()) for w in result.output.split("warning: ")[1:]]
+    assert (
+        "debug.collective_timeout_s=10: read only by dtrain's own trainer; your script's limit "
+        "is its process group's: init_process_group(timeout=timedelta(seconds=N)); ignored"
+    ) in said, said
+    assert any(w.startswith("debug.hang_watchdog=false: read only by dtrain's") for w in said)
+    trainer = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "debug.collective_timeout_s=10"])
+    assert trainer.exit_code == 0 and "ignored" not in trainer.output, trainer.output
