@@ -52,6 +52,17 @@ class RunData:
         return windows
 
 
+def _script_of(run: RunDir) -> str | None:
+    """The script a ``dtrain run`` ran (its plan's ``script``), None for dtrain's trainer."""
+    import yaml
+
+    try:
+        script = (yaml.safe_load(run.plan.read_text()) or {}).get("script") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    return script.get("path") or script.get("module") if isinstance(script, dict) else None
+
+
 def load_run(path: Path) -> RunData:
     """A folder ``dtrain launch`` made (plan.yaml + metrics.jsonl); RunDirError otherwise."""
     if not path.is_dir():
@@ -64,6 +75,11 @@ def load_run(path: Path) -> RunData:
         )
     metrics = run.metrics
     if not metrics.is_file():
+        if script := _script_of(run):
+            raise RunDirError(
+                f"{path}: a run of your own script ({script}), whose steps dtrain does not "
+                f"see; its ranks' output is in {run.logs.name}/rank_<k>.log"
+            )
         raise RunDirError(f"{path}: no metrics.jsonl yet (the run logged no step)")
     records = []
     for n, line in enumerate(metrics.read_text().splitlines(), start=1):

@@ -44,3 +44,20 @@ def test_the_wall_time_of_a_resumed_run_says_it_is_the_last_segments():
     assert "train wall time, s: 0.7\n" in summary_text(run)
     run.summary["resumed_from"] = "step_000002"
     assert "train wall time, s (since the resume from step_000002): 0.7" in summary_text(run)
+
+
+def test_report_of_a_script_run_says_dtrain_saw_no_steps(tmp_path):
+    """A finished ``dtrain run`` of one's own script was 'no metrics.jsonl yet (the run
+    logged no step)', as if waiting would help."""
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    (tmp_path / "plan.yaml").write_text("script:\n  path: train.py\n  module: null\n")
+    (tmp_path / "finished.json").write_text('{"exit_code": 0}')
+    result = CliRunner().invoke(app, ["report", str(tmp_path)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2
+    assert " ".join(result.stderr.split()) == (
+        f"error: {tmp_path}: a run of your own script (train.py), whose steps dtrain does not "
+        "see; its ranks' output is in logs/rank_<k>.log"
+    )
