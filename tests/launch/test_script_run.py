@@ -314,6 +314,12 @@ def test_restart_after_a_killed_rank(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     assert result == {"restart": 1, "sum": 3.0}
+    # the restart is said (it was silent), and the logs, appended to, mark where it began
+    said = "dtrain: restarted (attempt 1 of 1) after rank 1 was killed by SIGKILL"
+    assert said in run.stderr, run.stderr
+    log = (run.run_dir / "logs" / "rank_0.log").read_text()
+    first, _, second = log.partition("----- dtrain: restart attempt 1, ")
+    assert "Connection reset by peer" in first and said in second, log
 
 
 def _alive(pid: int) -> bool:
@@ -399,6 +405,9 @@ def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, 
             run_dir
         ]
         assert not (run_dir / "preempted.json").exists()
+        assert "----- dtrain: a new start (dtrain resume), " in (
+            run_dir / "logs" / "rank_0.log"
+        ).read_text()
         # it ended well: resumed again, it ran the whole script once more in the same dir
         # (its outputs overwritten, exit 0); now refused in one line, nothing started
         assert json.loads((run_dir / "finished.json").read_text())["exit_code"] == 0

@@ -41,7 +41,7 @@ import yaml
 
 from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
-from dtrain_cli.rundir.notes import write_note
+from dtrain_cli.rundir.notes import attempt_cause, write_note
 from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
 from dtrain_cli.runtime.diagnostics.interrupt import InterruptGuard, restore_default_signals
 from dtrain_cli.runtime.diagnostics.launcher_watch import end_with_launcher
@@ -173,9 +173,11 @@ def run_script(run_dir: Path) -> None:
     script_arrival.install(float(config.get("launcher", {}).get("rdzv_timeout_s") or 900))
     group_lifetime.install()  # no hang when DDP's reducer outlives destroy_process_group
     fresh_random_state()
+    mark_start(run.rank_log(rank))
     with tee_output(run.rank_log(rank)):
         if not faulthandler.is_enabled():  # a fatal signal prints the Python stack first
             faulthandler.enable()
+        say_restarted(run_dir, rank)
         try:
             run_as_main(sc)
             script_arrival.say_if_alone(rank, sc["file"])
@@ -195,6 +197,28 @@ def run_script(run_dir: Path) -> None:
             if isinstance(exc, KeyboardInterrupt):  # forkserver's wrapper exits 0 on it
                 raise SystemExit(1) from None
             raise
+
+
+def mark_start(log: Path) -> None:
+    """A line in the rank's log between what an earlier attempt (or the run before a
+    ``dtrain resume``) wrote there and this start's output: the log is appended to."""
+    with contextlib.suppress(OSError):
+        if log.stat().st_size:
+            attempt = env.restart_count()
+            how = f"restart attempt {attempt}" if attempt else "a new start (dtrain resume)"
+            with log.open("a") as f:
+                f.write(f"----- dtrain: {how}, {time.strftime('%Y-%m-%d %H:%M:%S')} -----\n")
+
+
+def say_restarted(run_dir: Path, rank: int) -> None:
+    """Rank 0 of a restarted group says so on the console (and in its log), with what
+    ended the attempt before, as dtrain's trainer does: the restart was silent."""
+    attempt = env.restart_count()
+    if attempt and rank == 0:
+        world = int(os.environ.get("WORLD_SIZE", "0") or 0)
+        most = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
+        cause = attempt_cause(run_dir, attempt - 1, world)
+        print(f"dtrain: restarted (attempt {attempt} of {most}) after {cause}", file=sys.stderr)
 
 
 def exit_status(exc: SystemExit) -> int:

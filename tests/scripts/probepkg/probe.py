@@ -134,4 +134,5 @@ elif MODE in ("hang", "preempt"):
         time.sleep(0.05)
     if stop:
         write(f"checkpoint_rank_{RANK}", {"saved": True})
+        print(f"rank {RANK} saved its checkpoint", flush=True)
         sys.exit(script_env.EXIT_PREEMPTED)
