@@ -28,7 +28,7 @@ from dtrain_cli.cli.common import (
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
-from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
+from dtrain_cli.rundir.protocol import EXIT_INTERRUPTED, EXIT_PREEMPTED
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
@@ -309,10 +309,10 @@ def report_failure(result: LaunchResult, *, run_dir: Path, fresh: bool, fresh_ro
     if removed and traceback:
         err_console.print(traceback, highlight=False, markup=False, soft_wrap=True)
     if removed:
+        how = "stopped" if result.exit_code == EXIT_INTERRUPTED else "failed"
+        before = "its first step" if result.workers_started else "its workers started"
         err_console.print(
-            f"removed {run_dir}: the run failed before its first step",
-            highlight=False,
-            soft_wrap=True,
+            f"removed {run_dir}: the run {how} before {before}", highlight=False, soft_wrap=True
         )
     else:
         err_console.print(f"logs: {run_dir / 'logs'}", highlight=False, soft_wrap=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from dtrain_cli.launch.failures import Failed, describe, failure_hint, from_agent
 
 RESET = "RuntimeError: [gloo/transport/tcp/pair.cc:534] Read error: Connection reset by peer"
@@ -364,3 +366,23 @@ def test_a_node_whose_ranks_all_lost_their_peer_says_another_node_ended_first():
     # 'Connection refused' from a service was told so)
     _, alone = describe([lost])
     assert alone.startswith("rank 0 failed after step 13 (exit code 1)") and "another" not in alone
+
+
+@pytest.mark.parametrize(
+    ("code", "started", "said"),
+    [
+        (130, False, "the run stopped before its workers started"),  # Ctrl-C at start-up
+        (1, True, "the run failed before its first step"),
+    ],
+)
+def test_a_removed_run_dir_says_how_the_start_ended(tmp_path, capsys, code, started, said):
+    """Ctrl-C 0.3 s into `dtrain run` said 'the run failed before its first step': the user
+    stopped it, and a script has no step dtrain sees."""
+    from dtrain_cli.cli.launch_cmd import report_failure
+
+    run_dir = tmp_path / "runs" / "r1"
+    (run_dir / "logs").mkdir(parents=True)
+    result = SimpleNamespace(ok=False, exit_code=code, message="x", workers_started=started)
+    report_failure(result, run_dir=run_dir, fresh=True, fresh_root=False)
+    assert capsys.readouterr().err.splitlines()[-1] == f"removed {run_dir}: {said}"
+    assert not run_dir.exists()
