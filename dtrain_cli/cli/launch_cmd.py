@@ -300,12 +300,9 @@ def report_failure(result: LaunchResult, *, run_dir: Path, fresh: bool, fresh_ro
     removed = result.exit_code != EXIT_PREEMPTED and remove_if_untrained(run_dir, fresh, fresh_root)
     if removed and traceback:  # its log is gone with the run dir: the traceback is here
         message = re.sub(r";? ?traceback in logs/rank_\d+\.log", "", message)
-    err_console.print(
-        f"[bold red]error:[/] {escape(message)}",
-        highlight=False,
-        markup=True,
-        soft_wrap=True,
-    )
+    # a preemption saved its checkpoint and ends to be requeued: not a failure
+    said = "" if result.exit_code == EXIT_PREEMPTED else "[bold red]error:[/] "
+    err_console.print(f"{said}{escape(message)}", highlight=False, markup=True, soft_wrap=True)
     if removed and traceback:
         err_console.print(traceback, highlight=False, markup=False, soft_wrap=True)
     if removed:

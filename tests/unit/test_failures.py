@@ -386,3 +386,14 @@ def test_a_removed_run_dir_says_how_the_start_ended(tmp_path, capsys, code, star
     report_failure(result, run_dir=run_dir, fresh=True, fresh_root=False)
     assert capsys.readouterr().err.splitlines()[-1] == f"removed {run_dir}: {said}"
     assert not run_dir.exists()
+
+
+def test_a_preemption_is_reported_as_no_error(tmp_path, capsys):
+    """Exit 75 (a checkpoint saved, to be requeued) printed 'error: preempted: ...'."""
+    from dtrain_cli.cli.launch_cmd import report_failure
+
+    said = "preempted: checkpoint saved at step 10; `dtrain resume --ckpt runs/r1` continues"
+    result = SimpleNamespace(ok=False, exit_code=75, message=said, workers_started=True)
+    report_failure(result, run_dir=tmp_path, fresh=True, fresh_root=False)
+    assert capsys.readouterr().err.splitlines()[0] == said
+    assert tmp_path.is_dir()  # a preempted run is never removed
