@@ -77,3 +77,14 @@ def test_the_tee_outlives_a_rank_killed_with_its_lines_in_the_pipe(tmp_path):
     while log.read_text().count("\n") < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert sorted(log.read_text().splitlines()) == ["line 1", "line 2 why it died"]
+
+
+def test_a_last_line_without_its_newline_gets_one(tmp_path):
+    """The launcher's "done: ..." was glued to a script's last line without a newline, on
+    the console; in the log the line stayed open. Unfinished lines before the end stay as
+    written (a progress bar's)."""
+    log = tmp_path / "rank_0.log"
+    with tee.tee_output(log):
+        os.write(1, b"a progress bar 50%\r")
+        os.write(1, b"last without newline")
+    assert log.read_bytes() == b"a progress bar 50%\rlast without newline\n"

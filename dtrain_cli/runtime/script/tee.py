@@ -154,11 +154,19 @@ def _tee_main(
 
 def pump(pairs: list[tuple[int, int]], log: int, idle: mmap.mmap) -> None:
     """Each (read end, console) pair to its console and the log, whole lines; a line still
-    unfinished after :data:`PARTIAL_LINE_S` goes as it is. ``idle[0]`` is 1 while it waits
-    with nothing held back."""
+    unfinished after :data:`PARTIAL_LINE_S` goes as it is, and one still unfinished at the
+    end gets its newline (the launcher's next line is not glued to it). ``idle[0]`` is 1
+    while it waits with nothing held back."""
     console = dict(pairs)
     pending = dict.fromkeys(console, b"")
+    ended = dict.fromkeys(console, True)  # what went out last ended a line
     since: dict[int, float] = {}
+
+    def send(r: int, data: bytes) -> None:
+        if data:
+            forward(data, console[r], log)
+            ended[r] = data.endswith(b"\n")
+
     while console:
         waits = [since[r] + PARTIAL_LINE_S - time.monotonic() for r in console if pending[r]]
         idle[0] = 0 if waits else 1
@@ -167,17 +175,18 @@ def pump(pairs: list[tuple[int, int]], log: int, idle: mmap.mmap) -> None:
         for r in ready:
             data = os.read(r, 65536)
             if not data:  # every writer is gone
-                forward(pending.pop(r), console.pop(r), log)
+                send(r, pending.pop(r))
+                send(r, b"" if ended[r] else b"\n")
+                del console[r]
                 continue
             pending[r] += data
             cut = max(pending[r].rfind(b"\n"), pending[r].rfind(b"\r")) + 1
-            if cut:
-                forward(pending[r][:cut], console[r], log)
-                pending[r] = pending[r][cut:]
+            send(r, pending[r][:cut])
+            pending[r] = pending[r][cut:]
             since[r] = time.monotonic()
         for r in console:
             if pending[r] and time.monotonic() - since[r] >= PARTIAL_LINE_S:
-                forward(pending[r], console[r], log)  # an unfinished line waited
+                send(r, pending[r])  # an unfinished line waited
                 pending[r] = b""
 
 
