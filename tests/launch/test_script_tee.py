@@ -88,3 +88,22 @@ def test_a_last_line_without_its_newline_gets_one(tmp_path):
         os.write(1, b"a progress bar 50%\r")
         os.write(1, b"last without newline")
     assert log.read_bytes() == b"a progress bar 50%\rlast without newline\n"
+
+
+def test_the_tee_is_no_child_of_the_rank(tmp_path):
+    """A script that reaps its own children with ``os.wait()`` until there are none would
+    wait for the tee (it lives as long as the script's output)."""
+    pid = os.fork()
+    if pid == 0:  # the rank, with no child of its own
+        code = 3
+        try:
+            with tee.tee_output(tmp_path / "rank_0.log"):
+                try:
+                    os.waitpid(-1, os.WNOHANG)
+                    code = 1  # a child: the tee
+                except ChildProcessError:
+                    code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -47,20 +47,24 @@ TEE_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, sig
 """What a launcher sends a rank's process group; the tee ends at the pipes' end instead."""
 
 
-class _Tee:
-    """The running tee: its pid, this rank's ends of it, and its idle flag (one byte of
-    memory shared with it: 1 while it waits for data with nothing held back)."""
+IDLE, ENDED = 0, 1
+"""The tee's two flags in the memory it shares with the rank: 1 while it waits for data
+with nothing held back; 1 once it forwarded the pipes' end."""
 
-    def __init__(
-        self, pid: int, consoles: dict[int, int], read_ends: list[int], idle: mmap.mmap
-    ) -> None:
-        self.pid, self.consoles, self.read_ends, self.idle = pid, consoles, read_ends, idle
+
+class _Tee:
+    """The running tee as the rank sees it: its ends of the pipes and the shared flags."""
+
+    def __init__(self, consoles: dict[int, int], read_ends: list[int], flags: mmap.mmap) -> None:
+        self.consoles, self.read_ends, self.flags = consoles, read_ends, flags
 
     def forwarded_all(self) -> bool:
-        """Nothing unread in the pipes while the tee is idle (checked in this order: a tee
-        that was forwarding when the pipes were found empty sets ``idle`` only after it
-        wrote everything out)."""
-        return not any(_unread(fd) for fd in self.read_ends) and self.idle[0] == 1
+        """It ended, or nothing is unread in the pipes while it is idle (checked in this
+        order: a tee that was forwarding when the pipes were found empty sets its flag only
+        after it wrote everything out)."""
+        if self.flags[ENDED]:
+            return True
+        return not any(_unread(fd) for fd in self.read_ends) and self.flags[IDLE] == 1
 
 
 _running: list[_Tee] = []
@@ -76,22 +80,20 @@ def tee_output(path: Path) -> Iterator[None]:
     log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     consoles = {fd: os.dup(fd) for fd in (1, 2)}
     pipes = {fd: os.pipe() for fd in (1, 2)}
-    idle = mmap.mmap(-1, 1)  # anonymous and shared: the tee's writes are seen here
+    flags = mmap.mmap(-1, 2)  # anonymous and shared: the tee's writes are seen here
     try:
-        pid = os.fork()
+        _start_tee([(pipes[fd][0], consoles[fd]) for fd in (1, 2)], log, pipes, flags)
     except OSError as exc:  # no process to spare (ulimit -u): the console alone
         for fd in (log, *consoles.values(), *(end for pair in pipes.values() for end in pair)):
             os.close(fd)
         print(f"warning: {path} not written: cannot start its tee ({exc})", file=sys.stderr)
         yield
         return
-    if pid == 0:  # the tee: never returns
-        _tee_main([(pipes[fd][0], consoles[fd]) for fd in (1, 2)], log, pipes, idle)
     os.close(log)
     for fd, (_, write_end) in pipes.items():
         os.dup2(write_end, fd)
         os.close(write_end)
-    _running.append(_Tee(pid, consoles, [r for r, _ in pipes.values()], idle))
+    _running.append(_Tee(consoles, [r for r, _ in pipes.values()], flags))
     try:
         yield
     finally:
@@ -119,14 +121,7 @@ def drain_output() -> None:
 def _wait_for(tee: _Tee) -> None:
     """Until the tee ended or forwarded all there is, at most :data:`DRAIN_S`."""
     deadline = time.monotonic() + DRAIN_S
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(tee.pid, os.WNOHANG)[0]:
-                return
-        except ChildProcessError:  # reaped elsewhere (the script's os.wait())
-            return
-        if tee.forwarded_all():
-            return
+    while time.monotonic() < deadline and not tee.forwarded_all():
         time.sleep(0.005)
 
 
@@ -137,25 +132,35 @@ def _unread(read_end: int) -> int:
     return unread[0]
 
 
-def _tee_main(
-    pairs: list[tuple[int, int]], log: int, pipes: dict[int, tuple[int, int]], idle: mmap.mmap
+def _start_tee(
+    pairs: list[tuple[int, int]], log: int, pipes: dict[int, tuple[int, int]], flags: mmap.mmap
 ) -> None:
-    """The forked tee's life: its copies of the write ends closed (else it never sees the
-    end), the launcher's signals ignored, then :func:`pump` until both pipes end."""
+    """Fork twice: the tee is no child of the rank (a script's ``os.wait()`` for its own
+    children would wait for it), but of the launcher's subreaper once its parent left."""
+    pid = os.fork()
+    if pid:
+        _, status = os.waitpid(pid, 0)  # the parent between: gone at once
+        if os.waitstatus_to_exitcode(status):
+            raise OSError("no second fork (the tee's own)")
+        return
+    code = 1
     try:
-        for _, write_end in pipes.values():
-            os.close(write_end)
-        for sig in TEE_IGNORES:
-            signal.signal(sig, signal.SIG_IGN)
-        pump(pairs, log, idle)
+        if os.fork() == 0:  # the tee
+            for _, write_end in pipes.values():  # else it never sees the end
+                os.close(write_end)
+            for sig in TEE_IGNORES:
+                signal.signal(sig, signal.SIG_IGN)
+            pump(pairs, log, flags)
+            flags[ENDED] = 1
+        code = 0
     finally:
-        os._exit(0)  # none of the rank's exit handlers: they are the rank's to run
+        os._exit(code)  # none of the rank's exit handlers: they are the rank's to run
 
 
-def pump(pairs: list[tuple[int, int]], log: int, idle: mmap.mmap) -> None:
+def pump(pairs: list[tuple[int, int]], log: int, flags: mmap.mmap) -> None:
     """Each (read end, console) pair to its console and the log, whole lines; a line still
     unfinished after :data:`PARTIAL_LINE_S` goes as it is, and one still unfinished at the
-    end gets its newline (the launcher's next line is not glued to it). ``idle[0]`` is 1
+    end gets its newline (the launcher's next line is not glued to it). ``flags[IDLE]`` is 1
     while it waits with nothing held back."""
     console = dict(pairs)
     pending = dict.fromkeys(console, b"")
@@ -169,9 +174,9 @@ def pump(pairs: list[tuple[int, int]], log: int, idle: mmap.mmap) -> None:
 
     while console:
         waits = [since[r] + PARTIAL_LINE_S - time.monotonic() for r in console if pending[r]]
-        idle[0] = 0 if waits else 1
+        flags[IDLE] = 0 if waits else 1
         ready = select.select(list(console), [], [], max(min(waits), 0) if waits else None)[0]
-        idle[0] = 0
+        flags[IDLE] = 0
         for r in ready:
             data = os.read(r, 65536)
             if not data:  # every writer is gone
