@@ -190,9 +190,16 @@ def failure_hint(headline: str) -> str | None:
     return None
 
 
+FATAL_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
+"""A rank's own fault (a C extension's, an abort): Python's faulthandler prints its stack."""
+
+
 def _cause_text(root: Failed, when: str, lost_when: str) -> str:
     """The first failure: its signal, its exit code and last line, or its error, with a
     hint where one is known."""
+    if root.signal in FATAL_SIGNALS:  # faulthandler wrote where (dtrain's ranks enable it)
+        stack = f"; its Python stack is in logs/rank_{root.rank}.log"
+        return f"rank {root.rank} was killed by {root.signal}{lost_when}{stack}"
     if root.signal is not None:
         return f"rank {root.rank} was killed by {root.signal}{lost_when}"
     hint = failure_hint(root.headline)

@@ -184,6 +184,21 @@ def test_hang_ends_soon_and_names_the_rank_that_never_joined(tmp_path):
     assert no_process_left(tmp_path) == []
 
 
+def test_a_rank_killed_by_its_own_fault_leaves_its_python_stack(tmp_path):
+    """A segmentation fault in a C extension (or an abort) ended a rank with only 'rank 1
+    was killed by SIGSEGV': where it was is now in its log (faulthandler), and said."""
+    run, _ = drill(tmp_path, "segv:step=3:rank=1")
+    assert run.returncode != 0, run.stderr[-2000:]
+    line = next(x for x in run.stderr.splitlines() if x.startswith("error:"))
+    assert line.startswith(
+        "error: rank 1 was killed by SIGSEGV after step 3; its Python stack is in logs/rank_1.log"
+    ), line
+    log = (run.run_dir / "logs" / "rank_1.log").read_text()
+    assert "Fatal Python error: Segmentation fault" in log, log[-2000:]
+    assert "in maybe_fail" in log and "trainer.py" in log, log[-2000:]
+    assert no_process_left(tmp_path) == []
+
+
 def test_a_stopped_rank_ends_the_run_within_the_stated_bound(tmp_path):
     """Issue 24 #15: a rank frozen from outside (SIGSTOP) writes no record and ignores the
     agent's SIGTERM; the launcher kills it 10 s after the first record, so the run ends

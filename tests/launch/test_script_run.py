@@ -215,7 +215,8 @@ def test_a_rank_killed_by_a_signal_keeps_its_last_lines(tmp_path, mode):
     assert "rank 1 line 2 on stderr" in run.stderr  # the console too
     if mode == "segv":
         assert "Fatal Python error: Segmentation fault" in log, log
-        assert 'line' in log and "in reads_address_zero" in log, log
+        assert "its Python stack is in logs/rank_1.log" in run.stderr
+        assert "line" in log and "in reads_address_zero" in log, log
 
 
 @pytest.mark.multiproc
@@ -405,9 +406,10 @@ def test_preemption_signal_reaches_the_script_and_exit_75_is_recorded(tmp_path, 
             run_dir
         ]
         assert not (run_dir / "preempted.json").exists()
-        assert "----- dtrain: a new start (dtrain resume), " in (
-            run_dir / "logs" / "rank_0.log"
-        ).read_text()
+        assert (
+            "----- dtrain: a new start (dtrain resume), "
+            in (run_dir / "logs" / "rank_0.log").read_text()
+        )
         # it ended well: resumed again, it ran the whole script once more in the same dir
         # (its outputs overwritten, exit 0); now refused in one line, nothing started
         assert json.loads((run_dir / "finished.json").read_text())["exit_code"] == 0

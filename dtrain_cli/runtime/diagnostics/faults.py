@@ -6,6 +6,7 @@
 
 Points: ``kill`` (end of a training step) and ``kill_in_save`` (while a checkpoint's
 temporary folder is being written): the process dies by SIGKILL, as on a lost node;
+``segv`` (end of a training step): it reads address 0, as a C extension's fault does;
 ``stop`` (end of a training step): the process stops itself with SIGSTOP, as when frozen
 from outside (its watchdog cannot run); ``slow_save:ms=M`` (a save takes M ms longer);
 ``hang`` (end of a training step): the process stays alive but never reaches the next
@@ -82,6 +83,7 @@ def maybe_fail(point: str, **where: int) -> None:
     for name, params in faults:
         at = {
             "hang": "kill",
+            "segv": "kill",
             "stop": "kill",
             "kill_node": "kill",
             "kill_node_in_save": "kill_in_save",
@@ -90,6 +92,10 @@ def maybe_fail(point: str, **where: int) -> None:
             if name == "hang":  # frozen: alive, silent (a real hang leaves no note)
                 while True:
                     time.sleep(3600)
+            if name == "segv":  # a C extension's fault: SIGSEGV, where faulthandler shows
+                import ctypes
+
+                ctypes.string_at(0)
             if name == "stop":  # stopped from outside (SIGSTOP): not even its watchdog runs
                 os.kill(os.getpid(), signal.SIGSTOP)
                 continue

@@ -8,6 +8,7 @@ say) take the same way, each one once: they may be the first sign of a bug.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import socket
@@ -39,9 +40,13 @@ class _ConsoleHandler(logging.Handler):
         self.console.print(self.format(record), markup=False, highlight=False, soft_wrap=True)
 
 
+_fault_log: list[TextIO] = []
+
+
 def setup_logging(run_dir: Path, rank: int, console: Console | None) -> None:
     """Every rank to ``logs/rank_<k>.log`` (its first line names the rank's process id,
-    so a user can find rank k's process); rank 0 also to the console."""
+    so a user can find rank k's process), and there the Python stack of a fatal signal
+    (faulthandler); rank 0 also to the console."""
     run = RunDir(run_dir)
     run.logs.mkdir(parents=True, exist_ok=True)
     log.handlers.clear()
@@ -50,6 +55,11 @@ def setup_logging(run_dir: Path, rank: int, console: Console | None) -> None:
     file_handler = logging.FileHandler(run.rank_log(rank))
     file_handler.setFormatter(logging.Formatter("%(asctime)s rank" + str(rank) + " %(message)s"))
     log.addHandler(file_handler)
+    # a fatal signal (a C extension's fault, an abort) leaves every thread's stack here, not
+    # on the console as torch's error handler set it (60 lines of it; the report names it),
+    # through a file of its own: the handler's is closed at exit, and its fd then reused
+    _fault_log[:] = [open(run.rank_log(rank), "a")]  # noqa: SIM115 (open while we live)
+    faulthandler.enable(file=_fault_log[0], all_threads=True)
     if console is not None:
         handler = _ConsoleHandler(console)
         handler.setFormatter(logging.Formatter("%(message)s"))
