@@ -126,8 +126,8 @@ def install(timeout_s: float) -> None:
             raise RuntimeError(f"{exc}: {hint}").with_traceback(exc.__traceback__) from None
 
     init_process_group._dtrain_arrival = True  # type: ignore[attr-defined]
-    if _AGENT is not None:
-        dist.TCPStore = client_at_agent_port(dist.TCPStore, int(_AGENT[1] or 0))
+    if _AGENT is not None and _AGENT[1].isdigit() and int(_AGENT[1]) > 0:
+        dist.TCPStore = client_at_agent_port(dist.TCPStore, int(_AGENT[1]))
     dist.init_process_group = init_process_group
     dist.distributed_c10d.init_process_group = init_process_group
     mesh = sys.modules.get("torch.distributed.device_mesh")  # init_device_mesh's own name
