@@ -23,7 +23,7 @@ from dtrain_cli.config.validate import config_problems
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.mesh.dims import MESH_DIM_NAMES, ParallelDims
 from dtrain_cli.models import ModelFacts, ModelSpec, UnknownModelKind, model_spec
-from dtrain_cli.plan.fit import device_problems
+from dtrain_cli.plan.fit import device_problems, threads_per_process
 from dtrain_cli.plan.layout import (
     batch_layout,
     batchnorm_warning,
@@ -61,10 +61,17 @@ class Resources:
 
     num_gpus: int
     num_cpus: int
+    omp_threads: int | None = None
+    """This shell's ``OMP_NUM_THREADS`` (a local launch keeps it, as torchrun does)."""
 
     @classmethod
     def detect(cls) -> Resources:
-        return cls(num_gpus=visible_gpu_count(), num_cpus=len(os.sched_getaffinity(0)))
+        omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+        return cls(
+            num_gpus=visible_gpu_count(),
+            num_cpus=len(os.sched_getaffinity(0)),
+            omp_threads=int(omp) if omp.isdigit() and int(omp) > 0 else None,
+        )
 
 
 def node_of(cfg: DtrainConfig) -> Resources:
@@ -143,6 +150,7 @@ def build_plan(
     )
     # another interpreter cannot be forked from this one: a fresh process per rank
     fresh = layout.script is not None and layout.script.python is not None
+    threads, oversubscribed = threads_per_process(cfg, res, world.nproc_per_node)
     plan = Plan(
         recipe=cfg.run.recipe,
         model=spec.name,
@@ -151,8 +159,7 @@ def build_plan(
         nproc_per_node=world.nproc_per_node,
         device=world.device,
         backend=world.backend,
-        threads_per_proc=cfg.launcher.threads_per_proc
-        or max(1, res.num_cpus // max(world.nproc_per_node, 1)),
+        threads_per_proc=threads,
         start_method="spawn" if fresh else cfg.launcher.start_method,
         max_restarts=cfg.launcher.max_restarts,
         mesh=MeshPlan(
@@ -170,7 +177,7 @@ def build_plan(
         steps=cfg.train.steps,
         strategy=strategy.name,
         pipeline=layout.pipeline,
-        warnings=layout.warnings + lr_warnings,
+        warnings=layout.warnings + lr_warnings + oversubscribed,
         loss=spec.default_loss() if cfg.train.loss == "auto" else cfg.train.loss,
         script=layout.script,
         sync=sync_plan(cfg, facts, comm_bytes_per_step(cfg, facts, ddp=True)),

@@ -136,3 +136,29 @@ def test_a_cpu_plan_this_machine_cannot_hold_or_crowds_is_named():
     assert crowded.startswith("64 processes on this machine's 2 CPU core(s) take turns (each "
                               "step about 32x slower")  # fmt: skip
     assert said("gpt_small", "dp=4", "pp=2") == []
+
+
+def test_the_shells_omp_num_threads_is_kept_and_oversubscription_said(monkeypatch):
+    """`OMP_NUM_THREADS=1 dtrain launch recipe=gpt_tiny` ran 2 threads a rank (the plan set
+    torch's count from the cores over the processes, over the user's); torchrun keeps it.
+    More threads than cores was accepted without a word."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.plan.build import Resources, build_plan
+
+    def planned(*over: str, omp: int | None) -> tuple[int, list[str]]:
+        cfg = compose_config("gpt_tiny", list(over), [])
+        plan = build_plan(cfg, Resources(num_gpus=0, num_cpus=2, omp_threads=omp))
+        return plan.threads_per_proc, [w for w in plan.warnings if "oversubscribed" in w]
+
+    assert planned(omp=None) == (2, [])  # the cores over one process
+    assert planned(omp=1) == (1, [])  # the shell's, as torchrun keeps it
+    assert planned("launcher.threads_per_proc=2", omp=1) == (2, [])  # the config's first
+    threads, said = planned("dp=2", omp=4)
+    assert threads == 4 and said == [
+        "OMP_NUM_THREADS=4 x 2 processes = 8 threads on 2 cores: oversubscribed (each step "
+        "waits on threads the cores cannot run at once); at most 1 per process"
+    ]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert Resources.detect().omp_threads == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "zero")
+    assert Resources.detect().omp_threads is None
