@@ -64,6 +64,25 @@ def test_stragglers_are_ranks_above_the_median_by_the_factor():
     assert find_stragglers([100], 1.5) == []
 
 
+def test_a_straggler_is_named_when_slow_in_two_windows_running():
+    """One window's own times subtract DDP's one sampled step's exposed communication: a
+    user saw 'straggler' in 5 of 35 healthy runs (a save's window, the short last one)."""
+    from dtrain_cli.runtime.components.metrics import TrainMetrics
+
+    m = object.__new__(TrainMetrics)  # note_ranks' state alone
+    m.rank_rows, m.straggler_counts, m.slow_before = [], {}, set()
+    m.window_steps, m.first_step, m.straggler_factor = 10, 1, 1.5
+
+    def window(step: int, own_ms: list[float]) -> list[int]:  # [step, data, compute] a rank
+        return m.note_ranks(step, [x for ms in own_ms for x in (ms, 0.0, ms)])
+
+    assert window(20, [100.0, 165.0]) == []  # once: not named
+    assert window(30, [100.0, 101.0]) == []
+    assert window(40, [100.0, 900.0]) == []
+    assert window(50, [100.0, 880.0]) == [1]  # twice running: named, and counted
+    assert m.straggler_counts == {1: 1} and len(m.rank_rows) == 4
+
+
 def test_a_rollback_before_the_first_checkpoint_names_the_setting_and_no_step():
     """The launcher's report names the step ("failed after step 3"); the error names the
     policy that needed a checkpoint (not on_nan/on_spike) and no second step."""

@@ -89,6 +89,7 @@ class TrainMetrics:
         self._wait0 = 0.0
         self.rank_rows: list[list[float]] = []  # per logging step: 3 values per rank
         self.straggler_counts: dict[int, int] = {}
+        self.slow_before: set[int] = set()  # above the factor in the window before
         self.last_window: list[torch.Tensor] = []
         self.first_step = start_step + 1
         self.losses: list[torch.Tensor] = []
@@ -259,7 +260,12 @@ class TrainMetrics:
         if step - self.window_steps >= self.first_step:  # not the warm-up window
             self.rank_rows.append(ranks)
         own = [ranks[i * k + 1] + ranks[i * k + 2] for i in range(len(ranks) // k)]
-        slow = find_stragglers(own, self.straggler_factor)
+        # named when slow in two windows running: a rank's own time subtracts the exposed
+        # communication of DDP's one sampled step, so one window can be off (a save's
+        # background write, a short last window); a straggler stays slow
+        slow_now = find_stragglers(own, self.straggler_factor)
+        slow = [r for r in slow_now if r in self.slow_before]
+        self.slow_before = set(slow_now)
         for r in slow:
             median = float(np.median(own[:r] + own[r + 1 :]))
             self.straggler_counts[r] = self.straggler_counts.get(r, 0) + 1
