@@ -184,16 +184,21 @@ def summary_table(summary: dict[str, Any]) -> Table:
     table.add_row("steps", f"{summary.get('steps')} (world size {summary.get('world_size')})")
     table.add_row("final loss", _num(summary.get("final_loss")))
     table.add_row("val loss", _num(summary.get("val_loss")))
+    # the median of the logging windows after the first, saves and validation left out:
+    # what the layout sustains, not the run's average (a compile's first window is slow)
     if "samples_per_s" in summary:
-        table.add_row("samples/s", _rate(summary.get("samples_per_s")))
+        table.add_row("samples/s (steady median)", _rate(summary.get("samples_per_s")))
     else:
-        table.add_row("tokens/s", _rate(summary.get("tokens_per_s")))
+        table.add_row("tokens/s (steady median)", _rate(summary.get("tokens_per_s")))
     wall = f"{_num(summary.get('train_wall_s'), ',.1f')} s"
+    startup = summary.get("startup_first_step_done_s")
+    if isinstance(startup, (int, float)):
+        wall += f" (from the first step; start-up before it {startup:,.1f} s)"
     if len(sizes := summary.get("memberships") or []) > 1:  # elastic: the whole run
         ran = " -> ".join(str(m["world_size"]) for m in sizes)
         last = _num(summary.get("train_wall_s_last_membership"), ",.1f")
         wall += f" (at {ran} processes; the last {last} s)"
-    table.add_row("wall time", wall)
+    table.add_row("training time", wall)
     if summary.get("resumed_from"):
         table.add_row("resumed from", str(summary["resumed_from"]))
     if summary.get("replicas_identical") is False:
