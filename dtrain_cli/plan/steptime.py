@@ -257,14 +257,17 @@ def dp_link(
     layers: int,
     compute_s: float,
     backward_s: float,
+    tensors: int = 0,
 ) -> Link:
     """Gradient (and parameter) traffic over the dp group, hidden behind compute as far as
-    ``comm_overlap`` lets it; the rest and the last call's latency are exposed."""
+    ``comm_overlap`` lets it; the rest and the last call's latency are exposed (``tensors``:
+    this rank's parameter tensors)."""
     par, e = cfg.parallel, plan.estimates
     g = max(hw.devices_per_node, 1)
     where = placement(par.dp * par.tp, g)
     per_node = max(1, g // max(par.tp, 1)) if where == "inter" else 1
     gathers, rounds = fsdp_gathers(cfg, plan.batch.grad_accum, plan.pipeline)
+    by_size = max(1, int(4 * e.params_per_rank / (cfg.comm.bucket_mb * 2**20)) + 1)
     traffic = strategy_for(par.strategy).dp_traffic(
         param_bytes=4 * e.params_per_rank,
         low_bytes=2 if cfg.precision.name in ("bf16", "fp16") else 4,
@@ -272,7 +275,7 @@ def dp_link(
         rounds=rounds,
         units=max(layers // max(par.pp, 1), 1) + 1,
         comm_bytes=e.comm_bytes_per_step,
-        buckets=max(1, int(4 * e.params_per_rank / (cfg.comm.bucket_mb * 2**20)) + 1),
+        buckets=min(by_size, tensors or by_size),  # DDP splits no tensor: a bucket at most
         dims=plan.dims,
     )
     nbytes, calls = traffic.bytes, traffic.calls
@@ -370,7 +373,8 @@ def estimate_step(
     if par.pp > 1 and plan.pipeline is not None:
         links.append(pp_link(cfg, plan, hw, boundary))
     if par.dp > 1:
-        links.append(dp_link(cfg, plan, hw, layers, compute_s + recompute_s, backward_s))
+        tensors = -(-len(facts.tensor_sizes) * e.params_per_rank // max(facts.num_params, 1))
+        links.append(dp_link(cfg, plan, hw, layers, compute_s + recompute_s, backward_s, tensors))
 
     busy = compute_s + recompute_s + sum(x.exposed_s for x in links if x.axis in ("tp", "pp"))
     bubble = plan.pipeline.bubble if plan.pipeline is not None else 0.0

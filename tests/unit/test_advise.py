@@ -304,3 +304,18 @@ def test_apply_and_json_together_are_refused():
     r = _cli("recipe=gpt_tiny", "hardware=cpu", "--apply", "--json")
     assert r.exit_code == 2
     assert "--apply and --json each print the whole answer" in " ".join(r.output.split())
+
+
+def test_ddp_buckets_are_never_more_than_the_parameter_tensors():
+    """comm.bucket_mb=0.01 was estimated at 3.3x the step (bytes / bucket size all-reduces);
+    DDP never splits a tensor, so a tensor a bucket is the most (measured: +12%)."""
+    from dtrain_cli.cli.common import compose_and_plan
+    from dtrain_cli.models import model_spec
+    from dtrain_cli.plan.steptime import estimate_step
+
+    def step_ms(bucket_mb: str) -> float:
+        cfg, plan = compose_and_plan(["recipe=gpt_tiny", "dp=2", f"comm.bucket_mb={bucket_mb}"], [])
+        return 1000 * estimate_step(cfg, model_spec(cfg), plan, cfg.hardware).step_s
+
+    assert step_ms("0.01") == step_ms("0.0001")  # a bucket a tensor either way
+    assert step_ms("25") < step_ms("0.01") < 1.6 * step_ms("25")
