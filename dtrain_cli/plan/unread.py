@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dtrain_cli.config.schema import DtrainConfig
+from dtrain_cli.strategies import strategy_for
 from dtrain_cli.sync_modes import mode_for, names
 
 
@@ -44,6 +45,12 @@ def _ignored_because(cfg: DtrainConfig, key: str) -> str | None:
         return "read only with pp > 1 (parallel.pp=1)"
     if key == "parallel.tp_plan" and par.tp == 1:
         return "read only with tp > 1 (parallel.tp=1)"
+    if section == "comm" and par.dp == 1:
+        return "read only with dp > 1 (parallel.dp=1: no gradient is all-reduced)"
+    if key == "comm.bucket_mb" and not strategy_for(par.strategy).comm_hooks:
+        return (
+            f"read only by DDP's buckets (strategy ddp or zero1; parallel.strategy={par.strategy})"
+        )
     if key.startswith("comm.powersgd_") and cfg.comm.compression != "powersgd":
         return f"read only with comm.compression=powersgd (comm.compression={cfg.comm.compression})"
     if section == "sync" and name and name != "mode":

@@ -44,6 +44,22 @@ CASES = [
         ],
     ),
     (["dp=2", "comm.compression=powersgd", "comm.powersgd_start_iter=2"], []),
+    # no gradient all-reduce at dp=1; no DDP bucket under fsdp (both were silent)
+    (
+        ["comm.compression=fp16"],
+        [
+            "comm.compression=fp16: read only with dp > 1 (parallel.dp=1: no gradient is "
+            "all-reduced); ignored"
+        ],
+    ),
+    (
+        ["dp=2", "parallel.strategy=fsdp", "comm.bucket_mb=0.01"],
+        [
+            "comm.bucket_mb=0.01: read only by DDP's buckets (strategy ddp or zero1; "
+            "parallel.strategy=fsdp); ignored"
+        ],
+    ),
+    (["dp=2", "parallel.strategy=zero1", "comm.bucket_mb=10"], []),
 ]
 
 
