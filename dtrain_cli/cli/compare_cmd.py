@@ -20,7 +20,7 @@ from rich.table import Table
 if TYPE_CHECKING:
     from dtrain_cli.report.runs import Comparison
 
-from dtrain_cli.cli.common import console, fail, print_whole
+from dtrain_cli.cli.common import console, err_console, fail, print_whole
 
 HEAD_WIDTH = 24  # a run's name as a column head; longer or alike names get a letter
 
@@ -32,6 +32,25 @@ def column_heads(names: list[str]) -> tuple[list[str], list[str]]:
         return names, []
     letters = [chr(ord("A") + i) if i < 26 else f"R{i}" for i in range(len(names))]
     return letters, [f"{h} = {n}" for h, n in zip(letters, names, strict=True)]
+
+
+def speed_lines(data: list, heads: list[str]) -> list[str]:
+    """Each run's steady tokens/s (or samples/s) from its summary, against the first run's:
+    the comparison of speed beside the one of losses."""
+    rates = []
+    for d in data:
+        unit = "samples/s" if "samples_per_s" in d.summary else "tokens/s"
+        rate = d.summary.get("samples_per_s" if unit == "samples/s" else "tokens_per_s")
+        rates.append((rate, unit) if isinstance(rate, (int, float)) and rate > 0 else None)
+    if rates[0] is None or not any(r is not None for r in rates[1:]):
+        return []
+    first = rates[0][0]
+    parts = [
+        f"{h} {r[0]:,.0f} {r[1]}" + ("" if i == 0 else f" ({r[0] / first:.2f}x {heads[0]})")
+        for i, (h, r) in enumerate(zip(heads, rates, strict=True))
+        if r is not None
+    ]
+    return ["speed (steady median, summary.json): " + ", ".join(parts)]
 
 
 def loss_table(result: Comparison, heads: list[str], tol: float, rows: int) -> Table:
@@ -77,6 +96,15 @@ def compare(
     except RunDirError as exc:
         fail([str(exc)])
     heads, legend = column_heads([str(p) for p in runs])
+    sizes = {d.summary.get("params") for d in data} - {None}
+    if len(sizes) > 1:  # a comparison of models, not of settings
+        err_console.print(
+            "warning: the runs train models of different sizes ("
+            + ", ".join(f"{n:,}" for n in sorted(sizes))
+            + " parameters): their losses differ by model, not only by setting",
+            highlight=False,
+            soft_wrap=True,
+        )
     for line in legend:
         console.print(line, highlight=False, markup=False, soft_wrap=True)
     print_whole(loss_table(result, heads, tol, rows))
@@ -101,6 +129,8 @@ def compare(
         highlight=False,
         soft_wrap=True,
     )
+    for line in speed_lines(data, heads):
+        console.print(line, highlight=False, soft_wrap=True)
     console.print(f"plot: {path}", highlight=False, soft_wrap=True)
     if result.first_divergent is not None:
         raise typer.Exit(1)

@@ -65,6 +65,8 @@ def _script_of(run: RunDir) -> str | None:
 
 def load_run(path: Path) -> RunData:
     """A folder ``dtrain launch`` made (plan.yaml + metrics.jsonl); RunDirError otherwise."""
+    if path.is_file():  # a run's metrics.jsonl or summary.json, say: its folder is meant
+        raise RunDirError(f"{path}: a file; give its run dir ({path.parent})")
     if not path.is_dir():
         raise RunDirError(f"{path}: no such folder; give a run dir such as runs/<run>")
     run = RunDir(path)

@@ -61,3 +61,16 @@ def test_report_of_a_script_run_says_dtrain_saw_no_steps(tmp_path):
         f"error: {tmp_path}: a run of your own script (train.py), whose steps dtrain does not "
         "see; its ranks' output is in logs/rank_<k>.log"
     )
+
+
+def test_a_file_of_a_run_is_told_to_give_its_folder(tmp_path):
+    """`dtrain compare runs/a runs/a/metrics.jsonl` said 'no such folder' of a path that
+    exists."""
+    import pytest
+
+    from dtrain_cli.report.runs import RunDirError, load_run
+
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(RunDirError) as err:
+        load_run(tmp_path / "metrics.jsonl")
+    assert str(err.value) == f"{tmp_path / 'metrics.jsonl'}: a file; give its run dir ({tmp_path})"
