@@ -4,8 +4,9 @@
     # -> runs/<run>/profile/rank_<k>.trace.json (open in https://ui.perfetto.dev or
     #    chrome://tracing); gloo/NCCL collectives show as their own events
 
-CPU activity always, CUDA when the run is on GPUs. Per step the loop only compares two
-integers.
+CPU activity always, CUDA when the run is on GPUs; each step a ``ProfilerStep#<step>`` span
+(Perfetto and TensorBoard's profile plugin show the step boundaries). Outside the profiled
+steps the loop only compares two integers.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Profiler:
         self.path = RunDir(run_dir).profile_trace(rank)
         self.device = device
         self._prof: Any = None
+        self._step: Any = None  # the running step's span
 
     def step_begins(self, step: int) -> None:
         """``step``: the step about to run (1-based)."""
@@ -42,12 +44,21 @@ class Profiler:
                 activities.append(ProfilerActivity.CUDA)
             self._prof = profile(activities=activities, record_shapes=False)
             self._prof.__enter__()
+        if self._prof is not None:  # each step a span, named as torch's scheduled steps are
+            self._step = torch.profiler.record_function(f"ProfilerStep#{step}")
+            self._step.__enter__()
 
     def step_ends(self, step: int) -> None:
+        if self._step is not None:
+            self._step.__exit__(None, None, None)
+            self._step = None
         if self._prof is not None and step >= self.last:
             self.close()
 
     def close(self) -> None:
+        if self._step is not None:  # a step that ended by an error
+            self._step.__exit__(None, None, None)
+            self._step = None
         if self._prof is None:
             return
         prof, self._prof = self._prof, None
