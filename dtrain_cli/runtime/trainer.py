@@ -324,6 +324,7 @@ class Trainer:
             "final_loss": self.metrics.last_loss,
             "val_loss": self.validator.last_loss,
             f"{self.plan.batch.unit}_per_s": self.metrics.median_tokens_per_s(),
+            "mfu": self.metrics.measured_mfu(self.cfg.hardware),
             "train_wall_s": wall,
             "params": est.num_params,
             **self.replicas.summary(),

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from dtrain_cli.plan.plan import Plan
-from tests.conftest import DTRAIN, cache_dir, run_dtrain
+from tests.conftest import DTRAIN, REPO, cache_dir, run_dtrain
 
 pytestmark = pytest.mark.multiproc
 
@@ -96,6 +96,7 @@ def test_console_summary_fits_a_screen_and_summary_json_keeps_every_field(run_dp
         ("val loss", f"{s['val_loss']:.4f}"),
         ("tokens/s (steady median)", f"{s['tokens_per_s']:,.0f}"),
         ("training time", f"{s['train_wall_s']:,.1f} s (from the first step; start-up"),
+        ("MFU (measured)", f"{s['mfu']:.0%} of the hardware profile's peak"),
     ):
         row = next(line for line in block if label in line)
         assert value in row, row
@@ -120,6 +121,15 @@ def test_console_summary_fits_a_screen_and_summary_json_keeps_every_field(run_dp
     ):
         assert key in s, key
     assert s["startup_peak_bytes"]["host"] > 100 * 2**20  # torch itself is resident
+    # MFU measured: the steady rate's model FLOPs over the world's peak on the CPU profile
+    plan = yaml.safe_load((run_dp2.run_dir / "plan.yaml").read_text())
+    peak = (
+        2
+        * 1e12
+        * yaml.safe_load((REPO / "configs/hardware/cpu.yaml").read_text())["peak_tflops_fp32"]
+    )
+    flops = plan["estimates"]["flops_per_token"] * s["tokens_per_s"]
+    assert s["mfu"] == pytest.approx(flops / peak, rel=1e-9), s["mfu"]
 
 
 def strict_json(text: str) -> dict:

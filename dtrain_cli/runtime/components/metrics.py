@@ -27,7 +27,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from dtrain_cli.config.site_schema import HardwareConfig
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.plan.steptime import peak_flops
 from dtrain_cli.runtime.components.sinks import MetricsSink
 from dtrain_cli.runtime.diagnostics.watchdog import COLLECTIVES
 from dtrain_cli.runtime.parallel.mesh import DistContext
@@ -308,6 +310,17 @@ class TrainMetrics:
         if self.tokens_per_s:
             return float(np.median(self.tokens_per_s))
         return self.warmup_window_tps
+
+    def measured_mfu(self, hw: HardwareConfig) -> float | None:
+        """The steady rate's model FLOPs over the world's peak on ``hw`` (the plan's FLOPs
+        per token, no recomputation: MFU as published); None without a rate, or where the
+        profile is not this run's device (the default CPU profile under a CUDA run)."""
+        rate = self.median_tokens_per_s()
+        low = self.plan.precision.name in ("bf16", "fp16")
+        peak = peak_flops(hw, low) * max(self.plan.world_size, 1)
+        if not rate or hw.device != self.plan.device or peak <= 0:
+            return None
+        return self.plan.estimates.flops_per_token * rate / peak
 
     def bubble_report(self) -> dict[str, Any]:
         """Measured idle fraction per pipeline stage (1 - CPU busy time / step wall time,

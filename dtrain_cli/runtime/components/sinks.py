@@ -190,6 +190,8 @@ def summary_table(summary: dict[str, Any]) -> Table:
         table.add_row("samples/s (steady median)", _rate(summary.get("samples_per_s")))
     else:
         table.add_row("tokens/s (steady median)", _rate(summary.get("tokens_per_s")))
+    if isinstance(mfu := summary.get("mfu"), (int, float)):  # against the plan's estimate
+        table.add_row("MFU (measured)", f"{mfu:.0%} of the hardware profile's peak")
     wall = f"{_num(summary.get('train_wall_s'), ',.1f')} s"
     startup = summary.get("startup_first_step_done_s")
     if isinstance(startup, (int, float)):
