@@ -195,6 +195,7 @@ def summary_text(run: RunData) -> str:
     for key, label, fmt in (
         ("tokens_per_s", "tokens/s (median)", ",.0f"),
         ("samples_per_s", "samples/s (median)", ",.0f"),
+        ("mfu", "MFU (measured, of the hardware profile's peak)", ".1%"),
         ("train_wall_s", "train wall time, s", ",.1f"),
         ("data_wait_ms_per_step", "data wait, ms/step", ".2f"),
     ):
