@@ -51,21 +51,49 @@ def step_breakdown(run: RunData, out: Path) -> Path:
     train = run.kind("train")
     steps = [r["step"] for r in train]
     fig, ax = plt.subplots(figsize=(7, 4))
-    layers: list[tuple[str, list[float]]] = []
-    if any("forward_ms" in r for r in train):
-        layers = [(label, [float(r.get(k, 0.0)) for r in train]) for k, label in BREAKDOWN]
-    elif any("rank_compute_ms" in r for r in train):
-        layers = [("compute", [float(r["rank_compute_ms"][0]) for r in train])]
-    if any("rank_data_ms" in r for r in train):
-        layers.append(("data wait", [float(r.get("rank_data_ms", [0.0])[0]) for r in train]))
+    title, layers = breakdown_layers(run)
     if layers:
         ax.stackplot(steps, *[v for _, v in layers], labels=[n for n, _ in layers], alpha=0.8)
     ax.plot(steps, [float(r["step_time_ms"]) for r in train], color="black", label="step time")
     ax.set_xlabel("step")
     ax.set_ylabel("ms per step (rank 0)")
-    ax.set_title("step time breakdown")
+    ax.set_title(title, fontsize=9)
     ax.legend(loc="upper right", fontsize=8)
     return _save(fig, out / "step_breakdown.png")
+
+
+def breakdown_layers(run: RunData) -> tuple[str, list[tuple[str, list[float]]]]:
+    """(title, the stacked bands per logging step). DDP times one sampled micro-batch a
+    window: its forward and backward compute count once per micro-batch of the step
+    (gradient accumulation), its exposed communication once (the last micro-batch's)."""
+    train = run.kind("train")
+    layers: list[tuple[str, list[float]]] = []
+    title = "step time breakdown"
+    if any("forward_ms" in r for r in train):
+        accum = _grad_accum(run.path)
+        for key, label in BREAKDOWN:
+            times = accum if key != "comm_exposed_ms" else 1
+            layers.append((label, [float(r.get(key, 0.0)) * times for r in train]))
+        title += " (forward, backward: DDP's one sampled step a window" + (
+            f" x {accum} micro-batches)" if accum > 1 else ")"
+        )
+    elif any("rank_compute_ms" in r for r in train):
+        layers = [("compute", [float(r["rank_compute_ms"][0]) for r in train])]
+    if any("rank_data_ms" in r for r in train):
+        layers.append(("data wait", [float(r.get("rank_data_ms", [0.0])[0]) for r in train]))
+    return title, layers
+
+
+def _grad_accum(path: Path) -> int:
+    """The run's micro-batches a step (its plan.yaml's), 1 when it does not say."""
+    import yaml
+
+    try:
+        batch = (yaml.safe_load((path / "plan.yaml").read_text()) or {}).get("batch") or {}
+    except (OSError, yaml.YAMLError, AttributeError):
+        return 1
+    accum = batch.get("grad_accum") if isinstance(batch, dict) else None
+    return accum if isinstance(accum, int) and accum > 0 else 1
 
 
 def per_rank(run: RunData, out: Path) -> Path | None:

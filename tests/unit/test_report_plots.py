@@ -74,3 +74,21 @@ def test_a_file_of_a_run_is_told_to_give_its_folder(tmp_path):
     with pytest.raises(RunDirError) as err:
         load_run(tmp_path / "metrics.jsonl")
     assert str(err.value) == f"{tmp_path / 'metrics.jsonl'}: a file; give its run dir ({tmp_path})"
+
+
+def test_the_breakdown_counts_ddps_sampled_micro_batch_for_each_of_the_step(tmp_path):
+    """With 4 micro-batches a step, forward and backward were one micro-batch's (a quarter
+    of the step) plotted as 'ms per step'; the exposed communication is the last one's."""
+    from dtrain_cli.report.plots import breakdown_layers
+
+    (tmp_path / "plan.yaml").write_text("batch:\n  grad_accum: 4\n")
+    row = {"kind": "train", "step": 10, "step_time_ms": 110.0, "forward_ms": 8.0}
+    row |= {"backward_compute_ms": 17.0, "comm_exposed_ms": 5.0, "rank_data_ms": [0.5]}
+    title, layers = breakdown_layers(RunData(path=tmp_path, records=[row]))
+    assert dict(layers) == {
+        "forward": [32.0],
+        "backward compute": [68.0],
+        "exposed communication": [5.0],
+        "data wait": [0.5],
+    }
+    assert title.endswith("x 4 micro-batches)")
