@@ -17,12 +17,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
 from dtrain_cli.launch.preload import SCRIPT_MODULE
-from dtrain_cli.rundir.protocol import signal_number
+from dtrain_cli.rundir.protocol import TEE_PROCESS_NAME, signal_number
 
 SCRIPT_WORKER = SCRIPT_MODULE.encode()
 """In the command line of a ``dtrain run`` worker started with ``start_method=spawn``."""
@@ -186,11 +187,18 @@ def no_orphans(enabled: bool = True) -> Iterator[None]:
     try:
         yield
     finally:
-        kill_descendants()
         from dtrain_cli.launch.worker_server import pool_server_pid
 
-        if (server := pool_server_pid()) is not None:  # a warm pool's server: its tree
-            kill_descendants(server)
+        trees = [os.getpid(), *([server] if (server := pool_server_pid()) else [])]
+        for parent in trees:  # a warm pool's server: its tree
+            kill_descendants(parent, but=TEE_PROCESS_NAME)
+        # the ranks' tees end once every writer of their pipes is gone: their last lines
+        # reach the logs before the launcher reads them for its report
+        deadline = time.monotonic() + TEE_WAIT_S
+        while time.monotonic() < deadline and any(_tees(parent) for parent in trees):
+            time.sleep(0.01)
+        for parent in trees:
+            kill_descendants(parent)
 
 
 def _set_child_subreaper() -> bool:
@@ -212,13 +220,28 @@ def descendants(parent: int) -> list[tuple[int, bytes]]:
     return out
 
 
-def kill_descendants(parent: int | None = None) -> list[int]:
+TEE_WAIT_S = 2.0
+
+
+def _comm(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/comm").read_bytes().strip()
+    except OSError:
+        return b""
+
+
+def _tees(parent: int) -> list[int]:
+    return [pid for pid, _ in descendants(parent) if _comm(pid) == TEE_PROCESS_NAME]
+
+
+def kill_descendants(parent: int | None = None, but: bytes | None = None) -> list[int]:
     """SIGKILL every descendant of ``parent`` (default: this process) but the helpers that
-    end by themselves; reap those that were ours. Returns the pids killed."""
+    end by themselves (and those named ``but``); reap those that were ours. Returns the
+    pids killed."""
     me = os.getpid() if parent is None else parent
     killed = []
     for pid, cmdline in descendants(me):
-        if any(h in cmdline for h in KEPT_HELPERS):
+        if any(h in cmdline for h in KEPT_HELPERS) or (but and _comm(pid) == but):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)

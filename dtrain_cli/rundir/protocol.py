@@ -34,6 +34,9 @@ STEP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 """What a scheduler may send to every process of a job step (SLURM: the preemption signal
 to the whole step, TERM at the time limit): helpers that must outlive the workers (the
 fork server) ignore these."""
+TEE_PROCESS_NAME = b"dtrain-tee"
+"""``/proc/<pid>/comm`` of a ``dtrain run`` rank's tee (:mod:`dtrain_cli.runtime.script.tee`),
+which the launcher lets finish its rank's last lines before it ends what is left."""
 
 
 def signal_number(name: str) -> int:

@@ -107,3 +107,44 @@ def test_the_tee_is_no_child_of_the_rank(tmp_path):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_drain_waits_for_the_newline_of_a_line_sent_unfinished(tmp_path):
+    """A line sent unfinished on its timer, then the end: the drain returned while the tee
+    was idle, before it wrote the newline (a reviewer's find); the console's next line was
+    glued to it."""
+    log = tmp_path / "rank_0.log"
+    with tee.tee_output(log):
+        os.write(1, b"progress 50%")
+        time.sleep(tee.PARTIAL_LINE_S + 0.35)  # sent as it is, the tee idle again
+    assert log.read_bytes() == b"progress 50%\n"
+
+
+def test_the_tee_keeps_none_of_the_ranks_other_files(tmp_path):
+    """Under start_method=fork the rank holds the pipe that tells the agent it ended: a tee
+    holding it too (while a child of the script kept the output pipe) hid the rank's end
+    from the agent, and the run hung (a reviewer's find)."""
+    import select
+
+    other_r, other_w = os.pipe()  # as multiprocessing's: its end says the rank ended
+    pid = os.fork()
+    if pid == 0:  # the rank
+        os.close(other_r)
+        code = 3
+        try:
+            with tee.tee_output(tmp_path / "rank_0.log"):
+                if os.fork() == 0:  # a child of the script: keeps fd 1 (the pipe) 8 s
+                    os.close(other_w)
+                    time.sleep(8)
+                    os._exit(0)
+                code = 0
+        finally:
+            os._exit(code)
+    os.close(other_w)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    deadline = time.monotonic() + 3
+    while not select.select([other_r], [], [], 0.05)[0]:  # its end, while the tee lives on
+        assert time.monotonic() < deadline, "the tee holds the rank's other pipe"
+    assert os.read(other_r, 1) == b""
+    os.close(other_r)

@@ -16,18 +16,19 @@ its group (Ctrl-C, SIGTERM, preemption), so it ends only when every writer has. 
 
 from __future__ import annotations
 
-import array
 import contextlib
-import fcntl
+import ctypes
 import mmap
 import os
 import select
 import signal
+import struct
 import sys
-import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from dtrain_cli.rundir.protocol import TEE_PROCESS_NAME
 
 PARTIAL_LINE_S = 0.25
 """How long an unfinished line (a prompt, a progress bar without ``\\r``) waits for its end
@@ -47,9 +48,10 @@ TEE_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, sig
 """What a launcher sends a rank's process group; the tee ends at the pipes' end instead."""
 
 
-IDLE, ENDED = 0, 1
-"""The tee's two flags in the memory it shares with the rank: 1 while it waits for data
-with nothing held back; 1 once it forwarded the pipes' end."""
+IDLE, ENDED, PIPE_ENDED, PID = 0, 1, 2, 4
+"""The memory the tee shares with the rank: byte IDLE is 1 while it waits for data with
+nothing held back, ENDED once both pipes ended, PIPE_ENDED + i once pipe i's end (and its
+last line) went out; the tee's pid at PID (4 bytes)."""
 
 
 class _Tee:
@@ -57,14 +59,25 @@ class _Tee:
 
     def __init__(self, consoles: dict[int, int], read_ends: list[int], flags: mmap.mmap) -> None:
         self.consoles, self.read_ends, self.flags = consoles, read_ends, flags
+        self.pidfd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):  # a tee that died ends the wait
+            self.pidfd = os.pidfd_open(struct.unpack_from("i", flags, PID)[0])
 
     def forwarded_all(self) -> bool:
-        """It ended, or nothing is unread in the pipes while it is idle (checked in this
-        order: a tee that was forwarding when the pipes were found empty sets its flag only
+        """It ended or died, or every pipe ended or is neither unread nor at an end the tee
+        has yet to forward (a child of the script holds it), while the tee is idle (checked
+        in this order: a tee forwarding when the pipes were found so sets its flag only
         after it wrote everything out)."""
-        if self.flags[ENDED]:
+        if self.flags[ENDED] or (self.pidfd is not None and _readable(self.pidfd)):
             return True
-        return not any(_unread(fd) for fd in self.read_ends) and self.flags[IDLE] == 1
+        for i, fd in enumerate(self.read_ends):
+            if not self.flags[PIPE_ENDED + i] and _readable(fd):
+                return False
+        return self.flags[IDLE] == 1
+
+    def close(self) -> None:
+        for fd in [*self.read_ends, *([self.pidfd] if self.pidfd is not None else [])]:
+            os.close(fd)
 
 
 _running: list[_Tee] = []
@@ -80,7 +93,7 @@ def tee_output(path: Path) -> Iterator[None]:
     log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     consoles = {fd: os.dup(fd) for fd in (1, 2)}
     pipes = {fd: os.pipe() for fd in (1, 2)}
-    flags = mmap.mmap(-1, 2)  # anonymous and shared: the tee's writes are seen here
+    flags = mmap.mmap(-1, 8)  # anonymous and shared: the tee's writes are seen here
     try:
         _start_tee([(pipes[fd][0], consoles[fd]) for fd in (1, 2)], log, pipes, flags)
     except OSError as exc:  # no process to spare (ulimit -u): the console alone
@@ -114,8 +127,7 @@ def drain_output() -> None:
             os.dup2(console, fd)  # this rank's write ends close: the tee sees the end
             os.close(console)
         _wait_for(tee)
-        for read_end in tee.read_ends:
-            os.close(read_end)
+        tee.close()
 
 
 def _wait_for(tee: _Tee) -> None:
@@ -125,36 +137,64 @@ def _wait_for(tee: _Tee) -> None:
         time.sleep(0.005)
 
 
-def _unread(read_end: int) -> int:
-    unread = array.array("i", [0])
-    with contextlib.suppress(OSError):
-        fcntl.ioctl(read_end, termios.FIONREAD, unread)
-    return unread[0]
+def _readable(fd: int) -> bool:
+    """Data to read, or an end (a pipe without writers; a pidfd: its process ended)."""
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 def _start_tee(
     pairs: list[tuple[int, int]], log: int, pipes: dict[int, tuple[int, int]], flags: mmap.mmap
 ) -> None:
     """Fork twice: the tee is no child of the rank (a script's ``os.wait()`` for its own
-    children would wait for it), but of the launcher's subreaper once its parent left."""
-    pid = os.fork()
+    children would wait for it), but of the launcher's subreaper once its parent left. The
+    launcher's signals are held until the tee ignores them (a Ctrl-C in between ran the
+    rank's handler in it), and it keeps no other file of the rank's (multiprocessing's pipe
+    that tells the agent a ``fork`` rank ended would stay open while the tee lives)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, TEE_IGNORES)
+    try:
+        pid = os.fork()
+    except OSError:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
     if pid:
-        _, status = os.waitpid(pid, 0)  # the parent between: gone at once
-        if os.waitstatus_to_exitcode(status):
-            raise OSError("no second fork (the tee's own)")
+        try:
+            with contextlib.suppress(ChildProcessError):  # SIGCHLD ignored: reaped already
+                _, status = os.waitpid(pid, 0)  # the parent between: gone at once
+                if os.waitstatus_to_exitcode(status):
+                    raise OSError("no second fork (the tee's own)")
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return
     code = 1
     try:
-        if os.fork() == 0:  # the tee
-            for _, write_end in pipes.values():  # else it never sees the end
-                os.close(write_end)
+        if (tee := os.fork()) == 0:
             for sig in TEE_IGNORES:
                 signal.signal(sig, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            _keep_only([fd for pair in pairs for fd in pair] + [log])
+            _name_process()
             pump(pairs, log, flags)
             flags[ENDED] = 1
+        else:
+            struct.pack_into("i", flags, PID, tee)
         code = 0
     finally:
         os._exit(code)  # none of the rank's exit handlers: they are the rank's to run
+
+
+def _keep_only(keep: list[int]) -> None:
+    """Close every fd of this process but ``keep``: the pipes' write ends (else the tee
+    never sees their end), and whatever else the rank had open."""
+    for fd in (int(name) for name in os.listdir("/proc/self/fd")):
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _name_process() -> None:
+    """``dtrain-tee`` in ``ps`` and ``/proc/<pid>/comm`` (prctl PR_SET_NAME)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(TEE_PROCESS_NAME), 0, 0, 0)
 
 
 def pump(pairs: list[tuple[int, int]], log: int, flags: mmap.mmap) -> None:
@@ -163,6 +203,7 @@ def pump(pairs: list[tuple[int, int]], log: int, flags: mmap.mmap) -> None:
     end gets its newline (the launcher's next line is not glued to it). ``flags[IDLE]`` is 1
     while it waits with nothing held back."""
     console = dict(pairs)
+    index = {r: i for i, (r, _) in enumerate(pairs)}
     pending = dict.fromkeys(console, b"")
     ended = dict.fromkeys(console, True)  # what went out last ended a line
     since: dict[int, float] = {}
@@ -183,12 +224,16 @@ def pump(pairs: list[tuple[int, int]], log: int, flags: mmap.mmap) -> None:
                 send(r, pending.pop(r))
                 send(r, b"" if ended[r] else b"\n")
                 del console[r]
+                flags[PIPE_ENDED + index[r]] = 1
                 continue
+            if not pending[r]:  # an unfinished line waits from its start, however it grows
+                since[r] = time.monotonic()
             pending[r] += data
             cut = max(pending[r].rfind(b"\n"), pending[r].rfind(b"\r")) + 1
             send(r, pending[r][:cut])
             pending[r] = pending[r][cut:]
-            since[r] = time.monotonic()
+            if cut:
+                since[r] = time.monotonic()
         for r in console:
             if pending[r] and time.monotonic() - since[r] >= PARTIAL_LINE_S:
                 send(r, pending[r])  # an unfinished line waited
