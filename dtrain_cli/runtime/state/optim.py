@@ -147,19 +147,23 @@ class Optimizers:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """The checkpoint's state and hyperparameters; how this layout runs the optimizer
-        (:data:`KERNEL_CHOICES`) stays this layout's."""
+        """The checkpoint's state (moments, step counts); the hyperparameters stay this
+        run's config's (a resume's ``optim.weight_decay=...`` was recorded and not applied),
+        its peak LR too (``initial_lr``, from which :attr:`lr_step` sets each step's LR: the
+        checkpoint's ran the first steps after ``lr=...`` at the old peak), and how this
+        layout runs the optimizer (``foreach`` saved without tensor parallel cannot mix the
+        plain tensors and DTensors of a tp layout)."""
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         for part, opt in zip(self.parts, self.optimizers, strict=True):
             local = opt.optim if is_zero(opt) else opt
-            kernels = [{k: g[k] for k in KERNEL_CHOICES if k in g} for g in local.param_groups]
+            mine = [{k: v for k, v in g.items() if k != "params"} for g in local.param_groups]
             if is_zero(opt):
                 load_zero_state_dict(part, opt, state)
             else:
                 set_optimizer_state_dict(part, opt, optim_state_dict=state, options=flat_options())
-            for group, mine in zip(local.param_groups, kernels, strict=True):
-                group.update(mine)  # the loaded groups are new dicts
+            for group, kept in zip(local.param_groups, mine, strict=True):
+                group.update(kept)  # the loaded groups are new dicts
 
     def state_bytes(self) -> int:
         """Bytes of optimizer state this rank holds (its shard under ZeRO / FSDP)."""
@@ -172,12 +176,6 @@ class Optimizers:
                         t = local_tensor(v)
                         total += t.numel() * t.element_size()
         return total
-
-
-KERNEL_CHOICES = ("foreach", "fused", "capturable", "differentiable")
-"""Param-group keys that say how the step runs, not what it computes: a checkpoint saved
-without tensor parallel holds ``foreach=True``, whose kernels cannot mix the plain tensors
-and DTensors of a tp layout (``aten._foreach_mul_ got mixed torch.Tensor and DTensor``)."""
 
 
 def flat_options() -> Any:
