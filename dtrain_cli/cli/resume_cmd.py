@@ -105,14 +105,18 @@ def resume(
                 f"set train.steps above {step} to continue"
             ]
         )
-    set_aside = catalog.set_aside_newer(run_dir, step)
-    for moved in set_aside:
-        warn(f"newer checkpoint set aside (resuming from step {step}): {moved}")
-    before = record_resume(run_dir, cfg, plan, path, step, list(overrides or []))
-    err_console.print(f"resuming {run_dir.name} from {path.name} (step {step})", highlight=False)
     from dtrain_cli.cli.launch_cmd import start_workers
 
-    try:
+    before = run_files(run_dir)
+    set_aside: list[Path] = []
+    try:  # from the first file moved: a failure puts back what it moved (a full disk too)
+        set_aside = catalog.set_aside_newer(run_dir, step)
+        for moved in set_aside:
+            warn(f"newer checkpoint set aside (resuming from step {step}): {moved}")
+        record_resume(run_dir, cfg, plan, path, step, list(overrides or []))
+        err_console.print(
+            f"resuming {run_dir.name} from {path.name} (step {step})", highlight=False
+        )
         start_workers(run_dir, cfg, plan, milestones={"composed": composed})
     except BaseException as exc:
         ok = isinstance(exc, typer.Exit) and exc.exit_code == 0
@@ -125,6 +129,8 @@ def resume(
                 highlight=False,
                 soft_wrap=True,
             )
+        if isinstance(exc, OSError):  # the run dir could not be written (a full disk)
+            fail([f"{run_dir}: cannot record this resume ({exc.strerror or exc}); nothing started"])
         raise
 
 
@@ -160,24 +166,29 @@ def replan(path: Path, overrides: list[str], config_dir: list[Path]) -> tuple[Dt
     return cfg, plan
 
 
-def record_resume(
-    run_dir: Path, cfg: DtrainConfig, plan: Plan, path: Path, step: int, overrides: list[str]
-) -> dict[str, str | float]:
-    """The run's config and plan as continued, and a line in its record of resumes. Returns
-    what they were before (for :func:`undo_if_untrained`) and when the resume began."""
-    from dtrain_cli.config.compose import config_to_yaml
-
+def run_files(run_dir: Path) -> dict[str, str | float]:
+    """The run's config, plan and record of resumes as they are, and the time (for
+    :func:`undo_if_untrained`)."""
     run = RunDir(run_dir)
     before: dict[str, str | float] = {"time": time.time()}
     for file in (run.config, run.plan, run.resumes):
         if file.is_file():
             before[file.name] = file.read_text()
-    run.config.write_text(config_to_yaml(cfg))
-    plan.save(run.plan)
-    line = {"time": before["time"], "checkpoint": str(path), "step": step, "overrides": overrides}
+    return before
+
+
+def record_resume(
+    run_dir: Path, cfg: DtrainConfig, plan: Plan, path: Path, step: int, overrides: list[str]
+) -> None:
+    """A line in the run's record of resumes, then its config and plan as continued."""
+    from dtrain_cli.config.compose import config_to_yaml
+
+    run = RunDir(run_dir)
+    line = {"time": time.time(), "checkpoint": str(path), "step": step, "overrides": overrides}
     with open(run.resumes, "a") as f:
         f.write(json.dumps(line) + "\n")
-    return before
+    run.config.write_text(config_to_yaml(cfg))
+    plan.save(run.plan)
 
 
 def undo_if_untrained(run_dir: Path, step: int, before: dict[str, str | float]) -> bool:
@@ -195,10 +206,11 @@ def undo_if_untrained(run_dir: Path, step: int, before: dict[str, str | float]) 
             if record.get("step", 0) > step and record.get("time", 0) >= before["time"]:
                 return False
     for file in (run.config, run.plan, run.resumes):
-        if file.name in before:
-            file.write_text(str(before[file.name]))
-        else:
-            file.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a full disk: the checkpoints go back regardless
+            if file.name in before:
+                file.write_text(str(before[file.name]))
+            else:
+                file.unlink(missing_ok=True)
     return True
 
 

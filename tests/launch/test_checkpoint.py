@@ -170,6 +170,28 @@ def test_a_failed_resume_from_an_older_checkpoint_puts_the_newer_ones_back(strai
     assert not list((run_dir / "checkpoints" / "superseded").glob("*"))
 
 
+def test_a_resume_that_cannot_write_its_record_puts_the_newer_checkpoints_back(
+    straight, tmp_path
+):
+    """A full disk at the resume's record (resumes.jsonl, config.yaml) came after the newer
+    checkpoints were set aside and outside the code that puts them back: a traceback, and
+    the next plain resume started from the older step (a user's find). Here the record
+    cannot be written because a folder stands at its name."""
+    run_dir = copy_run(straight[2].run_dir, tmp_path)
+    steps = [c.step for c in catalog.list_checkpoints(run_dir)]
+    (run_dir / "resumes.jsonl").unlink(missing_ok=True)
+    (run_dir / "resumes.jsonl").mkdir()
+    older = run_dir / "checkpoints" / catalog.step_dir_name(steps[-2])
+    run = run_dtrain(["resume", "--ckpt", str(older)], tmp_path)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    line = next(x for x in run.stderr.splitlines() if x.startswith("error:"))
+    assert line.startswith(f"error: {run_dir}: cannot record this resume (Is a directory)"), line
+    assert [c.step for c in catalog.list_checkpoints(run_dir)] == steps
+    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest == catalog.step_dir_name(steps[-1])
+
+
 def test_crash_during_save_keeps_the_previous_checkpoint(straight, tmp_path):
     run_dir = interrupted(tmp_path, 2, "kill_in_save:step=20:rank=1")
     root = catalog.checkpoints_dir(run_dir)
