@@ -11,12 +11,15 @@ known to its ``Process`` object, was reported as having ended without an error
 (:mod:`.failures`: "killed by a signal?"). While the agent runs, :func:`every_failed_process`
 adds to the poll's failures every other process that had already exited non-zero when the
 poll began (not those the poll's clean-up then ended); :mod:`.failures` then picks the
-cause by time and kind.
+cause by time and kind. An error file a full disk left empty is removed first
+(:func:`drop_unreadable_error_files`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +43,7 @@ def every_failed_process(run_dir: Path) -> Iterator[None]:
         # (SIGTERM, and SIGKILL 30 s later for one that did not stop), not their failures
         pc = getattr(self, "_pc", None)
         ended = {i for i, p in enumerate(pc.processes) if p.exitcode is not None} if pc else set()
+        drop_unreadable_error_files(self.error_files, ended)
         result = original(self)
         if result is None or not result.failures or pc is None:
             return result
@@ -63,6 +67,26 @@ def every_failed_process(run_dir: Path) -> Iterator[None]:
         yield
     finally:
         api.MultiprocessContext._poll = original  # type: ignore[method-assign]
+
+
+def drop_unreadable_error_files(error_files: dict[int, str], ended: set[int]) -> list[str]:
+    """Ended workers' error files that are not JSON (0 bytes: a full disk when the rank
+    wrote it) are removed: torch's ``ProcessFailure`` re-raised the parse error and the
+    agent ended in a 180-line traceback; without the file it reports the exit code, and
+    the rank's log says why. Returns the paths removed."""
+    removed = []
+    for local_rank in ended:
+        path = error_files.get(local_rank)
+        if not path or not os.path.isfile(path):
+            continue
+        try:
+            with open(path) as f:
+                json.load(f)
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+                removed.append(path)
+    return removed
 
 
 def _note_signal(run_dir: Path, env: dict[str, str], failure: Any) -> None:

@@ -27,7 +27,8 @@ _HELD: list[int] = []
 
 
 class RunInUse(RuntimeError):
-    """Another process holds the run dir's lock: the message says who."""
+    """Another process holds the run dir's lock (the message says who), or the run dir
+    cannot be written at all."""
 
 
 SCHEDULER_WAIT_S = 120.0
@@ -40,7 +41,13 @@ def hold(run_dir: Path, wait_s: float = 0.0) -> None:
     """Take the run dir's lock for the life of this process (again: nothing more), trying
     for up to ``wait_s`` seconds."""
     path = RunDir(run_dir).launcher_lock
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:  # a read-only mount, a full disk: nothing can be written there
+        raise RunInUse(
+            f"{run_dir}: cannot write in it ({exc.strerror or exc}); a run dir must be "
+            "writable (its checkpoints, logs and metrics go there)"
+        ) from None
     if any(os.path.sameopenfile(fd, held) for held in _HELD):
         os.close(fd)
         return

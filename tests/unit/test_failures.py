@@ -397,3 +397,17 @@ def test_a_preemption_is_reported_as_no_error(tmp_path, capsys):
     report_failure(result, run_dir=tmp_path, fresh=True, fresh_root=False)
     assert capsys.readouterr().err.splitlines()[0] == said
     assert tmp_path.is_dir()  # a preempted run is never removed
+
+
+def test_an_error_file_a_full_disk_left_empty_is_dropped(tmp_path):
+    """torch's ProcessFailure re-raises an error file's JSON error: a rank that failed on a
+    full disk left a 0-byte file and the launcher ended in a 180-line traceback."""
+    from dtrain_cli.launch.every_failure import drop_unreadable_error_files
+
+    empty, good, running = tmp_path / "0.json", tmp_path / "1.json", tmp_path / "2.json"
+    empty.write_text("")
+    good.write_text('{"message": {"message": "boom"}}')
+    running.write_text("")  # still being written by a live worker: left alone
+    files = {0: str(empty), 1: str(good), 2: str(running), 3: str(tmp_path / "none.json")}
+    assert drop_unreadable_error_files(files, {0, 1, 3}) == [str(empty)]
+    assert not empty.exists() and good.exists() and running.exists()

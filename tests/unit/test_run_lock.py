@@ -67,3 +67,20 @@ def test_a_file_system_without_flock_warns_and_goes_on(tmp_path, monkeypatch, ca
     lock.hold(tmp_path, wait_s=5.0)  # at once: nothing to wait for
     said = capsys.readouterr().err
     assert said.startswith(f"warning: {tmp_path}: no lock on this file system (")
+
+
+def test_a_run_dir_that_cannot_be_written_is_one_line(tmp_path, monkeypatch):
+    """A read-only run dir (`dtrain resume` of a run on a read-only mount) ended in an
+    OSError traceback from the lock's open."""
+    import errno
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(lock.os, "open", read_only)
+    with pytest.raises(lock.RunInUse) as err:
+        lock.hold(tmp_path)
+    assert str(err.value) == (
+        f"{tmp_path}: cannot write in it (Read-only file system); a run dir must be writable "
+        "(its checkpoints, logs and metrics go there)"
+    )
