@@ -161,16 +161,11 @@ def list_checkpoints(run_dir: Path) -> list[CheckpointInfo]:
 
 
 def _complete_newest_first(run_dir: Path) -> Iterator[Path]:
-    root = checkpoints_dir(run_dir)
-    latest = root / LATEST
-    seen = set()
-    if latest.is_file():
-        named = root / latest.read_text().strip()
-        seen.add(named)
-        yield named
+    """The checkpoints by step, newest first (each verified by the caller). ``latest`` is
+    not asked: a crash between a save's rename and its write of ``latest`` (or a full disk
+    at that write) leaves it naming an older one, and a resume then set aside newer work."""
     for info in reversed(list_checkpoints(run_dir)):
-        if info.path not in seen:
-            yield info.path
+        yield info.path
 
 
 def has_checkpoint(run_dir: Path) -> bool:

@@ -43,6 +43,9 @@ def checkpoints(
         fail([f"{run_dir}: no checkpoints in {catalog.checkpoints_dir(run_dir)}"], code=1)
     latest_file = catalog.checkpoints_dir(run_dir) / catalog.LATEST
     latest = latest_file.read_text().strip() if latest_file.exists() else ""
+    complete = [i.path.name for i in catalog.list_checkpoints(run_dir) if i.complete]
+    if latest in complete and latest != complete[-1]:  # a save's crash between its rename
+        latest = complete[-1]  # and its latest: the one a resume takes, the newest
     table = Table(title=f"checkpoints of {run_dir}")
     for col in ("step", "saved", "size", "complete", "loss", "val loss", "world", ""):
         table.add_column(col)

@@ -130,3 +130,20 @@ def test_one_checkpoint_asked_about_is_the_one_listed_and_verify_says_it_ran(tmp
     )
     whole = CliRunner().invoke(app, ["checkpoints", str(run), "--verify"], terminal_width=200)
     assert whole.exit_code == 1 and "verified:" not in whole.stdout
+
+
+def test_a_run_means_its_newest_complete_checkpoint_whatever_latest_says(tmp_path):
+    """A save's crash between its rename and its write of `latest` leaves `latest` naming an
+    older checkpoint: `dtrain resume RUN` resumed from it and set the newer ones aside (a
+    user's find). The run means its newest complete one, and `dtrain checkpoints` marks it."""
+    from dtrain_cli.checkpoint import catalog
+
+    run = tmp_path / "runs" / "r"
+    for step in (10, 20, 30):
+        _complete(run / "checkpoints" / f"step_{step:06d}")
+    (run / "checkpoints" / "latest").write_text("step_000010\n")
+    (run / "plan.yaml").write_text("world_size: 1\n")
+    assert catalog.resolve(run) == (run, run / "checkpoints" / "step_000030")
+    table = CliRunner().invoke(app, ["checkpoints", str(run)], env={"COLUMNS": "300"}).output
+    marked = [line for line in table.splitlines() if "latest" in line]
+    assert len(marked) == 1 and "│ 30 " in marked[0], table
