@@ -44,9 +44,10 @@ def speed_lines(data: list, heads: list[str]) -> list[str]:
         rates.append((rate, unit) if isinstance(rate, (int, float)) and rate > 0 else None)
     if rates[0] is None or not any(r is not None for r in rates[1:]):
         return []
-    first = rates[0][0]
+    first, unit = rates[0]
     parts = [
-        f"{h} {r[0]:,.0f} {r[1]}" + ("" if i == 0 else f" ({r[0] / first:.2f}x {heads[0]})")
+        f"{h} {r[0]:,.0f} {r[1]}"
+        + ("" if i == 0 or r[1] != unit else f" ({r[0] / first:.2f}x {heads[0]})")
         for i, (h, r) in enumerate(zip(heads, rates, strict=True))
         if r is not None
     ]

@@ -149,7 +149,8 @@ def _prepare_agent(
         vocab = getattr(cfg.model, "vocab_size", None)
         prepare_corpus(cfg.data, cfg.train.seed, vocab, cfg.run.import_roots)
     quiet_torch_loggers()
-    os.environ.setdefault("OMP_NUM_THREADS", str(plan.threads_per_proc))
+    # the plan's: the config's launcher.threads_per_proc, else the shell's OMP_NUM_THREADS
+    os.environ["OMP_NUM_THREADS"] = str(plan.threads_per_proc)
     config = launch_config(run_dir, cfg, plan, node_rank, join)
     if plan.script is not None:  # your own script (dtrain run train.py)
         entry, args = script_entry(run_dir, plan, config.signals_to_handle)

@@ -227,8 +227,8 @@ def threads_per_process(cfg: DtrainConfig, res: Resources, procs: int) -> tuple[
     given = cfg.launcher.threads_per_proc or res.omp_threads
     fair = max(1, res.num_cpus // max(procs, 1))
     threads = given or fair
-    if not given or not res.num_cpus or threads * procs <= res.num_cpus:
-        return threads, []
+    if not given or not res.num_cpus or threads <= fair or threads * procs <= res.num_cpus:
+        return threads, []  # more processes than cores alone is said elsewhere
     source = "launcher.threads_per_proc" if cfg.launcher.threads_per_proc else "OMP_NUM_THREADS"
     return threads, [
         f"{source}={threads} x {plural(procs, 'process', 'processes')} = {threads * procs} "

@@ -170,9 +170,7 @@ def test_a_failed_resume_from_an_older_checkpoint_puts_the_newer_ones_back(strai
     assert not list((run_dir / "checkpoints" / "superseded").glob("*"))
 
 
-def test_a_resume_that_cannot_write_its_record_puts_the_newer_checkpoints_back(
-    straight, tmp_path
-):
+def test_a_resume_that_cannot_write_its_record_puts_the_newer_checkpoints_back(straight, tmp_path):
     """A full disk at the resume's record (resumes.jsonl, config.yaml) came after the newer
     checkpoints were set aside and outside the code that puts them back: a traceback, and
     the next plain resume started from the older step (a user's find). Here the record

@@ -95,7 +95,7 @@ def test_console_summary_fits_a_screen_and_summary_json_keeps_every_field(run_dp
         ("final loss", f"{s['final_loss']:.4f}"),
         ("val loss", f"{s['val_loss']:.4f}"),
         ("tokens/s (steady median)", f"{s['tokens_per_s']:,.0f}"),
-        ("training time", f"{s['train_wall_s']:,.1f} s (from the first step; start-up"),
+        ("training time", f"{s['train_wall_s']:,.1f} s (launch to the end of step 1: "),
         ("MFU (measured)", f"{s['mfu']:.0%} of the hardware profile's peak"),
     ):
         row = next(line for line in block if label in line)

@@ -70,7 +70,7 @@ def test_a_straggler_is_named_when_slow_in_two_windows_running():
     from dtrain_cli.runtime.components.metrics import TrainMetrics
 
     m = object.__new__(TrainMetrics)  # note_ranks' state alone
-    m.rank_rows, m.straggler_counts, m.slow_before = [], {}, set()
+    m.rank_rows, m.straggler_counts, m.slow_before, m.ranks_before = [], {}, set(), 0
     m.window_steps, m.first_step, m.straggler_factor = 10, 1, 1.5
 
     def window(step: int, own_ms: list[float]) -> list[int]:  # [step, data, compute] a rank

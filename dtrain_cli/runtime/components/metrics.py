@@ -92,6 +92,7 @@ class TrainMetrics:
         self.rank_rows: list[list[float]] = []  # per logging step: 3 values per rank
         self.straggler_counts: dict[int, int] = {}
         self.slow_before: set[int] = set()  # above the factor in the window before
+        self.ranks_before = 0
         self.last_window: list[torch.Tensor] = []
         self.first_step = start_step + 1
         self.losses: list[torch.Tensor] = []
@@ -266,6 +267,8 @@ class TrainMetrics:
         # communication of DDP's one sampled step, so one window can be off (a save's
         # background write, a short last window); a straggler stays slow
         slow_now = find_stragglers(own, self.straggler_factor)
+        if len(own) != self.ranks_before:  # an elastic change: other ranks now
+            self.slow_before, self.ranks_before = set(), len(own)
         slow = [r for r in slow_now if r in self.slow_before]
         self.slow_before = set(slow_now)
         for r in slow:

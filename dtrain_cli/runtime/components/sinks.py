@@ -195,7 +195,7 @@ def summary_table(summary: dict[str, Any]) -> Table:
     wall = f"{_num(summary.get('train_wall_s'), ',.1f')} s"
     startup = summary.get("startup_first_step_done_s")
     if isinstance(startup, (int, float)):
-        wall += f" (from the first step; start-up before it {startup:,.1f} s)"
+        wall += f" (launch to the end of step 1: {startup:,.1f} s)"
     if len(sizes := summary.get("memberships") or []) > 1:  # elastic: the whole run
         ran = " -> ".join(str(m["world_size"]) for m in sizes)
         last = _num(summary.get("train_wall_s_last_membership"), ",.1f")

@@ -3,9 +3,10 @@
     dtrain run dp=2 -m probepkg.probe MODE OUT [ARGS...]    # from tests/scripts
 
 Modes: dump (what it was given), raise / exit3 (rank 1 fails), segv / sigkill (rank 1 dies
-by a signal after its last lines), kill_once (rank 1 dies on the first attempt), late (rank 1 never calls init_process_group), hang (waits to be
-stopped, with a child process of its own), preempt (saves on USR1, exits 75), nccl (asks
-for NCCL, as a script written for GPUs does).
+by a signal after its last lines), kill_once (rank 1 dies on the first attempt), late (rank
+1 never calls init_process_group), hang (waits to be stopped, with a child process of its
+own), preempt (saves on USR1, exits 75), nccl (asks for NCCL, as a script written for GPUs
+does).
 """
 
 import json
