@@ -136,23 +136,32 @@ def install(timeout_s: float) -> None:
 
 
 def client_at_agent_port(real: type, agent_port: int) -> type:
-    """torch's ``TCPStore`` whose ``is_master=True`` at the agent's port is a client there,
-    as a torchrun worker's is (``TORCHELASTIC_USE_AGENT_STORE``, which torch's C++ store
-    reads to take the port in use for the agent's, is kept from this rank's children: see
-    :func:`keep_agent_store_to_this_process`). A script's ``TCPStore(MASTER_ADDR,
-    MASTER_PORT, world, rank == 0)`` failed on rank 0 with EADDRINUSE."""
+    """torch's ``TCPStore`` that, failing to host at the agent's port because the port is
+    in use (the agent's store is there), is a client there instead: what torch's C++ store
+    does for a torchrun worker (``TORCHELASTIC_USE_AGENT_STORE``, kept from this rank's
+    children: see :func:`keep_agent_store_to_this_process`). A script's ``TCPStore(
+    MASTER_ADDR, MASTER_PORT, world, rank == 0)`` failed on rank 0 with EADDRINUSE. Any
+    other failure, or another port, stays the script's; ``isinstance`` of a store torch
+    built holds for it as before."""
 
-    class TCPStore(real):  # type: ignore[misc,valid-type]
+    class _Same(type(real)):  # type: ignore[misc]
+        def __instancecheck__(cls, obj: object) -> bool:
+            return isinstance(obj, real)
+
+    class TCPStore(real, metaclass=_Same):  # type: ignore[misc,valid-type]
         __doc__ = real.__doc__
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
-            port = args[1] if len(args) > 1 else kwargs.get("port")
-            if port == agent_port:
+            try:
+                super().__init__(*args, **kwargs)
+            except RuntimeError as exc:  # DistNetworkError
+                port = args[1] if len(args) > 1 else kwargs.get("port")
+                if port != agent_port or "EADDRINUSE" not in str(exc):
+                    raise
                 if len(args) > 3:  # host_name, port, world_size, is_master, ...
                     args = (*args[:3], False, *args[4:])
-                elif kwargs.get("is_master"):
-                    kwargs["is_master"] = False
-            super().__init__(*args, **kwargs)
+                kwargs.pop("is_master", None)
+                super().__init__(*args, **kwargs)
 
     TCPStore.__module__, TCPStore.__qualname__ = real.__module__, real.__qualname__
     return TCPStore
