@@ -105,6 +105,8 @@ def resume(
                 f"set train.steps above {step} to continue"
             ]
         )
+    if said := lr_change(path, plan, step):
+        warn(said)
     from dtrain_cli.cli.launch_cmd import start_workers
 
     before = run_files(run_dir)
@@ -132,6 +134,30 @@ def resume(
         if isinstance(exc, OSError):  # the run dir could not be written (a full disk)
             fail([f"{run_dir}: cannot record this resume ({exc.strerror or exc}); nothing started"])
         raise
+
+
+LR_KEYS = ("steps", "peak_lr", "warmup_steps", "decay", "min_lr")
+
+
+def lr_change(path: Path, plan: Plan, step: int) -> str | None:
+    """A resume whose LR schedule is not the checkpoint's at the step it continues with
+    (``train.steps=30`` after 20: the cosine decay spans 30 steps, and the LR jumps back up
+    from 1.2e-4 to 5.5e-4), said with both values; None when it is the same."""
+    from dtrain_cli.plan.plan import Plan
+
+    try:
+        old = Plan.load(path / "plan.yaml").lr
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    was, now = old.lr_at(step), plan.lr.lr_at(step)
+    if abs(now - was) <= 1e-3 * max(abs(was), 1e-12):
+        return None
+    changed = [f"{k} {getattr(old, k)} -> {getattr(plan.lr, k)}" for k in LR_KEYS
+               if getattr(old, k) != getattr(plan.lr, k)]  # fmt: skip
+    return (
+        f"the LR schedule changes with this resume ({', '.join(changed)}): step {step + 1} "
+        f"runs at lr {now:.3g}, where the checkpoint's schedule had {was:.3g}"
+    )
 
 
 def several_nodes(plan: Plan) -> str:

@@ -147,3 +147,21 @@ def test_a_run_means_its_newest_complete_checkpoint_whatever_latest_says(tmp_pat
     table = CliRunner().invoke(app, ["checkpoints", str(run)], env={"COLUMNS": "300"}).output
     marked = [line for line in table.splitlines() if "latest" in line]
     assert len(marked) == 1 and "│ 30 " in marked[0], table
+
+
+def test_a_resume_that_changes_the_lr_schedule_says_so(tmp_path):
+    """`dtrain resume RUN train.steps=30` after 20 steps: the cosine decay then spans 30 and
+    step 21 ran at 5.5e-4 after 1.2e-4 at step 20, without a word (a user's find)."""
+    from dtrain_cli.cli.common import compose_and_plan
+    from dtrain_cli.cli.resume_cmd import lr_change
+
+    _, old = compose_and_plan(["recipe=gpt_tiny", "train.steps=20"], [])
+    old.save(tmp_path / "plan.yaml")
+    _, longer = compose_and_plan(["recipe=gpt_tiny", "train.steps=30"], [])
+    said = lr_change(tmp_path, longer, 20)
+    assert said is not None and said.startswith(
+        "the LR schedule changes with this resume (steps 20 -> 30): step 21 runs at lr "
+        f"{longer.lr.lr_at(20):.3g}, where the checkpoint's schedule had {old.lr.lr_at(20):.3g}"
+    ), said
+    _, same = compose_and_plan(["recipe=gpt_tiny", "train.steps=20"], [])
+    assert lr_change(tmp_path, same, 10) is None
