@@ -35,6 +35,7 @@ from dtrain_cli.rundir.layout import RunDir
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 MANIFEST = "manifest.json"
+SUPERSEDED = "superseded"
 META = "meta.json"
 LATEST = "latest"
 
@@ -212,6 +213,8 @@ def resolve(ckpt: Path, warn: Any = None) -> tuple[Path, Path]:
             f"{ckpt}: a checkpoint being written, or left by a save that never finished (not "
             f"complete); give the run dir (its newest complete checkpoint) or a step_<N> folder"
         )
+    if (ckpt / MANIFEST).is_file():  # a checkpoint folder, not where a run keeps them
+        raise CheckpointError(loose_checkpoint(ckpt))
     if ckpt.name == "checkpoints" and (run := run_dir_of(ckpt)) is not None:
         ckpt = run  # the run's checkpoints/ folder: its newest complete one
     if RunDir(ckpt).plan.is_file() or checkpoints_dir(ckpt).is_dir():
@@ -220,6 +223,25 @@ def resolve(ckpt: Path, warn: Any = None) -> tuple[Path, Path]:
             raise CheckpointError(f"{ckpt}: no complete checkpoint in {checkpoints_dir(ckpt)}")
         return ckpt, found
     raise CheckpointError(f"{ckpt}: neither a run directory nor a checkpoints/step_* folder")
+
+
+def loose_checkpoint(ckpt: Path) -> str:
+    """Why a checkpoint folder outside its run's checkpoints/ is not taken, and where it
+    goes: one an earlier resume set aside (checkpoints/superseded/), or a copy. (It was
+    taken for a run dir: "no complete checkpoint in <it>/checkpoints".)"""
+    step = read_meta(ckpt).get("step")
+    name = step_dir_name(step) if isinstance(step, int) else "step_<N>"
+    if ckpt.parent.name == SUPERSEDED and ckpt.parent.parent.name == "checkpoints":
+        run = ckpt.parent.parent.parent
+        return (
+            f"{ckpt}: a checkpoint an earlier resume set aside; to resume or export it, move "
+            f"it back as {run / 'checkpoints' / name} (the run's newer ones go aside in turn)"
+        )
+    return (
+        f"{ckpt}: a checkpoint outside a run's checkpoints/ folder; put it in one as "
+        f"<run>/checkpoints/{name} (with the run's plan.yaml and config.yaml beside "
+        "checkpoints/) to resume or export it"
+    )
 
 
 def publish(tmp: Path, final: Path) -> None:
@@ -273,7 +295,7 @@ def set_aside_newer(run_dir: Path, step: int) -> list[Path]:
     """Resuming from an older checkpoint: move newer ones to ``checkpoints/superseded/`` so
     automatic recovery cannot jump back to them. Nothing is deleted."""
     moved = []
-    target = checkpoints_dir(run_dir) / "superseded"
+    target = checkpoints_dir(run_dir) / SUPERSEDED
     for info in list_checkpoints(run_dir):
         if info.step > step:
             target.mkdir(exist_ok=True)

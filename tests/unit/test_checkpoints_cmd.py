@@ -165,3 +165,26 @@ def test_a_resume_that_changes_the_lr_schedule_says_so(tmp_path):
     ), said
     _, same = compose_and_plan(["recipe=gpt_tiny", "train.steps=20"], [])
     assert lr_change(tmp_path, same, 10) is None
+
+
+def test_a_set_aside_or_copied_checkpoint_says_where_it_goes(tmp_path):
+    """A checkpoint in checkpoints/superseded/ or copied elsewhere holds a plan.yaml: it was
+    taken for a run dir and refused as 'no complete checkpoint in <it>/checkpoints'."""
+    from dtrain_cli.checkpoint import catalog
+
+    run = tmp_path / "runs" / "r"
+    aside = run / "checkpoints" / "superseded" / "step_000020-1764900000"
+    _complete(aside)
+    (aside / "meta.json").write_text('{"step": 20}')
+    (aside / "plan.yaml").write_text("world_size: 1\n")
+    with pytest.raises(catalog.CheckpointError) as err:
+        catalog.resolve(aside)
+    assert str(err.value) == (
+        f"{aside}: a checkpoint an earlier resume set aside; to resume or export it, move it "
+        f"back as {run / 'checkpoints' / 'step_000020'} (the run's newer ones go aside in turn)"
+    )
+    copy = tmp_path / "loose" / "step_000020"
+    _complete(copy)
+    (copy / "meta.json").write_text('{"step": 20}')
+    with pytest.raises(catalog.CheckpointError, match="outside a run's checkpoints/ folder"):
+        catalog.resolve(copy)
