@@ -50,6 +50,12 @@ def override_config(
     checked, problems = check_overrides(overrides, groups, extra=model_keys)
     dirs = [*user_config_dirs(config_dirs), builtin_configs_dir()]
     for ov in checked:
+        if ov.key == "model" and ov.kind != "delete":  # another model's YAML on these weights
+            problems.append(
+                f"{ov.text}: cannot change on resume (the checkpoint's model is "
+                f"{model_spec(cfg).name}); fixed on resume: {fixed_keys()}"
+            )
+            continue
         try:
             if ov.key in groups:
                 found = next(
@@ -79,8 +85,7 @@ def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
         if a[key] != b.get(key) and unsafe:
             out.append(
                 f"{key}={b.get(key)}: cannot change on resume (the checkpoint has {key}="
-                f"{a[key]}); fixed on resume: "
-                f"{', '.join(k + '*' if k.endswith('.') else k for k in UNSAFE_ON_RESUME)}"
+                f"{a[key]}); fixed on resume: {fixed_keys()}"
             )
     psgd = "powersgd"
     if old.comm.compression == new.comm.compression == psgd and old.parallel.dp != new.parallel.dp:
@@ -90,6 +95,10 @@ def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
             "drop it with comm.compression=none"
         )
     return out
+
+
+def fixed_keys() -> str:
+    return ", ".join(k + "*" if k.endswith(".") else k for k in UNSAFE_ON_RESUME)
 
 
 def flat_keys(d: object, prefix: str = "") -> dict[str, object]:

@@ -358,6 +358,22 @@ def test_recipe_is_fixed_on_resume_even_in_the_config():
     assert line.startswith("run.recipe=gpt_small: cannot change on resume")
 
 
+def test_another_model_on_resume_is_refused_in_one_line():
+    """`dtrain resume RUN model=gpt_small` said "defaults: Key 'defaults' not in 'GPTConfig'"
+    (the group's YAML merged into the checkpoint's model); optim=sgd was already clear."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.config.resume_changes import override_config
+    from dtrain_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        override_config(compose_config("gpt_tiny", []), ["model=gpt_small"])
+    (line,) = err.value.problems
+    assert line.startswith(
+        "model=gpt_small: cannot change on resume (the checkpoint's model is gpt_tiny); "
+        "fixed on resume: model.*, data.*"
+    ), line
+
+
 # issue 18.12: validate-cluster's flags are range-checked before anything runs.
 @pytest.mark.parametrize(
     ("args", "expected"),
