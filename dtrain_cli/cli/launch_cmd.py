@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shlex
 import shutil
@@ -222,6 +223,8 @@ def start_workers(
     unstarted = fresh or script_fresh  # removed on a failure before launch_local
     if plan.nnodes == 1:
         hold_run_dir(run_dir)
+    if problem := unwritable_checkpoints(run_dir, plan):
+        fail([problem])
     try:
         print_warnings(plan.warnings)  # once, here: the workers read the plan, say none
         from dtrain_cli.plan.naming import run_label
@@ -289,6 +292,22 @@ def hold_run_dir(run_dir: Path) -> None:
         hold(run_dir, SCHEDULER_WAIT_S if env.in_scheduler_job() else 0.0)
     except RunInUse as exc:
         fail([str(exc)])
+
+
+def unwritable_checkpoints(run_dir: Path, plan: Plan) -> str | None:
+    """A run that will save checkpoints into a folder it cannot write (a read-only mount)
+    trained up to its first save and lost it all; said before anything starts."""
+    ck = plan.checkpoint
+    if plan.script is not None or not (ck.steps or ck.every_minutes):
+        return None
+    folder = RunDir(run_dir).checkpoints
+    where = folder if folder.exists() else run_dir
+    if os.access(where, os.W_OK | os.X_OK):
+        return None
+    return (
+        f"{folder}: cannot be written (read-only, or not this user's); the run's checkpoints "
+        "go there: make it writable, or resume a copy of the run elsewhere"
+    )
 
 
 def report_failure(result: LaunchResult, *, run_dir: Path, fresh: bool, fresh_root: bool) -> None:

@@ -411,3 +411,25 @@ def test_an_error_file_a_full_disk_left_empty_is_dropped(tmp_path):
     files = {0: str(empty), 1: str(good), 2: str(running), 3: str(tmp_path / "none.json")}
     assert drop_unreadable_error_files(files, {0, 1, 3}) == [str(empty)]
     assert not empty.exists() and good.exists() and running.exists()
+
+
+def test_a_checkpoints_folder_that_cannot_be_written_is_said_before_the_start(
+    tmp_path, monkeypatch
+):
+    """A read-only checkpoints/ was found at the first save: every step up to it trained
+    and was lost (a user's find)."""
+    from dtrain_cli.cli import launch_cmd
+    from dtrain_cli.cli.common import compose_and_plan
+
+    _, plan = compose_and_plan(["recipe=gpt_tiny"], [])
+    (tmp_path / "checkpoints").mkdir()
+    assert launch_cmd.unwritable_checkpoints(tmp_path, plan) is None
+    monkeypatch.setattr(launch_cmd.os, "access", lambda path, mode: False)  # a read-only mount
+    assert launch_cmd.unwritable_checkpoints(tmp_path, plan) == (
+        f"{tmp_path / 'checkpoints'}: cannot be written (read-only, or not this user's); the "
+        "run's checkpoints go there: make it writable, or resume a copy of the run elsewhere"
+    )
+    _, none = compose_and_plan(
+        ["recipe=gpt_tiny", "checkpoint.every_steps=0", "checkpoint.at_end=false"], []
+    )
+    assert launch_cmd.unwritable_checkpoints(tmp_path, none) is None  # nothing to save
