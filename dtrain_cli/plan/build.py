@@ -150,7 +150,9 @@ def build_plan(
     )
     # another interpreter cannot be forked from this one: a fresh process per rank
     fresh = layout.script is not None and layout.script.python is not None
-    threads, oversubscribed = threads_per_process(cfg, res, world.nproc_per_node)
+    threads, oversubscribed = threads_per_process(
+        cfg, res.num_cpus, res.omp_threads, world.nproc_per_node
+    )
     plan = Plan(
         recipe=cfg.run.recipe,
         model=spec.name,

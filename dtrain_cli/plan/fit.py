@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.errors import ConfigError
@@ -19,9 +18,6 @@ from dtrain_cli.models.spec import ModelSpec
 from dtrain_cli.plan.layout import plural
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.plan.steptime import GIB, Memory, peak_memory
-
-if TYPE_CHECKING:
-    from dtrain_cli.plan.build import Resources
 
 Replan = Callable[[DtrainConfig], Plan]
 SAYS = "peak memory per device estimated at"
@@ -219,19 +215,21 @@ def device_problems(cfg: DtrainConfig, device: str, nproc: int, num_gpus: int) -
     return problems
 
 
-def threads_per_process(cfg: DtrainConfig, res: Resources, procs: int) -> tuple[int, list[str]]:
+def threads_per_process(
+    cfg: DtrainConfig, num_cpus: int, omp_threads: int | None, procs: int
+) -> tuple[int, list[str]]:
     """torch's intra-op threads per rank: ``launcher.threads_per_proc``, else the shell's
     ``OMP_NUM_THREADS`` (kept, as torchrun keeps it; dtrain's workers set it over), else
     the node's cores over its processes; with a warning when the threads outnumber the
     cores (every step then waits on threads the cores cannot run at once)."""
-    given = cfg.launcher.threads_per_proc or res.omp_threads
-    fair = max(1, res.num_cpus // max(procs, 1))
+    given = cfg.launcher.threads_per_proc or omp_threads
+    fair = max(1, num_cpus // max(procs, 1))
     threads = given or fair
-    if not given or not res.num_cpus or threads <= fair or threads * procs <= res.num_cpus:
+    if not given or not num_cpus or threads <= fair or threads * procs <= num_cpus:
         return threads, []  # more processes than cores alone is said elsewhere
     source = "launcher.threads_per_proc" if cfg.launcher.threads_per_proc else "OMP_NUM_THREADS"
     return threads, [
         f"{source}={threads} x {plural(procs, 'process', 'processes')} = {threads * procs} "
-        f"threads on {plural(res.num_cpus, 'core')}: oversubscribed (each step waits on threads "
+        f"threads on {plural(num_cpus, 'core')}: oversubscribed (each step waits on threads "
         f"the cores cannot run at once); at most {fair} per process"
     ]
