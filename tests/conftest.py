@@ -121,6 +121,18 @@ def run_dtrain(
 TORCH_EXIT_ABORT = "terminate called without an active exception"
 
 
+def wait_for_checkpoint(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120):
+    """Until the run's checkpoint of ``step`` is complete (its meta.json), ``proc`` (the
+    launcher training it) still running."""
+    import time
+
+    meta = run_dir / "checkpoints" / f"step_{step:06d}" / "meta.json"
+    deadline = time.time() + timeout
+    while not meta.exists():
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.2)
+
+
 def run_reference(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
     """A reference run under plain torchrun (or torch's spawn), run again (up to 3 runs in
     all) when torch itself aborted a rank (SIGABRT, ``terminate called without an active

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dtrain_cli.checkpoint import catalog
-from tests.conftest import Run, run_dtrain
+from tests.conftest import Run, run_dtrain, wait_for_checkpoint
 
 pytestmark = pytest.mark.multiproc
 
@@ -430,7 +430,6 @@ def test_resume_of_a_run_still_training_is_refused(tmp_path):
     launcher holds the run dir; the resume is one line, exit 2, and changes nothing."""
     import os
     import signal
-    import time
 
     from tests.conftest import DTRAIN, cache_dir
 
@@ -441,10 +440,7 @@ def test_resume_of_a_run_still_training_is_refused(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     run_dir = tmp_path / "runs" / "busy"
     try:
-        deadline = time.time() + 120
-        while not (run_dir / "checkpoints" / "step_000002" / "meta.json").exists():
-            assert time.time() < deadline and proc.poll() is None
-            time.sleep(0.2)
+        wait_for_checkpoint(run_dir, 2, proc)
         before = sorted(p.name for p in run_dir.iterdir())
         resumed = run_dtrain(["resume", str(run_dir), "train.steps=200000"], tmp_path)
         assert proc.poll() is None  # still training

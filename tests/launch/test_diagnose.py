@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Run, run_dtrain
+from tests.conftest import Run, run_dtrain, wait_for_checkpoint
 
 pytestmark = pytest.mark.multiproc
 
@@ -327,10 +327,7 @@ def test_a_restart_after_a_real_kill_names_the_killed_rank(tmp_path):
     run_dir = tmp_path / "runs" / "killed"
     log = run_dir / "logs" / "rank_1.log"
     try:
-        deadline = time.time() + 120
-        while not (run_dir / "checkpoints" / "step_000004" / "meta.json").exists():
-            assert time.time() < deadline and proc.poll() is None
-            time.sleep(0.2)
+        wait_for_checkpoint(run_dir, 4, proc)
         pid = int(log.read_text().split("rank 1 pid ", 1)[1].split()[0])
         os.kill(pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=240)
