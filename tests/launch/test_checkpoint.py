@@ -416,6 +416,9 @@ def test_save_failure_is_one_line_and_keeps_the_last_good(options, cause, tmp_pa
             return
         assert "cannot write checkpoint" in line and cause in line
         assert "Traceback" not in run.stderr.split(line)[1]
+        # the partial save is removed: it kept the full disk full (a user's find)
+        assert "the partial save is removed" in line
+        assert not list(ckpts.glob(".tmp-*")), sorted(p.name for p in ckpts.iterdir())
         # the first save fit: it stays the newest complete
         assert (ckpts / "latest").read_text().strip() == "step_000005"
         catalog.verify(ckpts / "step_000005")

@@ -35,3 +35,32 @@ def test_a_node_that_does_not_see_the_other_ranks_files_does_not_publish(tmp_pat
     save_file({"x": torch.zeros(1)}, str(tmp / "rng_rank_1.safetensors"))  # shared: published
     manager._finish(tmp, final, {"step": 2}, {})
     assert final.is_dir() and catalog.read_meta(final)["rng_ranks"] == 2
+
+
+def test_a_failed_save_and_a_crashed_attempts_partial_save_are_removed(tmp_path, monkeypatch):
+    """A full disk during a save left its partial folder, which kept the disk full: the next
+    resume's first save failed for want of the space it held (a user's find)."""
+    import torch.distributed.checkpoint as dcp
+
+    monkeypatch.setattr(dcp_state, "agreed_attempt", lambda: "local-1")
+    manager = dcp_state.CheckpointManager(tmp_path, rank=0, keep_last=3, async_save=False)
+    crashed = manager.root / ".tmp-step_000004-local-0"  # the attempt before, killed mid-save
+    crashed.mkdir(parents=True)
+    (crashed / "__0_0.distcp").write_bytes(b"x" * 1000)
+    real_save = dcp.save
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(dcp, "save", full_disk)
+    state = {"w": torch.arange(4.0)}
+    with pytest.raises(catalog.CheckpointError) as err:
+        manager.save(2, state, {"step": 2}, {})
+    tmp = manager.root / ".tmp-step_000002-local-1"
+    assert str(err.value) == (
+        f"cannot write checkpoint {tmp}: No space left on device (the partial save is removed)"
+    )
+    assert sorted(p.name for p in manager.root.iterdir()) == []  # both partial saves gone
+    monkeypatch.setattr(dcp, "save", real_save)
+    manager.save(3, state, {"step": 3}, {})
+    assert sorted(p.name for p in manager.root.iterdir()) == ["latest", "step_000003"]

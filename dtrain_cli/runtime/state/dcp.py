@@ -148,6 +148,8 @@ class CheckpointManager:
         # async saves run their collectives on their own gloo group, off the training stream
         self._pg = dist.new_group(backend="gloo") if async_save else None
         self._stager: Any = None
+        self._swept = False
+        """Whether rank 0 removed earlier attempts' partial saves (at the first save)."""
         """The async saves' staging buffers (:mod:`.staging`), made at the first."""
         self.last_save_time = time.monotonic()
         self.save_stall_s: list[float] = []
@@ -170,6 +172,9 @@ class CheckpointManager:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
+        if self.rank == 0 and not self._swept:  # a crashed attempt's partial save: space back
+            catalog.drop_temporaries(self.root, but_attempt=self.attempt)
+            self._swept = True
         try:
             tmp.mkdir(parents=True, exist_ok=True)
             own = {f"{RANK_STATE}{k}": v.contiguous() for k, v in (rank_state or {}).items()}
@@ -193,9 +198,7 @@ class CheckpointManager:
                 dcp.save(state, storage_writer=writer)
                 self._finish(tmp, final, meta, files)
         except dcp_errors() as exc:
-            raise CheckpointError(
-                f"cannot write checkpoint {tmp}: {root_cause(exc, tmp)}"
-            ) from None
+            raise self._failed(tmp, exc) from None
         self.save_stall_s.append(time.perf_counter() - started)
         self.last_save_time = time.monotonic()
 
@@ -220,9 +223,17 @@ class CheckpointManager:
             future.result()
             self._finish(tmp, final, extra["meta"], extra["files"])
         except dcp_errors() as exc:
-            raise CheckpointError(
-                f"cannot write checkpoint {tmp}: {root_cause(exc, tmp)}"
-            ) from None
+            raise self._failed(tmp, exc) from None
+
+    def _failed(self, tmp: Path, exc: BaseException) -> CheckpointError:
+        """The save failed on every rank (DCP gathers its writes' errors): rank 0 removes the
+        partial folder, which is never loaded and kept a full disk full."""
+        cause = root_cause(exc, tmp)
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return CheckpointError(
+            f"cannot write checkpoint {tmp}: {cause} (the partial save is removed)"
+        )
 
     def _finish(self, tmp: Path, final: Path, meta: dict[str, Any], files: dict[str, str]) -> None:
         """Rank 0, once every rank's shards and DCP's metadata are on disk."""
