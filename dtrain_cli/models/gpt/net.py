@@ -26,6 +26,20 @@ if TYPE_CHECKING:
     from dtrain_cli.models.spec import StageSpan as StagePlan
 
 
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` through ``torch.native_dropout``, the kernel CUDA's ``F.dropout`` runs:
+    backward keeps a one-byte mask on every device (``F.dropout`` on CPU keeps one of the
+    input's dtype), so the plan's activation estimate (:meth:`GPTSpec.activation_bytes`)
+    holds here as on GPUs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return dropout(x, self.p if self.training else 0.0)
+
+
+def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    return torch.native_dropout(x, p, True)[0] if p > 0.0 else x
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
@@ -36,7 +50,7 @@ class CausalSelfAttention(nn.Module):
         self.v = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = cfg.dropout
-        self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.resid_dropout = Dropout(cfg.dropout)
         self.fused = cfg.attention == "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,7 +80,7 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) 
     # the autocast of the step: CUDA's on GPUs, the CPU's here and for a meta shape pass
     with torch.autocast("cuda" if q.is_cuda else "cpu", enabled=False):
         weights = scores.masked_fill_(future, float("-inf")).softmax(-1)
-    return F.dropout(weights, p) @ v
+    return dropout(weights, p) @ v
 
 
 class MLP(nn.Module):
@@ -74,7 +88,7 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.proj(F.gelu(self.fc(x))))
@@ -99,7 +113,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.pos_embeddings: nn.Embedding | None = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
         self.norm: nn.LayerNorm | None = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.lm_head: nn.Linear | None = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)

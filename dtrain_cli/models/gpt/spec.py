@@ -96,23 +96,31 @@ class GPTSpec(ModelSpec):
         log-sum-exp. ``model.attention=math`` keeps the softmax (b, heads/tp, s, s) in the
         scores' dtype and the block's causal mask (s x s bools) instead of the log-sum-exp.
         Outside the blocks: the final norm's input and output, the fp32 log-softmax of the
-        loss (b, s, vocab), token ids and targets (int64)."""
+        loss (b, s, vocab), token ids and targets (int64). ``model.dropout`` > 0 adds its
+        one-byte masks (``gpt.net.Dropout``): after the attention and the MLP (replicated
+        under tp) and after the embeddings; under ``math`` also one of the softmax and the
+        dropped-out softmax the product with v keeps (Korthikanti et al. 2022's 5as^2b).
+        Flash attention's dropout keeps only its RNG state (CUDA; torch's CPU kernel has no
+        dropout and falls back to the written-out attention)."""
         m = self.cfg
         b, s, d, a, v = micro_batch, m.block_size, m.n_embd, m.n_head, m.vocab_size
         bsd = b * s * d * bytes_per_value
         heads = a // max(tp, 1)
+        drops = m.dropout > 0.0
         if m.attention == "math":
-            scores = heads * b * s * s * bytes_per_value + s * s
+            scores = heads * b * s * s * (bytes_per_value * (1 + drops) + drops) + s * s
         else:
             scores = heads * b * s * 4
-        per_layer = bsd * (4 + 12 / tp) + 4 * b * s * 4 + scores
-        outside = 2 * bsd + 2 * b * s * 4 + b * s * v * 4 + 2 * b * s * 8 + s * 8
-        return float(per_layer), float(outside)
+        per_layer = bsd * (4 + 12 / tp) + 4 * b * s * 4 + scores + 2 * b * s * d * drops
+        outside = 2 * bsd + 2 * b * s * 4 + b * s * v * 4 + b * s * 8  # + targets
+        return float(per_layer), float(outside + self.first_stage_bytes(micro_batch))
 
     def first_stage_bytes(self, micro_batch: int) -> float:
-        """The token ids (int64) and the positions the embeddings keep for backward."""
-        s = self.cfg.block_size
-        return float(micro_batch * s * 8 + s * 8)
+        """The token ids (int64) and the positions the embeddings keep for backward, and
+        the embedding dropout's mask."""
+        m = self.cfg
+        drops = m.dropout > 0.0
+        return float(micro_batch * m.block_size * (8 + m.n_embd * drops) + m.block_size * 8)
 
     def autocast_extra_bytes(self, micro_batch: int, tp: int) -> tuple[float, float]:
         """Autocast over fp32 parameters: the block input and the MLP input (the residual
