@@ -26,7 +26,8 @@ err_console = Console(stderr=True)
 
 OVERRIDES_HELP = (
     "Hydra overrides: recipe=NAME, key=value, group=option, +key=value, ~key; "
-    "shorthands dp=, tp=, pp=, lr=, steps=, lr_scaling=, precision=."
+    "shorthands dp=, tp=, pp=, lr=, steps=, lr_scaling=, nnodes=, nproc_per_node=; "
+    "groups such as precision=bf16."
 )
 CKPT_HELP = (
     "A run directory or its checkpoints/ folder (the newest complete checkpoint), or one "

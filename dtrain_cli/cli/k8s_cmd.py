@@ -112,7 +112,9 @@ def build(overrides: list[str], config_dirs: list[Path]) -> tuple[DtrainConfig, 
 @k8s_app.command("job", context_settings=OVERRIDE_SETTINGS)
 def job_cmd(
     overrides: list[str] = typer.Argument(
-        None, help=OVERRIDES_HELP, autocompletion=complete_override
+        None,
+        help=OVERRIDES_HELP + " And the job's: nodes=, gpus_per_node=, cpus_per_task=, mem=.",
+        autocompletion=complete_override,
     ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the manifest (the default)."),

@@ -42,7 +42,9 @@ def launch(
         None, help=OVERRIDES_HELP, autocompletion=complete_override
     ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
-    nnodes: str | None = typer.Option(None, "--nnodes", help="Nodes (N); run on each node."),
+    nnodes: str | None = typer.Option(
+        None, "--nnodes", help="Nodes: N, or MIN:MAX (elastic); run on each node."
+    ),
     node_rank: int | None = typer.Option(None, "--node-rank", help="This node: 0 hosts rdzv."),
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="node0 host:port."),
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", help="Same on every node; run name."),

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 RESUME_OVERRIDES_HELP = (
     "Overrides for the continued run (key=value, +key=value, ~key, group=option): steps, "
     "layout (dp=, tp=, pp=, train.micro_batch_size=), checkpoint cadence, logging, LR values. "
-    "Not recipe= (a resume continues its own run), model.*, data.*, train.seed, optim.name, "
-    "run.*."
+    "Not recipe= (a resume continues its own run), model.*, data.* (but data.num_workers, "
+    "data.prefetch_factor), train.seed, optim.name, run.root, run.name, run.recipe."
 )
 
 

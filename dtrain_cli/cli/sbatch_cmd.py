@@ -109,7 +109,11 @@ def build_job(
 
 def sbatch(
     overrides: list[str] = typer.Argument(
-        None, help=OVERRIDES_HELP, autocompletion=complete_override
+        None,
+        help=OVERRIDES_HELP
+        + " And the job's: nodes=, gpus_per_node=, cpus_per_task=, mem=, partition=, "
+        "account=, qos=, time=.",
+        autocompletion=complete_override,
     ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the script (the default)."),

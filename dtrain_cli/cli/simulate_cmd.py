@@ -28,8 +28,8 @@ def simulate(
     ranks: str = typer.Option(
         "",
         "--ranks",
-        help="Ranks to run, e.g. 0,511 (default: rank 0 "
-        "and the first rank of every other pipeline stage).",
+        help="Ranks to run, e.g. 0,511 (default: rank 0, the first rank of every other "
+        "pipeline stage, and the first parameter server).",
     ),
     steps: int = typer.Option(
         2,

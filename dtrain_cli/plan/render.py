@@ -235,7 +235,7 @@ def render_script(plan: Plan, rdzv_endpoint: str, rdzv_timeout_s: int) -> Table:
                 f"LOCAL_WORLD_SIZE={local} GROUP_RANK=<node> ROLE_RANK ROLE_WORLD_SIZE={n} "
                 f"MASTER_ADDR MASTER_PORT {env.RESTART_COUNT} "
                 f"TORCHELASTIC_MAX_RESTARTS={plan.max_restarts} TORCHELASTIC_RUN_ID "
-                f"OMP_NUM_THREADS={plan.threads_per_proc} {env.RUN_DIR} {env.PLAN}",
+                f"OMP_NUM_THREADS={plan.threads_per_proc} {env.RUN_DIR} {env.PLAN} {env.CONFIG}",
             ),
             ("rendezvous", f"c10d at {rdzv_endpoint}, timeout {rdzv_timeout_s} s"),
             ("restarts", f"{plan.max_restarts} (the whole group restarts when a rank fails)"),
