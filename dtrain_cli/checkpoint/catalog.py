@@ -286,12 +286,15 @@ def prune(
 def drop_temporaries(root: Path, *, but_attempt: str) -> list[Path]:
     """Remove the partial saves of attempts other than ``but_attempt`` (a crashed rank's, a
     full disk's): never loaded, and on a full disk they kept it full until the next publish."""
-    doomed = [
-        p for p in root.glob(".tmp-*") if p.is_dir() and not p.name.endswith(f"-{but_attempt}")
-    ]
+    doomed = [p for p in root.glob(".tmp-*") if p.is_dir() and _attempt_of(p) != but_attempt]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
+
+
+def _attempt_of(tmp: Path) -> str | None:
+    m = re.fullmatch(r"\.tmp-step_\d+-(.+)", tmp.name)
+    return m.group(1) if m else None
 
 
 def _in_flight(name: str, attempt: str | None, published: int | None) -> bool:
