@@ -207,6 +207,8 @@ def _compare_rank(plan: Any, result: dict, spec: Any) -> dict:
 
 def cuda_notes(cfg: Any, plan: Any) -> list[str]:
     """What a CUDA plan runs differently here: said next to the table."""
+    from dtrain_cli.models import model_spec
+
     if plan.device != "cuda":
         return []
     notes = [
@@ -214,6 +216,7 @@ def cuda_notes(cfg: Any, plan: Any) -> list[str]:
         f"{cfg.hardware.name} ({plan.backend}, CUDA): simulated here on CPU tensors and the "
         f"fake process group; byte sizes and collectives are the plan's"
     ]
+    notes += model_spec(cfg).cpu_differences()
     if plan.precision.loss_scaling:
         notes.append(
             f"precision={cfg.precision.name} (CUDA only in a launch): its autocast and "

@@ -213,6 +213,11 @@ class ModelSpec(ABC):
         estimated" and the advisor does not rank on them."""
         return True
 
+    def cpu_differences(self) -> list[str]:
+        """What this model saves differently on CPU tensors than on CUDA, which the plan
+        counts (``dtrain simulate`` of a CUDA plan says it beside its table)."""
+        return []
+
     def value_problems(self) -> list[str]:
         """The model's own values out of range (checked before anything computes with them)."""
         return []

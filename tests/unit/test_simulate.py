@@ -318,6 +318,28 @@ def test_a_cuda_plan_is_simulated_as_planned_for_its_hardware():
     assert result.exit_code == 2 and "precision=fp16" in result.output
 
 
+def test_dropout_under_sdpa_is_said_to_measure_above_the_plan_on_cpu():
+    """torch's CPU attention kernel has no dropout: with model.dropout > 0 it falls back to
+    the written-out attention and keeps s x s scores that CUDA's flash kernel does not
+    (gpt_1b dp=64 tp=8 pp=2 dropout=0.1: 34.4 GiB measured, 15.8 planned, unexplained).
+    The written-out attention of the model's own (math) matches the plan: no note."""
+    from dtrain_cli.cli.simulate_cmd import check_layout, cuda_notes
+
+    base = ["recipe=gpt_tiny", "hardware=h100_80g", "dp=8", "model.dropout=0.1"]
+    notes = cuda_notes(*_cfg_plan(check_layout(base, [], "0")))
+    assert any(
+        n.startswith("model.dropout=0.1 with model.attention=sdpa: torch's CPU") for n in notes
+    )
+    for quiet in (["model.attention=math"], ["model.dropout=0.0"]):
+        assert not any(
+            "dropout" in n for n in cuda_notes(*_cfg_plan(check_layout(base + quiet, [], "0")))
+        )
+
+
+def _cfg_plan(layout):
+    return layout.cfg, layout.plan
+
+
 def test_a_cuda_plan_without_a_node_count_gets_the_nodes_its_world_needs():
     """The issue's own ``dtrain simulate recipe=gpt_1b dp=64 tp=8 pp=2``: 1,024 ranks on the
     8-GPU nodes of hardware=h100_80g are 128 nodes; a node count on the command line stays."""

@@ -115,6 +115,17 @@ class GPTSpec(ModelSpec):
         outside = 2 * bsd + 2 * b * s * 4 + b * s * v * 4 + b * s * 8  # + targets
         return float(per_layer), float(outside + self.first_stage_bytes(micro_batch))
 
+    def cpu_differences(self) -> list[str]:
+        m = self.cfg
+        if m.dropout == 0.0 or m.attention != "sdpa":
+            return []
+        return [
+            f"model.dropout={m.dropout} with model.attention=sdpa: torch's CPU attention kernel "
+            "has no dropout and falls back to the written-out attention, which keeps s x s "
+            "scores: activations measure above the plan here; CUDA's flash attention keeps "
+            "only its RNG state, as the plan counts"
+        ]
+
     def first_stage_bytes(self, micro_batch: int) -> float:
         """The token ids (int64) and the positions the embeddings keep for backward, and
         the embedding dropout's mask."""
