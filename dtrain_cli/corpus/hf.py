@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,13 +95,38 @@ def load_tokenizer(folder: str | None) -> TextTokenizer:
     return TextTokenizer(ident, size, eos, encode, [] if eos is None else [eos])
 
 
-def _record_sets(data: DataConfig, files: list[Path], fmt: str, cache: Path) -> tuple[Any, Any]:
+def _record_sets(
+    data: DataConfig, files: list[Path], fmt: str, cache: Path, key: str = "data.path"
+) -> tuple[Any, Any]:
+    """:func:`_read_records`, with a file ``datasets`` cannot read (not UTF-8, a JSON line cut
+    short, a Parquet file read as JSON) said in one line: its 70-line traceback came after
+    ``dtrain plan`` had found nothing wrong (it reads the first record only)."""
+    try:
+        return _read_records(data, files, fmt, cache)
+    except ConfigError:
+        raise
+    except Exception as exc:  # datasets' DatasetGenerationError, pyarrow's ArrowInvalid ...
+        chain: list[BaseException] = [exc]
+        while (nxt := chain[-1].__cause__ or chain[-1].__context__) is not None:
+            chain.append(nxt)
+        # the parser's own words: pyarrow's ("JSON parse error: ... in row 1"), the decoder's;
+        # not pandas' fallback under it ("Trailing data at position 16")
+        named = [c for c in chain if type(c).__name__ in ("ArrowInvalid", "UnicodeDecodeError")]
+        cause = (named or chain)[0] if named else chain[-1]
+        why = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
+        if isinstance(cause, UnicodeDecodeError):
+            why += "; not UTF-8 text (data=text reads any bytes)"
+        raise ConfigError([f"{key}={data.path}: cannot be read as {fmt} records ({why})"]) from None
+
+
+def _read_records(data: DataConfig, files: list[Path], fmt: str, cache: Path) -> tuple[Any, Any]:
     """(the training records, the validation records or None: the last ``val_fraction`` of
     the training tokens). A ``save_to_disk`` folder is read with ``load_from_disk``: a
     ``DatasetDict``'s ``train`` split, and its validation split where it has one."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never the hub
     datasets = _need("datasets")
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its failures: one line of ours
     if fmt == "saved":
         ds = datasets.load_from_disk(str(Path(data.path or "").expanduser()))
         if isinstance(ds, datasets.DatasetDict):
@@ -117,18 +143,42 @@ def _record_sets(data: DataConfig, files: list[Path], fmt: str, cache: Path) -> 
     return train, None
 
 
-def _texts(data: DataConfig, ds: Any, fmt: str) -> Iterable[list[str]]:
-    """Batches of the records' text, in order."""
+TEXT_DTYPES = ("string", "large_string")
+
+
+def _texts(
+    data: DataConfig, ds: Any, fmt: str, where: str, nulls: dict[str, int]
+) -> Iterable[list[str]]:
+    """Batches of the records' text, in order; a record whose text is null is left out (it
+    was an empty record: a separator alone) and counted in ``nulls[where]``."""
     field = "text" if fmt == "text" else data.text_field
     if field not in ds.column_names:
         raise ConfigError(
             [
-                f"data.text_field={data.text_field}: not a column of {data.path} "
+                f"data.text_field={data.text_field}: not a column of {where} "
                 f"(columns: {', '.join(ds.column_names)})"
             ]
         )
+    kind = ds.features[field]
+    if getattr(kind, "dtype", None) not in TEXT_DTYPES:  # ids, numbers, chat message lists
+        texts = [k for k, f in ds.features.items() if getattr(f, "dtype", None) in TEXT_DTYPES]
+        raise ConfigError(
+            [
+                f"data.text_field={field}: a column of {_kind_text(kind)} in {where}, not "
+                f"text: every record would train as an empty one; name a text column "
+                f"({', '.join(texts) or 'none here'}), or write the text into one first"
+            ]
+        )
     for batch in ds.select_columns([field]).iter(batch_size=1024):
-        yield [t if isinstance(t, str) else "" for t in batch[field]]
+        texts = batch[field]
+        kept = [t for t in texts if t is not None]
+        nulls[where] = nulls.get(where, 0) + len(texts) - len(kept)
+        yield kept
+
+
+def _kind_text(kind: Any) -> str:
+    dtype = getattr(kind, "dtype", None)
+    return dtype if dtype else f"{type(kind).__name__.lower()}s (e.g. chat messages)"
 
 
 def _tokenize(tok: TextTokenizer, texts: Iterable[list[str]]) -> np.ndarray:
@@ -168,10 +218,12 @@ def prepare_hf(data: DataConfig, cache: Path, vocab_size: int | None) -> dict[st
     val_fmt = fmt
     if val_cfg is not None:
         val_fmt = hf_format(val_cfg, val_files)
-        val_records, _ = _record_sets(val_cfg, val_files, val_fmt, cache)
-    tokens = _tokenize(tok, _texts(data, train_records, fmt))
+        val_records, _ = _record_sets(val_cfg, val_files, val_fmt, cache, "data.val_path")
+    nulls: dict[str, int] = {}  # records without text, said once the tokens are written
+    tokens = _tokenize(tok, _texts(data, train_records, fmt, str(data.path), nulls))
     if val_records is not None:
-        train, val = tokens, _tokenize(tok, _texts(data, val_records, val_fmt))
+        val_where = str((val_cfg or data).path)
+        train, val = tokens, _tokenize(tok, _texts(data, val_records, val_fmt, val_where, nulls))
     else:
         n_val = max(2, int(len(tokens) * data.val_fraction))
         if len(tokens) < 2 * n_val:
@@ -189,6 +241,9 @@ def prepare_hf(data: DataConfig, cache: Path, vocab_size: int | None) -> dict[st
         "vocab_size": tok.vocab_size,
         "tokens": len(train) + len(val),
     }
+    for where, n in nulls.items():
+        if n:
+            print(f"warning: {where}: {n:,} records have no text (null): left out", file=sys.stderr)
     tmp = out_dir / f".{META}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, out_dir / META)  # last: marks the cache entry complete

@@ -293,3 +293,53 @@ def test_a_home_relative_path_reads_at_launch_as_the_plan_checked(tmp_path, monk
     data.cache_dir = str(tmp_path / "c")
     paths = prepare_corpus(data)
     assert len(np.fromfile(paths["val"], np.uint16)) == 300
+
+
+def test_a_text_field_that_is_not_text_is_refused_and_null_texts_are_left_out(tmp_path, capsys):
+    """data.text_field=id trained on separators alone (every int became ""), exit 0; a null
+    text was an empty record, a separator in the stream (a new user's finds)."""
+    jsonl = tmp_path / "corpus.jsonl"
+    rows = [
+        {**r, "id": i, "chat": [{"role": "user", "content": "hi"}]} for i, r in enumerate(RECORDS)
+    ]
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for field, kind in (("id", "int64"), ("chat", "lists (e.g. chat messages)")):
+        data = DataConfig(source="hf", path=str(jsonl), text_field=field, val_fraction=0.1)
+        with pytest.raises(ConfigError) as err:
+            prepare_hf(data, tmp_path / "c", 256)
+        assert err.value.problems == [
+            f"data.text_field={field}: a column of {kind} in {jsonl}, not text: every record "
+            "would train as an empty one; name a text column (text), or write the text into "
+            "one first"
+        ]
+    nulls = tmp_path / "nulls.jsonl"
+    with_nulls = [r if i % 4 else {"text": None} for i, r in enumerate(RECORDS * 2)]
+    nulls.write_text("".join(json.dumps(r) + "\n" for r in RECORDS + with_nulls[len(RECORDS) :]))
+    data = DataConfig(source="hf", path=str(nulls), val_fraction=0.1)
+    joined = "\n\n".join(r["text"] for r in RECORDS + [r for r in with_nulls[40:] if r["text"]])
+    assert bytes(_tokens(prepare_hf(data, tmp_path / "c", 256)).astype(np.uint8)) == joined.encode()
+    assert f"warning: {nulls}: 10 records have no text (null): left out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "fmt", "why"),
+    [
+        (
+            "bad.txt",
+            b"hello \xff\xfe world\n" * 20,
+            "text",
+            "not UTF-8 text (data=text reads any bytes)",
+        ),
+        ("cut.jsonl", b'{"text": "fine"}\n{"text": "broken', "json", "JSON parse error"),
+    ],
+)
+def test_a_file_datasets_cannot_read_is_one_line(name, content, fmt, why, tmp_path):
+    """A 70-line traceback and exit 1 at launch, after the plan (which reads the first record
+    only) found nothing wrong."""
+    path = tmp_path / name
+    path.write_bytes(content)
+    data = DataConfig(source="hf", path=str(path), val_fraction=0.1)
+    with pytest.raises(ConfigError) as err:
+        prepare_hf(data, tmp_path / "c", 256)
+    (line,) = err.value.problems
+    assert line.startswith(f"data.path={path}: cannot be read as {fmt} records (") and why in line
