@@ -193,10 +193,11 @@ def prepare_data(cfg: DtrainConfig) -> None:
     """Tokenize/cache the corpus, or build and check a custom dataset, before the run dir
     exists: a problem found here leaves nothing behind."""
     from dtrain_cli.corpus.prepare import prepare_corpus, window_problems
+    from dtrain_cli.models import spec_class
 
-    vocab = getattr(cfg.model, "vocab_size", None)
+    vocab, key = getattr(cfg.model, "vocab_size", None), spec_class(cfg.model.kind).vocab_key
     try:
-        paths = prepare_corpus(cfg.data, cfg.train.seed, vocab, cfg.run.import_roots)
+        paths = prepare_corpus(cfg.data, cfg.train.seed, vocab, cfg.run.import_roots, key)
     except (ConfigError, FileNotFoundError) as exc:
         fail(exc.problems if isinstance(exc, ConfigError) else [str(exc)])
     if problems := window_problems(cfg.data, paths, getattr(cfg.model, "block_size", None), vocab):

@@ -59,7 +59,7 @@ def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> 
             paths += _token_val_problems(data)
         problems += paths or _split_problems(data, cfg.model)
     elif data.source == "hf":
-        problems += hf_problems(data, getattr(cfg.model, "vocab_size", None))
+        problems += hf_problems(data, getattr(cfg.model, "vocab_size", None), _vocab_key(cfg))
         if val is not None:  # read as data.path is, with data.path's tokenizer
             val.tokenizer = None
             problems += [p.replace("data.path=", "data.val_path=") for p in hf_problems(val, None)]
@@ -255,11 +255,24 @@ VAL_FILE = re.compile(rf"^({'|'.join(VAL_NAMES)})([-_]\d[\w-]*)?$")
 """``dev.jsonl``, ``validation-00000-of-00002.parquet``; not ``test_model.py``."""
 
 
+def _same_file(path: Path, other: str) -> bool:
+    try:
+        return path.samefile(Path(other).expanduser())
+    except OSError:
+        return False
+
+
 def _validation_file_warning(data: DataConfig) -> str | None:
     """A file or folder under ``data.path`` named for validation (``dev.jsonl``, ``val/``):
     every file under ``data.path`` trains, so it was trained on; or a ``data.val_path``
     inside ``data.path``, trained on as well as validated on."""
     path = Path(data.path or "").expanduser()
+    if data.val_path is not None and path.is_file() and _same_file(path, data.val_path):
+        return (
+            f"data.val_path={data.val_path} is data.path: the validation loss is on data it "
+            "trains on; give held-out records (or leave data.val_path unset: the last "
+            "data.val_fraction of data.path validates)"
+        )
     if data.source not in ("text", "hf") or not path.is_dir() or saved_splits(path) is not None:
         return None  # a saved DatasetDict trains on its train split only
     if data.val_path is not None:
@@ -285,6 +298,16 @@ def _validation_file_warning(data: DataConfig) -> str | None:
             f"data.val_path={path / shown} validates on it instead (move it out of data.path)"
         )
     return None
+
+
+def _vocab_key(cfg: DtrainConfig) -> str:
+    """Where the model's vocabulary is set (``model.config.vocab_size`` for model=hf)."""
+    from dtrain_cli.models import spec_class
+
+    try:
+        return spec_class(cfg.model.kind).vocab_key
+    except Exception:  # an unknown kind: said by the model's own checks
+        return "model.vocab_size"
 
 
 def data_warnings(data: DataConfig, spec: ModelSpec) -> list[str]:

@@ -121,7 +121,9 @@ def hf_data_files(data: DataConfig) -> list[Path]:
     return files
 
 
-def hf_problems(data: DataConfig, vocab_size: int | None) -> list[str]:
+def hf_problems(
+    data: DataConfig, vocab_size: int | None, vocab_key: str = "model.vocab_size"
+) -> list[str]:
     problems: list[str] = []
     for module in ("datasets", "tokenizers"):
         if importlib.util.find_spec(module) is None:
@@ -150,7 +152,7 @@ def hf_problems(data: DataConfig, vocab_size: int | None) -> list[str]:
             path = Path(data.path or "").expanduser()
             problems += _saved_problems(data, path, saved_splits(path) or [])
     if data.tokenizer:
-        problems += tokenizer_problems(data.tokenizer, vocab_size)
+        problems += tokenizer_problems(data.tokenizer, vocab_size, vocab_key)
     return problems
 
 
@@ -170,7 +172,9 @@ def _first_record_problems(data: DataConfig, path: Path) -> list[str]:
     return []
 
 
-def tokenizer_problems(folder: str, vocab_size: int | None) -> list[str]:
+def tokenizer_problems(
+    folder: str, vocab_size: int | None, vocab_key: str = "model.vocab_size"
+) -> list[str]:
     path = Path(folder).expanduser()
     if not path.is_dir():
         hint = download_hint("data.tokenizer", folder)
@@ -190,7 +194,7 @@ def tokenizer_problems(folder: str, vocab_size: int | None) -> list[str]:
         reason = " ".join(str(exc).split())
         return [f"data.tokenizer={folder}: tokenizer.json does not load ({reason})"]
     if vocab_size is not None and size > vocab_size:
-        return [vocab_problem(vocab_size, size, folder)]
+        return [vocab_problem(vocab_size, size, folder, vocab_key)]
     return []
 
 
@@ -200,10 +204,12 @@ def tokenizer_json_vocab(path: Path) -> int:
     return Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True)
 
 
-def vocab_problem(vocab_size: int, needed: int, folder: str) -> str:
+def vocab_problem(vocab_size: int, needed: int, folder: str, key: str = "model.vocab_size") -> str:
+    """``key``: where the model's vocabulary is set (``model.config.vocab_size`` for
+    ``model=hf``)."""
     return (
-        f"model.vocab_size={vocab_size}: below the tokenizer's {needed} tokens "
-        f"(data.tokenizer={folder}); set model.vocab_size={needed} or more"
+        f"{key}={vocab_size}: below the tokenizer's {needed} tokens "
+        f"(data.tokenizer={folder}); set {key}={needed} or more"
     )
 
 

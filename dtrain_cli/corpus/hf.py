@@ -194,7 +194,9 @@ def _tokenize(tok: TextTokenizer, texts: Iterable[list[str]]) -> np.ndarray:
     return np.concatenate(parts).astype(dtype) if parts else np.empty(0, dtype=dtype)
 
 
-def prepare_hf(data: DataConfig, cache: Path, vocab_size: int | None) -> dict[str, Path]:
+def prepare_hf(
+    data: DataConfig, cache: Path, vocab_size: int | None, vocab_key: str = "model.vocab_size"
+) -> dict[str, Path]:
     """Tokenize (once) and return the token file of each split."""
     val_cfg = val_data(data)  # data.val_path: its records validate, all of data.path trains
     try:
@@ -205,7 +207,9 @@ def prepare_hf(data: DataConfig, cache: Path, vocab_size: int | None) -> dict[st
     fmt = hf_format(data, files)
     tok = load_tokenizer(data.tokenizer)
     if vocab_size is not None and tok.vocab_size > vocab_size:
-        raise ConfigError([vocab_problem(vocab_size, tok.vocab_size, str(data.tokenizer))])
+        raise ConfigError(
+            [vocab_problem(vocab_size, tok.vocab_size, str(data.tokenizer), vocab_key)]
+        )
     ident = "\n".join(
         f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in [*files, *val_files]
     )

@@ -53,11 +53,15 @@ def _source_files(cfg: DataConfig) -> list[Path]:
 
 
 def prepare_corpus(
-    cfg: DataConfig, seed: int = 0, vocab_size: int | None = None, roots: Sequence[str] = ()
+    cfg: DataConfig,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    roots: Sequence[str] = (),
+    vocab_key: str = "model.vocab_size",
 ) -> dict[str, Path]:
     """Tokenize (once) and return the token file of each split. Safe to call concurrently.
-    ``hf``/``custom`` problems (tokenizer larger than ``vocab_size``, a target that builds no
-    map-style dataset) raise :class:`~dtrain_cli.errors.ConfigError`."""
+    ``hf``/``custom`` problems (tokenizer larger than ``vocab_size``, set at ``vocab_key``; a
+    target that builds no map-style dataset) raise :class:`~dtrain_cli.errors.ConfigError`."""
     if cfg.source == "tokens":
         return _token_files(cfg)
     if cfg.source == "shapes":  # drawn in memory by each worker (runtime/shapes.py)
@@ -65,7 +69,7 @@ def prepare_corpus(
     if cfg.source == "hf":
         from dtrain_cli.corpus.hf import prepare_hf
 
-        return prepare_hf(cfg, cache_root(cfg), vocab_size)
+        return prepare_hf(cfg, cache_root(cfg), vocab_size, vocab_key)
     if cfg.source == "custom":  # built here once to check it; each worker builds its own
         from dtrain_cli.corpus.custom import build_custom
 

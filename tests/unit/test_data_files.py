@@ -343,3 +343,33 @@ def test_a_file_datasets_cannot_read_is_one_line(name, content, fmt, why, tmp_pa
         prepare_hf(data, tmp_path / "c", 256)
     (line,) = err.value.problems
     assert line.startswith(f"data.path={path}: cannot be read as {fmt} records (") and why in line
+
+
+def test_the_vocabulary_error_names_the_key_of_the_models_kind(hf_files):
+    """model=hf's vocabulary is model.config.vocab_size: the error said to set
+    model.vocab_size, which model=hf refuses as not a key (a new user's find)."""
+    corpus, tok, size = hf_files
+    data = [f"data.path={corpus}", f"data.tokenizer={tok}"]
+    result = CliRunner().invoke(app, ["plan", "recipe=llama_tiny_hf", "data=hf", *data,
+                                      "model.config.vocab_size=64"])  # fmt: skip
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2
+    assert f"error: model.config.vocab_size=64: below the tokenizer's {size} tokens" in said
+    assert f"set model.config.vocab_size={size} or more" in said
+    (line,) = _plan_errors("data=hf", *data, "model.vocab_size=64")
+    assert f"set model.vocab_size={size} or more" in line  # the built-in GPT's own key
+
+
+def test_a_validation_file_that_is_the_training_file_is_warned(tmp_path):
+    """data.val_path=train.jsonl beside data.path=train.jsonl validated on what it trained
+    on, without a word (a folder holding the file was warned)."""
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps(r) + "\n" for r in RECORDS * 20))
+    for same in (str(train), f"{tmp_path}/./train.jsonl"):
+        args = ["plan", "recipe=gpt_tiny", "data=hf", f"data.path={train}", f"data.val_path={same}"]
+        said = " ".join(CliRunner().invoke(app, args).output.split())
+        assert f"warning: data.val_path={same} is data.path: the validation loss is on data" in said
+    (tmp_path / "dev.jsonl").write_text(json.dumps({"text": "held out"}) + "\n")
+    args = ["plan", "recipe=gpt_tiny", "data=hf", f"data.path={train}",
+            f"data.val_path={tmp_path / 'dev.jsonl'}"]  # fmt: skip
+    assert "is data.path" not in CliRunner().invoke(app, args).output
