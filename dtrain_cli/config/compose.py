@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dtrain_cli.config import compose_cache
+from dtrain_cli.config.apply_overrides import apply_values
 from dtrain_cli.config.overrides import (
     SHORTHANDS,
     Override,
-    apply_values,
     check_overrides,
     schema_fields,
 )

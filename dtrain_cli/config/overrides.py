@@ -195,7 +195,8 @@ class _Checker:
             if problem:
                 self.problems.append(problem)
             else:
-                self.good.append(Override(text=tok, key=key, value=parsed, kind="open"))
+                kind = "delete" if prefix == "~" else "open"  # ~model.config.X: the entry
+                self.good.append(Override(text=tok, key=key, value=parsed, kind=kind))
             return
         dict_field = next(
             (
@@ -349,50 +350,19 @@ def _group(
 def _dict(f: Field, key: str, value: Any, good: list[Override], tok: str) -> list[str]:
     """``cluster.env={X:abc}`` (the whole dict, replacing it) or ``cluster.env.X=abc``."""
     entry = f"write {f.key}={{NAME:value}} or set one entry: +{f.key}.NAME=value"
+    text = f.type.endswith("str]")  # cluster.env, parallel.tp_plan; not model.config's values
     if key == f.key:
         value = {} if value is None else value
         if not isinstance(value, dict):
             return [f"{key}: value {value!r} is not a dict; {entry}"]
-        if any(isinstance(v, (dict, list)) or v is None for v in value.values()):
+        if text and any(isinstance(v, (dict, list)) or v is None for v in value.values()):
             return [f"{key}={tok.split('=', 1)[1]}: values must be strings; {entry}"]
-        value = {str(k): str(v) for k, v in value.items()}
+        value = {str(k): str(v) if text else v for k, v in value.items()}
+    elif not text:
+        pass
     elif isinstance(value, (dict, list)):
         return [f"{key}: value {value!r} is not a string; write e.g. {key}=value"]
     elif value is not None:
         value = str(value).lower() if isinstance(value, bool) else str(value)
     good.append(Override(text=tok, key=key, value=value, kind="dict"))
     return []
-
-
-def apply_values(cfg: Any, overrides: Sequence[Override]) -> list[str]:
-    """Set values and dict fields on the composed config, in the order given (what Hydra
-    does after merging the defaults list): a whole dict replaces, an entry sets or
-    removes. Returns a problem line for each that does not fit."""
-    from omegaconf import OmegaConf, open_dict
-
-    problems = []
-    for ov in overrides:
-        parent_key, _, entry = ov.key.rpartition(".")
-        try:
-            if ov.kind == "value":
-                OmegaConf.update(cfg, ov.key, ov.value, merge=True)
-                continue
-            if ov.kind == "open":  # keys the schema cannot know (keyword arguments)
-                OmegaConf.update(cfg, ov.key, ov.value, merge=True, force_add=True)
-                continue
-            if ov.kind != "dict":
-                continue
-            with open_dict(cfg):
-                if isinstance(ov.value, dict):
-                    OmegaConf.update(cfg, ov.key, {}, merge=False)
-                    OmegaConf.update(cfg, ov.key, ov.value, merge=True)
-                elif ov.value is None and not isinstance(OmegaConf.select(cfg, ov.key), dict):
-                    parent = OmegaConf.select(cfg, parent_key)
-                    if parent is not None and entry in parent:
-                        del parent[entry]
-                else:
-                    OmegaConf.update(cfg, ov.key, ov.value, merge=True)
-        except Exception as exc:  # OmegaConf's validation errors: the value does not fit
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            problems.append(f"{ov.text}: {first}")
-    return problems

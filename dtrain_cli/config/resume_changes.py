@@ -13,8 +13,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from dtrain_cli.config.apply_overrides import apply_values
 from dtrain_cli.config.compose import interpolation_problems, to_dataclass
-from dtrain_cli.config.overrides import apply_values, check_overrides, schema_fields
+from dtrain_cli.config.overrides import check_overrides, schema_fields
 from dtrain_cli.config.recipe_checks import explain_compose_error
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.search import builtin_configs_dir, group_options, user_config_dirs

@@ -139,8 +139,10 @@ def test_export_hf_loads_with_from_pretrained_and_gives_equal_logits(tmp_path):
 
 
 def test_a_pretrained_folder_is_checked_against_what_the_command_line_says_of_it(tmp_path):
-    """A llama folder ran as 'gpt2' by its label, and model.config keys its config class
-    does not take were dropped by from_pretrained without a word."""
+    """A llama folder ran as 'gpt2' by its label, model.config keys its config class does
+    not take were dropped by from_pretrained without a word, and one that reshapes its
+    weights trained the folder's first layers alone (num_hidden_layers=1 over 4) or failed
+    at start-up after a LOAD REPORT (a new user's finds)."""
     import json
 
     folder = tmp_path / "my-llama"
@@ -151,7 +153,15 @@ def test_a_pretrained_folder_is_checked_against_what_the_command_line_says_of_it
         return HFSpec(HFConfig(pretrained=str(folder), **kw)).config_problems()
 
     assert problems() == [] and problems(model_type="llama") == []
-    assert problems(config={"num_hidden_layers": 1}) == []
+    assert problems(config={"num_hidden_layers": 4, "max_position_embeddings": 512}) == []
+    assert problems(config={"rope_theta": 5e5, "attention_dropout": 0.1}) == []
+    assert problems(config={"num_hidden_layers": 1}) == [
+        f"model.config.num_hidden_layers=1: model.pretrained={folder}'s config.json has "
+        "num_hidden_layers=4, and its weights that shape (they would not load, or load in "
+        "part); drop the key, or leave model.pretrained unset to train a new model of that "
+        "shape"
+    ]
+    assert problems(config={"vocab_size": 300})[0].startswith("model.config.vocab_size=300: ")
     assert problems(model_type="gpt2") == [
         f"model.model_type=gpt2: model.pretrained={folder} holds a llama model (its "
         "config.json); drop model.model_type"
@@ -160,6 +170,46 @@ def test_a_pretrained_folder_is_checked_against_what_the_command_line_says_of_it
         f"model.config.n_layer: not an argument of LlamaConfig, model.pretrained={folder}'s "
         "config (nor n_embd)"
     ]
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        (
+            "three",
+            "model.config.num_hidden_layers=three: Field 'num_hidden_layers' expected int, got str",
+        ),
+        (
+            2.5,
+            "model.config.num_hidden_layers=2.5: Field 'num_hidden_layers' expected int, got float",
+        ),
+    ],
+)
+def test_a_config_value_of_the_wrong_type_is_one_line(value, said):
+    """transformers' strict config dataclasses raise huggingface_hub's own error type (not a
+    ValueError): a traceback and exit 1 for model.config.num_hidden_layers=three."""
+    with pytest.raises(ConfigError) as err:
+        _ = spec_of("llama", num_hidden_layers=value).hf_config
+    (line,) = err.value.problems
+    assert line.startswith(said), line
+
+
+def test_a_whole_config_dict_keeps_its_values_types_and_tilde_removes_an_entry():
+    """model.config={num_hidden_layers:2,...} made every value a string (then 'expected int,
+    got str'), and ~model.config.X set it to None (transformers' default lost)."""
+    from dtrain_cli.config.compose import compose_config
+
+    whole = "model.config={num_hidden_layers:2,hidden_size:64,rope_scaling:{factor:2.0}}"
+    cfg = compose_config("llama_tiny_hf", [whole], validate=False)
+    assert cfg.model.config == {
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "rope_scaling": {"factor": 2.0},
+    }
+    cfg = compose_config("llama_tiny_hf", ["~model.config.max_position_embeddings"], validate=False)
+    assert "max_position_embeddings" not in cfg.model.config
+    env = compose_config("gpt_tiny", ["cluster.env={A:1}", "+cluster.env.B=2"], validate=False)
+    assert env.cluster.env == {"A": "1", "B": "2"}  # dict[str, str]: strings still
 
 
 def test_export_safetensors_still_works_for_hf(tmp_path):

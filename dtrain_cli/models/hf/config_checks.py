@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,29 @@ def config_keys(cls: type) -> set[str]:
     keys = {f.name for f in dataclasses.fields(cls)}
     keys |= set(getattr(cls, "attribute_map", {}) or {})
     return keys | {"rope_theta", "rope_scaling", "tie_word_embeddings"}
+
+
+SHAPE_KEYS = frozenset(
+    {
+        "vocab_size",
+        "hidden_size",
+        "n_embd",
+        "d_model",
+        "num_hidden_layers",
+        "n_layer",
+        "intermediate_size",
+        "n_inner",
+        "num_attention_heads",
+        "n_head",
+        "num_key_value_heads",
+        "head_dim",
+        "n_positions",
+    }
+)
+"""``model.config`` keys that set a weight's shape: given over ``model.pretrained`` with
+another value, its weights do not fit (a missing/mismatched LOAD REPORT and a traceback at
+start-up, or layers dropped without a word). Not ``max_position_embeddings``: a rotary
+model's context is set there without a weight."""
 
 
 def pretrained_problems(
@@ -41,6 +65,13 @@ def pretrained_problems(
         ]
     if not config or not kind:
         return []
+    if reshaped := [k for k in config if k in SHAPE_KEYS and k in saved and config[k] != saved[k]]:
+        k = reshaped[0]
+        return [
+            f"model.config.{k}={config[k]}: {where}'s config.json has {k}={saved[k]}, and its "
+            "weights that shape (they would not load, or load in part); drop the key, or "
+            "leave model.pretrained unset to train a new model of that shape"
+        ]
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     known = config_keys(CONFIG_MAPPING[kind]) if kind in CONFIG_MAPPING else set()
@@ -50,3 +81,19 @@ def pretrained_problems(
     cls = CONFIG_MAPPING[kind].__name__
     more = f" (nor {', '.join(unknown[1:])})" if unknown[1:] else ""
     return [f"model.config.{unknown[0]}: not an argument of {cls}, {where}'s config{more}"]
+
+
+def config_error(model: Any, exc: BaseException) -> str:
+    """transformers' refusal of ``model.config`` (or the folder's), one line: a field's
+    validation error (huggingface_hub's strict dataclasses, a traceback before:
+    ``model.config.num_hidden_layers=three``) names the key and the type it takes."""
+    named = re.match(r"Validation error for field '(\w+)'", str(exc))
+    if named:
+        key = named.group(1)
+        why = (str(exc.__cause__ or exc).strip().splitlines() or [type(exc).__name__])[0]
+        if key in model.config:
+            return f"model.config.{key}={model.config[key]}: {why}"
+        where = f"model.pretrained={model.pretrained}" if model.pretrained else "model.config"
+        return f"{where}: {why}"
+    where = f"model.pretrained={model.pretrained}" if model.pretrained else "model.config"
+    return f"{where}: {(str(exc).splitlines() or [type(exc).__name__])[0]}"

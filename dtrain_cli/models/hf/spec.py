@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from dtrain_cli.errors import ConfigError
 from dtrain_cli.hub import download_hint
-from dtrain_cli.models.hf.config_checks import config_keys, pretrained_problems
+from dtrain_cli.models.hf.config_checks import config_error, config_keys, pretrained_problems
 from dtrain_cli.models.hf.facts_cache import FOLDER, facts_key
 from dtrain_cli.models.hf.library import transformers_module
 from dtrain_cli.models.hf.tp_checks import head_problems, tp_problems
@@ -160,9 +160,11 @@ class HFSpec(ModelSpec):
                 )
             else:
                 conf = tf.AutoConfig.for_model(m.model_type, **m.config)
-        except (ValueError, TypeError, OSError) as e:
-            where = f"model.pretrained={m.pretrained}" if m.pretrained else "model.config"
-            raise ConfigError([f"{where}: {str(e).splitlines()[0]}"]) from None
+        except Exception as e:  # also huggingface_hub's StrictDataclassFieldValidationError
+            strict = type(e).__name__.startswith("StrictDataclass")  # no common base to name
+            if not isinstance(e, (ValueError, TypeError, OSError)) and not strict:
+                raise
+            raise ConfigError([config_error(m, e)]) from None
         conf._attn_implementation = m.attn_implementation  # read by the attention layers
         if getattr(conf, "loss_type", None) is None:
             conf.loss_type = "ForCausalLM"  # what transformers picks anyway, without a warning
