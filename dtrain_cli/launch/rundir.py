@@ -8,7 +8,9 @@ one here and the workers read it.
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from dtrain_cli.config.compose import config_to_yaml
@@ -32,13 +34,35 @@ def new_run_dir(cfg: DtrainConfig) -> Path:
     return path
 
 
+RELATIVE_PATHS = (
+    ("data", "path"),
+    ("data", "val_path"),
+    ("data", "tokenizer"),
+    ("model", "pretrained"),
+)
+"""The files a run reads that a user names relative to where they start it."""
+
+
+def run_config_text(cfg: DtrainConfig) -> str:
+    """``config.yaml``: the config with each of :data:`RELATIVE_PATHS` that names a file here
+    made absolute, so a ``dtrain resume`` from another folder reads the same files (it read
+    ``train.jsonl`` of the folder it was started in, or failed: a new user's find)."""
+    for section, key in RELATIVE_PATHS:
+        part = getattr(cfg, section)
+        given = getattr(part, key, None)
+        relative = isinstance(given, str) and given and not given.startswith(("/", "~"))
+        if relative and Path(given).exists():
+            cfg = replace(cfg, **{section: replace(part, **{key: os.path.abspath(given)})})
+    return config_to_yaml(cfg)
+
+
 def materialize(cfg: DtrainConfig, plan: Plan, path: Path | None = None) -> Path:
     """Create the run dir and write config.yaml + plan.yaml; returns the absolute path."""
     run = RunDir((path or new_run_dir(cfg)).resolve())
     if run.plan.exists():
         raise FileExistsError(taken(run))
     run.logs.mkdir(parents=True, exist_ok=True)
-    run.config.write_text(config_to_yaml(cfg))
+    run.config.write_text(run_config_text(cfg))
     plan.save(run.plan)
     return run.path
 

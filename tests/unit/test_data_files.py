@@ -373,3 +373,29 @@ def test_a_validation_file_that_is_the_training_file_is_warned(tmp_path):
     args = ["plan", "recipe=gpt_tiny", "data=hf", f"data.path={train}",
             f"data.val_path={tmp_path / 'dev.jsonl'}"]  # fmt: skip
     assert "is data.path" not in CliRunner().invoke(app, args).output
+
+
+def test_a_run_dir_names_the_data_files_absolutely_so_a_resume_reads_them_anywhere(
+    tmp_path, monkeypatch
+):
+    """config.yaml kept data.path=train.jsonl as typed: a resume from another folder failed
+    ('no such file'), or trained on that folder's own train.jsonl with one generic warning
+    (a new user's find). A path that names no file here stays as typed (its error says so)."""
+    import yaml
+
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.launch.rundir import materialize
+    from dtrain_cli.plan.build import Resources, build_plan
+
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in RECORDS * 20))
+    (tmp_path / "dev.jsonl").write_text(json.dumps({"text": "held out"}) + "\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = compose_config("gpt_tiny", ["data=hf", "data.path=train.jsonl",
+                                      "data.val_path=./dev.jsonl", "run.name=r"])  # fmt: skip
+    run = materialize(cfg, build_plan(cfg, Resources(num_gpus=0, num_cpus=2)))
+    data = yaml.safe_load((run / "config.yaml").read_text())["data"]
+    assert (data["path"], data["val_path"]) == (
+        str(tmp_path / "train.jsonl"),
+        str(tmp_path / "dev.jsonl"),
+    )
+    assert cfg.data.path == "train.jsonl"  # the launcher's own config: unchanged
