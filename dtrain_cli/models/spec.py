@@ -245,6 +245,11 @@ class ModelSpec(ABC):
         """How pipeline errors name the model's layer count (the key that sets it)."""
         return f"the model's layers ({num_layers})"
 
+    reads_fsdp_units: ClassVar[bool] = False
+    """Whether ``parallel.fsdp_units`` (class names to wrap) chooses this kind's FSDP units;
+    the others wrap their own blocks (model=hf: ``_no_split_modules``), and the plan warns
+    that the key is not read."""
+
     vocab_key: ClassVar[str] = "model.vocab_size"
     """The key that sets this kind's vocabulary (what the plan's vocabulary warning names:
     ``config.data_checks.data_warnings``)."""

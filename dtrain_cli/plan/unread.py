@@ -60,4 +60,18 @@ def _ignored_because(cfg: DtrainConfig, key: str) -> str | None:
             if readers:
                 read_by = " or ".join(f"sync.mode={m}" for m in readers)
                 return f"read only by {read_by} (sync.mode={cfg.sync.mode})"
+    if key == "parallel.fsdp_units" and not _reads_fsdp_units(cfg):
+        return (
+            "read only by model=custom; the other kinds wrap their own blocks (model=hf: the "
+            "classes its _no_split_modules names)"
+        )
     return None
+
+
+def _reads_fsdp_units(cfg: DtrainConfig) -> bool:
+    from dtrain_cli.models import spec_class
+
+    try:
+        return spec_class(cfg.model.kind).reads_fsdp_units
+    except Exception:  # an unknown kind: said by the model's own checks
+        return True

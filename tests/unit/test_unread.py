@@ -4,6 +4,8 @@ without DiLoCo trained as if never typed and said nothing."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
@@ -60,6 +62,14 @@ CASES = [
         ],
     ),
     (["dp=2", "parallel.strategy=zero1", "comm.bucket_mb=10"], []),
+    # model=hf wraps its _no_split_modules: a misspelt class trained as if never typed
+    (
+        ["dp=2", "parallel.strategy=fsdp", "parallel.fsdp_units=[Block]"],
+        [
+            "parallel.fsdp_units=[Block]: read only by model=custom; the other kinds wrap their "
+            "own blocks (model=hf: the classes its _no_split_modules names); ignored"
+        ],
+    ),
 ]
 
 
@@ -111,3 +121,10 @@ def test_debug_keys_of_dtrains_trainer_are_named_for_a_script(tmp_path, monkeypa
     assert any(w.startswith("debug.hang_watchdog=false: read only by dtrain's") for w in said)
     trainer = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "debug.collective_timeout_s=10"])
     assert trainer.exit_code == 0 and "ignored" not in trainer.output, trainer.output
+
+
+def test_a_custom_models_fsdp_units_are_read():
+    over = ["dp=2", "parallel.strategy=fsdp", "parallel.fsdp_units=[Linear]"]
+    conf = Path(__file__).resolve().parents[2] / "examples" / "conf"
+    cfg = compose_config("my_experiment", over, [conf], validate=False)
+    assert cfg.model.kind == "custom" and unread_warnings(cfg, over) == []

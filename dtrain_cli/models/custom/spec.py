@@ -87,6 +87,7 @@ class CustomModelConfig:
 class CustomSpec(ModelSpec):
     kind = "custom"
     config_class = CustomModelConfig
+    reads_fsdp_units = True
     cfg: CustomModelConfig
 
     def config_dict(self) -> dict[str, Any]:
