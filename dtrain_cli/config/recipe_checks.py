@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from dtrain_cli.config.overrides import unknown_key
 from dtrain_cli.config.schema import DtrainConfig
-from dtrain_cli.config.search import group_options
+from dtrain_cli.config.search import group_options, list_recipes
 from dtrain_cli.config.suggest import did_you_mean
 
 if TYPE_CHECKING:
@@ -110,6 +110,12 @@ def explain_compose_error(
         return (
             f"{group}={option}{where}: no such option{did_you_mean(option, opts)}; "
             f"allowed: {', '.join(opts)}"
+        )
+    m = re.search(r"In '([^']+)': Could not load '([^']+)'", msg)
+    if m and (found := list_recipes(config_dirs).get(m.group(2).rsplit("/", 1)[-1])):
+        return (  # a recipe is a whole run's config, composed alone: it extends none
+            f"{first} '{m.group(2)}' is a recipe, and a recipe's defaults list takes config "
+            f"groups only (base, override model: ...); start yours from a copy of {found}"
         )
     return first
 

@@ -6,6 +6,7 @@ import pytest
 
 from dtrain_cli.config.compose import compose_config
 from dtrain_cli.config.overrides import SHORTHANDS, schema_fields
+from dtrain_cli.config.search import list_recipes
 from dtrain_cli.config.suggest import did_you_mean, did_you_mean_key, not_allowed
 from dtrain_cli.errors import ConfigError
 
@@ -152,6 +153,20 @@ def test_every_mistake_in_ones_own_recipe_is_told_with_the_file(tmp_path):
             "optim.lr_scaling=cube: not allowed; choose one of none, linear, sqrt (in recipe "
             f"{recipe})",
         ]
+
+
+def test_a_recipe_that_includes_a_built_in_recipe_is_told_to_start_from_a_copy(tmp_path):
+    """`defaults: [llama_tiny_hf, ...]` in one's own recipe was "Could not load
+    'llama_tiny_hf'", with no word why (a new user's find)."""
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "ft.yaml").write_text("defaults: [llama_tiny_hf, _self_]\n")
+    with pytest.raises(ConfigError) as info:
+        compose_config("ft", [], [tmp_path])
+    (problem,) = info.value.problems
+    assert problem.startswith(
+        "In 'ft': Could not load 'llama_tiny_hf'. 'llama_tiny_hf' is a recipe"
+    )
+    assert problem.endswith(f"start yours from a copy of {list_recipes()['llama_tiny_hf']}")
 
 
 def test_a_choice_in_other_case_is_named():
