@@ -30,9 +30,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 EOS_NAMES = ("<|endoftext|>", "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 
 
-VAL_SPLITS = ("validation", "valid", "val")
-"""A saved ``DatasetDict``'s split that validates (the first of these it has); without one,
-the last ``data.val_fraction`` of its ``train`` split."""
+VAL_SPLITS = ("validation", "valid", "val", "test")
+"""A saved ``DatasetDict``'s split that validates (the first of these it has: ``test`` is
+what ``Dataset.train_test_split`` names it, and was left unread); without one, the last
+``data.val_fraction`` of its ``train`` split."""
 
 
 def saved_splits(path: Path) -> list[str] | None:

@@ -93,6 +93,11 @@ def test_a_save_to_disk_folder_is_loaded_with_its_validation_split(tmp_path):
     assert line.endswith(f"not a column of {tmp_path / 'two'} (columns: text)")
     (line,) = _plan_errors("data=hf", f"data.path={tmp_path / 'no_train'}")
     assert "a saved DatasetDict without a train split (splits: test)" in line
+    # Dataset.train_test_split's names: its test split validates (it was left unread)
+    train.train_test_split(test_size=0.25, shuffle=False).save_to_disk(str(tmp_path / "split"))
+    split = prepare_hf(DataConfig(source="hf", path=str(tmp_path / "split")), tmp_path / "c", 256)
+    held = "\n\n".join(r["text"] for r in RECORDS[30:]).encode()
+    assert bytes(np.fromfile(split["val"], dtype=np.uint16).astype(np.uint8)) == held
 
 
 def test_an_npy_token_file_is_read_by_numpy_not_as_raw_ids(tmp_path):

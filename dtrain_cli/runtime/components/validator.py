@@ -3,8 +3,8 @@
     dtrain launch recipe=gpt_tiny train.eval_every=50 train.eval_batches=8
 
 ``should_validate(step)``: every ``train.eval_every`` steps and at the last step. The
-loss is over the first ``eval_batches`` global batches of the val split: the same samples
-whatever the layout.
+loss is over the first ``eval_batches`` global batches of the val split (at most the whole
+split, each window once): the same samples whatever the layout.
 """
 
 from __future__ import annotations
@@ -49,7 +49,10 @@ class Validator:
         micro, dp, r = self.plan.batch.micro_batch_size, self.plan.batch.dp, self.ctx.dp_rank
         group = self.plan.pipeline.microbatches if self.plan.pipeline else 1
         n = len(self.batches)
-        chunks = list(range(r, self.num_batches * self.plan.batch.global_batch_size // micro, dp))
+        # at most the whole split, each window once (past its end the windows came round
+        # again and counted twice); a split shorter than a micro-batch: one, wrapped
+        wanted = self.num_batches * self.plan.batch.global_batch_size // micro
+        chunks = list(range(r, min(wanted, max(n // micro, 1)), dp))
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
         for i in range(0, len(chunks), group):
             idx = np.concatenate([np.arange(micro) + c * micro for c in chunks[i : i + group]]) % n
