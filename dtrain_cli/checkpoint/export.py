@@ -53,9 +53,50 @@ def export_model(ckpt: Path, out: Path, fmt: str = "safetensors") -> list[Path]:
     model.load_state_dict(state["model"])
     with torch.no_grad():
         files = spec.export(model, out, fmt)
+    if fmt == "hf" and cfg.data.source == "hf" and cfg.data.tokenizer:
+        files += with_tokenizer(Path(cfg.data.tokenizer).expanduser(), out)
     for path in files:  # say where the weights came from next to the model config
         if path.suffix == ".json" and path.name != "config.json":
             info = json.loads(path.read_text())
             info.update(source=str(ckpt), step=read_meta(ckpt).get("step"))
             path.write_text(json.dumps(info, indent=2))
     return files
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+)
+
+
+def with_tokenizer(folder: Path, out: Path) -> list[Path]:
+    """The run's tokenizer (``data.tokenizer``) beside an hf export, so ``from_pretrained``
+    of the one folder gives both; and the config's and generation config's ``eos_token_id``
+    set to its end-of-text token, which ended every training record (the recipe's id was
+    another token of this tokenizer, and ``generate`` stopped on it). A folder that is gone
+    is skipped with the model still exported."""
+    import shutil
+
+    from dtrain_cli.corpus.hf import load_tokenizer
+
+    if not folder.is_dir():
+        return []
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (folder / name).is_file():
+            shutil.copyfile(folder / name, out / name)
+            copied.append(out / name)
+    eos = load_tokenizer(str(folder)).eos_id
+    for name in ("config.json", "generation_config.json") if eos is not None else ():
+        path = out / name
+        if path.is_file():
+            info = json.loads(path.read_text())
+            info["eos_token_id"] = eos
+            path.write_text(json.dumps(info, indent=2))
+    return copied

@@ -404,3 +404,31 @@ def test_a_run_dir_names_the_data_files_absolutely_so_a_resume_reads_them_anywhe
         str(tmp_path / "dev.jsonl"),
     )
     assert cfg.data.path == "train.jsonl"  # the launcher's own config: unchanged
+
+
+def test_an_hf_export_carries_the_runs_tokenizer_and_its_end_of_text_id(hf_files, tmp_path):
+    """export --format hf wrote config.json and the weights only; the recipe's eos_token_id
+    (gpt2_tiny_hf: 0) was <unk> in the user's tokenizer, and generate() stopped on it.
+    Every training record ended with the tokenizer's own end-of-text token."""
+    from transformers import AutoTokenizer
+
+    from dtrain_cli.checkpoint.export import TOKENIZER_FILES, with_tokenizer
+    from dtrain_cli.corpus.hf import load_tokenizer
+
+    _, tok, _ = hf_files
+    out = tmp_path / "exported"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"model_type": "gpt2", "eos_token_id": 0}))
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 0}))
+    files = with_tokenizer(tok, out)
+    assert {f.name for f in files} == {p.name for p in tok.iterdir() if p.name in TOKENIZER_FILES}
+    assert (out / "tokenizer.json").is_file()
+    eos = load_tokenizer(str(tok)).eos_id
+    assert eos not in (None, 0)
+    for name in ("config.json", "generation_config.json"):
+        assert json.loads((out / name).read_text())["eos_token_id"] == eos
+    loaded = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert (
+        loaded("model trains", add_special_tokens=False)["input_ids"]
+        == load_tokenizer(str(tok)).encode_batch(["model trains"])[0]
+    )
