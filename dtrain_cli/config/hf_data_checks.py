@@ -130,9 +130,11 @@ def hf_problems(
         if importlib.util.find_spec(module) is None:
             return [f"data.source=hf needs the '{module}' package: {HF_EXTRA}"]
     try:
+        if not data.path:  # said by "data.path is required" (Path("") was this folder)
+            raise FileNotFoundError
         files = hf_data_files(data)
     except FileNotFoundError as exc:
-        problems.append(str(exc))
+        problems += [str(exc)] if data.path else []
     else:
         fmt = hf_format(data, files)
         if fmt == "mixed":
@@ -163,6 +165,8 @@ def _first_record_problems(data: DataConfig, path: Path) -> list[str]:
         return []
     with path.open("rb") as f:
         line = next((raw for raw in f if raw.strip()), b"")
+    if not line:
+        return [f"data.path={path}: empty (no record in it)"]
     try:
         record = json.loads(line) if line else {}
     except ValueError:

@@ -252,7 +252,7 @@ class ModelSpec(ABC):
 
     vocab_key: ClassVar[str] = "model.vocab_size"
     """The key that sets this kind's vocabulary (what the plan's vocabulary warning names:
-    ``config.data_checks.data_warnings``)."""
+    ``config.data_warnings.data_warnings``)."""
 
     def supports_tensor_parallel(self) -> bool:
         return False

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dtrain_cli.config.data_checks import data_warnings
+from dtrain_cli.config.data_warnings import data_warnings
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.suggest import not_allowed
 from dtrain_cli.config.validate import config_problems

@@ -432,3 +432,27 @@ def test_an_hf_export_carries_the_runs_tokenizer_and_its_end_of_text_id(hf_files
         loaded("model trains", add_special_tokens=False)["input_ids"]
         == load_tokenizer(str(tok)).encode_batch(["model trains"])[0]
     )
+
+
+def test_an_empty_file_unset_path_and_records_read_as_text_are_said_plainly(tmp_path):
+    """An empty .jsonl was 'not a field of ... (fields: none)'; ~data.path gave 'data.path=None:
+    files of several formats' (the current folder read) before 'data.path is required';
+    data=text of a .jsonl trained on its JSON's bytes without a word (a new user's finds)."""
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert _plan_errors("data=hf", f"data.path={empty}") == [
+        f"error: data.path={empty}: empty (no record in it)"
+    ]
+    assert _plan_errors("data=hf", "~data.path") == [
+        "error: data.path is required for data.source=hf"
+    ]
+    records = tmp_path / "r.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in RECORDS * 20))
+    args = ["plan", "recipe=gpt_tiny", "data=text", f"data.path={records}"]
+    said = " ".join(CliRunner().invoke(app, args).output.split())
+    assert f"warning: data.path={records}: .jsonl records, read by data=text as raw bytes" in said
+    (tmp_path / "code").mkdir()  # a code corpus with a JSON file among its sources: no word
+    (tmp_path / "code" / "a.py").write_text("print('hello')\n" * 400)
+    (tmp_path / "code" / "b.json").write_text("{}")
+    args = ["plan", "recipe=gpt_tiny", "data=text", f"data.path={tmp_path / 'code'}"]
+    assert "raw bytes" not in CliRunner().invoke(app, args).output
