@@ -390,3 +390,14 @@ def test_a_vocabulary_ten_times_the_data_s_is_a_warning_and_the_docs_example_set
         assert launches and all("model.config.vocab_size=256" in x for x in launches), doc
     gpt = build_plan(compose_config("gpt_tiny", ["model.vocab_size=4096"]))  # 16x: any kind
     assert any(w.startswith("model.vocab_size=4,096: 16x the data's 256") for w in gpt.warnings)
+
+
+def test_a_model_whose_class_names_no_loss_gets_the_causal_lm_loss_without_a_warning():
+    """transformers reads a model's loss type off its class name: GPT2LMHeadModel has none,
+    and every start of a gpt2 run printed "loss_type=None ... unrecognized" (a new user's
+    find). The loss was already the causal LM's; now it is said to be."""
+    from transformers.loss.loss_utils import LOSS_MAPPING
+
+    model = built(spec_of("gpt2"))
+    assert model.loss_type == "ForCausalLM"
+    assert model.loss_function is LOSS_MAPPING["ForCausalLM"]

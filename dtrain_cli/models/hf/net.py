@@ -87,6 +87,8 @@ def build(spec: HFSpec, device: torch.device | str) -> nn.Module:
         with torch.device(device):
             model = tf.AutoModelForCausalLM.from_config(conf, **kwargs)
     model.config.use_cache = False  # training: no KV cache object built in every forward
+    if getattr(model, "loss_type", None) is None:  # transformers reads it off the class
+        model.loss_type = "ForCausalLM"  # name (GPT2LMHeadModel: none, warned every start)
     return model
 
 
