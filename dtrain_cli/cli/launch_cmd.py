@@ -116,7 +116,7 @@ def start_run(
     if before_start is not None:
         before_start(cfg, plan)
     if plan.script is None:  # a script's data is its own
-        prepare_data(cfg)
+        prepare_data(cfg, plan)
 
     from dtrain_cli.launch.rundir import materialize, new_run_dir
 
@@ -189,10 +189,11 @@ def rendezvous_problems(cfg: DtrainConfig, plan: Plan, node_rank: int | None) ->
     ]
 
 
-def prepare_data(cfg: DtrainConfig) -> None:
+def prepare_data(cfg: DtrainConfig, plan: Plan | None = None) -> None:
     """Tokenize/cache the corpus, or build and check a custom dataset, before the run dir
-    exists: a problem found here leaves nothing behind."""
-    from dtrain_cli.corpus.prepare import prepare_corpus, window_problems
+    exists: a problem found here leaves nothing behind. With the ``plan``: a run that would
+    pass over a small corpus many times is warned of."""
+    from dtrain_cli.corpus.prepare import epochs_warning, prepare_corpus, window_problems
     from dtrain_cli.models import spec_class
 
     vocab, key = getattr(cfg.model, "vocab_size", None), spec_class(cfg.model.kind).vocab_key
@@ -200,8 +201,12 @@ def prepare_data(cfg: DtrainConfig) -> None:
         paths = prepare_corpus(cfg.data, cfg.train.seed, vocab, cfg.run.import_roots, key)
     except (ConfigError, FileNotFoundError) as exc:
         fail(exc.problems if isinstance(exc, ConfigError) else [str(exc)])
-    if problems := window_problems(cfg.data, paths, getattr(cfg.model, "block_size", None), vocab):
+    block = getattr(cfg.model, "block_size", None)
+    if problems := window_problems(cfg.data, paths, block, vocab):
         fail(problems)
+    samples = plan.steps * plan.batch.global_batch_size if plan is not None else 0
+    if plan is not None and (said := epochs_warning(cfg.data, paths, block, samples)):
+        print_warnings([said])
 
 
 def start_workers(

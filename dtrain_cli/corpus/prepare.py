@@ -214,5 +214,28 @@ def window_problems(
     return problems
 
 
+EPOCHS_WARNED = 10
+"""Passes over the training windows from which the launch says the corpus is small."""
+
+
+def epochs_warning(
+    data: DataConfig, paths: dict[str, Path], block_size: int | None, samples: int
+) -> str | None:
+    """A run that passes over its training windows :data:`EPOCHS_WARNED` times or more: a
+    1.4 KB corpus trained 50 times over said nothing (a new user's find)."""
+    if block_size is None or "train" not in paths:
+        return None
+    tokens, _ = open_tokens(paths["train"], token_dtype(data, paths))
+    windows = (len(tokens) - 1) // block_size
+    if windows <= 0 or samples < EPOCHS_WARNED * windows:
+        return None
+    where = f"data.path={data.path}" if data.path else f"data={data.source}"
+    return (
+        f"{samples:,} training samples (train.steps x the global batch) are "
+        f"{samples / windows:.0f} passes over {where}'s {windows:,} windows of {block_size} "
+        "tokens: a small corpus the model will learn by heart; more data, or fewer train.steps"
+    )
+
+
 if __name__ == "__main__":  # prepare the built-in corpus
     print(prepare_corpus(DataConfig()), file=sys.stderr)

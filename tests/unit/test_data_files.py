@@ -456,3 +456,20 @@ def test_an_empty_file_unset_path_and_records_read_as_text_are_said_plainly(tmp_
     (tmp_path / "code" / "b.json").write_text("{}")
     args = ["plan", "recipe=gpt_tiny", "data=text", f"data.path={tmp_path / 'code'}"]
     assert "raw bytes" not in CliRunner().invoke(app, args).output
+
+
+def test_a_run_that_passes_over_a_small_corpus_many_times_is_warned(tmp_path):
+    """A 1.4 KB corpus trained 30 steps x 16 sequences, about 50 passes, said nothing (a new
+    user's find); a run of a few passes is not warned."""
+    from dtrain_cli.corpus.prepare import epochs_warning
+
+    (np.arange(1001, dtype=np.uint16) % 256).tofile(tmp_path / "train.bin")
+    data = DataConfig(source="tokens", path=str(tmp_path / "all.bin"))
+    paths = {"train": tmp_path / "train.bin"}
+    assert epochs_warning(data, paths, 100, 99) is None  # 9.9 passes over 10 windows
+    assert epochs_warning(data, paths, 100, 480) == (
+        f"480 training samples (train.steps x the global batch) are 48 passes over "
+        f"data.path={tmp_path / 'all.bin'}'s 10 windows of 100 tokens: a small corpus the model "
+        "will learn by heart; more data, or fewer train.steps"
+    )
+    assert epochs_warning(data, paths, None, 480) is None  # a model without token windows
