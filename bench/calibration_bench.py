@@ -140,8 +140,8 @@ def reasons_table(results: list[Result]) -> str:
 NOTES = [
     "Error = estimate / published - 1. A layout field the source does not publish "
     "(micro-batch, schedule, strategy) is the best estimate over the advisor's choices for "
-    "it (interleaving up to 8 virtual stages where the layers divide); unpublished "
-    "recomputation is none. "
+    "it (interleaving up to 8 virtual stages, each rank's layers as even as they allow); "
+    "unpublished recomputation is none. "
     "'fits' is dtrain's memory model (fp32 master weights and gradients, no sequence "
     "parallelism): where it says no, the published run fit thanks to what dtrain lacks, and "
     "the estimate is still that layout's step time.",
@@ -157,7 +157,8 @@ NOTES = [
     "Megatron-Core overlaps tensor-parallel communication with its GEMMs "
     "(--tp-comm-overlap); dtrain's tensor parallel does not, and the estimate charges it "
     "(mcore-h100-32b, tp=8 without a pipeline). mcore-h100-119b has 23 layers a stage, which "
-    "no interleaving up to 8 divides: its estimate keeps 1F1B's bubble. Of mcore-h100-314b's "
+    "no interleaving divides: its chunks are split as evenly as they allow (8 virtual stages "
+    "of 3 or 2 layers, as Megatron-Core splits them). Of mcore-h100-314b's "
     "expansions only FSDP at micro-batch 1 with 1F1B fits dtrain's memory model (74 of 78 "
     "GiB; interleaving needs 84-103 GiB without Megatron's sequence parallelism, which splits "
     "the activations over tp): its estimate keeps 1F1B's bubble too.",

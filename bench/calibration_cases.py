@@ -36,6 +36,7 @@ from dtrain_cli.plan.advise import (  # noqa: E402
     advise,
     assess,
     candidates,
+    uneven,
 )
 from dtrain_cli.plan.advise_compare import CLOSE  # noqa: E402
 from dtrain_cli.strategies import names as strategy_names  # noqa: E402
@@ -221,8 +222,8 @@ def published_layouts(case: Case, cfg: DtrainConfig) -> list[Layout]:
     elif case.schedule:
         schedules = [(case.schedule, case.virtual_stages or 1)]
     else:  # the advisor's schedules, and deeper interleaving where the layers divide
-        per_stage = int(case.dims["n_layer"]) // case.pp
-        deeper = [("interleaved_1f1b", v) for v in range(3, MAX_VIRTUAL + 1) if per_stage % v == 0]
+        per_stage = int(case.dims["n_layer"]) // case.pp  # each rank's chunks as even as can be
+        deeper = [("interleaved_1f1b", v) for v in range(3, MAX_VIRTUAL + 1) if per_stage >= v]
         schedules = list(SCHEDULES) + deeper
     if case.dp == 1:
         strategies = ["ddp"]
@@ -236,6 +237,7 @@ def published_layouts(case: Case, cfg: DtrainConfig) -> list[Layout]:
             activation_checkpointing=a,
             schedule=sch,
             virtual_stages=v,
+            layers_per_stage=uneven(int(case.dims["n_layer"]), case.pp, sch, v),
         )
         for s in strategies
         for m in micros

@@ -26,6 +26,9 @@ class Layout:
     activation_checkpointing: str
     schedule: str | None = None
     virtual_stages: int = 1
+    layers_per_stage: tuple[int, ...] | None = None
+    """Where the model's layers do not divide the stages: each rank's share as even as
+    they allow (:func:`.layout.balanced_split`)."""
 
     def overrides(self, nnodes: int) -> list[str]:
         out = [
@@ -43,6 +46,8 @@ class Layout:
                 f"pipeline.schedule={self.schedule}",
                 f"pipeline.virtual_stages={self.virtual_stages}",
             ]
+        if self.layers_per_stage is not None:
+            out.append(f"pipeline.layers_per_stage=[{','.join(map(str, self.layers_per_stage))}]")
         return out
 
     def label(self) -> str:
@@ -54,6 +59,7 @@ class Layout:
             text += f" {self.schedule}" + (
                 f"/v{self.virtual_stages}" if self.virtual_stages > 1 else ""
             )
+        text += " uneven-layers" if self.layers_per_stage else ""
         text += f" mb{self.micro_batch_size}"
         if self.activation_checkpointing != "none":
             text += f" ac={self.activation_checkpointing}"

@@ -21,9 +21,11 @@ import dataclasses
 
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.errors import ConfigError
+from dtrain_cli.mesh.schedules import V_SHAPED
 from dtrain_cli.models import model_spec
 from dtrain_cli.plan.advice import Advice, Layout, Verdict
 from dtrain_cli.plan.build import Resources, build_plan
+from dtrain_cli.plan.layout import balanced_split
 from dtrain_cli.plan.steptime import GIB, estimate_step
 from dtrain_cli.strategies import names, strategy_for
 
@@ -42,6 +44,7 @@ def candidates(
 ) -> list[Layout]:
     """Every (dp, tp, pp) using all ``world`` devices and each choice on top of it."""
     gb = cfg.train.global_batch_size or 0
+    layers = _layer_count(cfg)
     out = []
     for tp in divisors(world):
         if tp_max is not None and tp > tp_max:
@@ -71,9 +74,26 @@ def candidates(
                                     activation_checkpointing=ac,
                                     schedule=sched,
                                     virtual_stages=v,
+                                    layers_per_stage=uneven(layers, pp, sched, v),
                                 )
                             )
     return out
+
+
+def _layer_count(cfg: DtrainConfig) -> int | None:
+    try:
+        spec = model_spec(cfg)
+        return spec.facts().num_layers if spec.pipeline_splittable() else None
+    except Exception:  # the plan of each layout says why the model cannot be built
+        return None
+
+
+def uneven(layers: int | None, pp: int, schedule: str | None, v: int) -> tuple[int, ...] | None:
+    """The split of a pipeline whose stages the layers do not divide evenly."""
+    if layers is None or pp <= 1:
+        return None
+    split = balanced_split(layers, pp, v, schedule in V_SHAPED)
+    return tuple(split) if split else None
 
 
 def layout_config(cfg: DtrainConfig, lay: Layout, nnodes: int) -> DtrainConfig:
@@ -92,7 +112,7 @@ def layout_config(cfg: DtrainConfig, lay: Layout, nnodes: int) -> DtrainConfig:
         schedule=lay.schedule or cfg.pipeline.schedule,
         virtual_stages=lay.virtual_stages,
         microbatches=None,
-        layers_per_stage=None,
+        layers_per_stage=list(lay.layers_per_stage) if lay.layers_per_stage else None,
     )
     train = dataclasses.replace(cfg.train, micro_batch_size=lay.micro_batch_size, grad_accum=None)
     return dataclasses.replace(cfg, parallel=par, pipeline=pipe, train=train)

@@ -151,6 +151,19 @@ def stage_layers(
     return [[s, s + c] for s, c in zip(starts, counts, strict=True)], []
 
 
+def balanced_split(num_layers: int, pp: int, v: int, v_shaped: bool) -> list[int] | None:
+    """Layers per stage (``pipeline.layers_per_stage``) that give every pp rank the same
+    number of layers, or as near as the count allows, where no even split of the stages
+    exists (92 layers on pp=4 x 2 virtual stages: 12, 12, 12, 12, 11, 11, 11, 11, each rank
+    23, as Megatron-Core splits them); None where one does, or where a stage would be empty."""
+    stages = pp * v
+    if num_layers % stages == 0 or num_layers < stages:
+        return None
+    per_rank = [num_layers // pp + (r < num_layers % pp) for r in range(pp)]
+    chunks = [[n // v + (k < n % v) for k in range(v)] for n in per_rank]
+    return [chunks[stage_to_pp_rank(i, pp, v_shaped)].pop(0) for i in range(stages)]
+
+
 def stage_to_pp_rank(stage: int, pp: int, v_shaped: bool) -> int:
     """Where torch.distributed.pipelining places a stage: loop (stage % pp) or V."""
     if not v_shaped:

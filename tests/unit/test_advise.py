@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 from typer.testing import CliRunner
@@ -117,7 +118,7 @@ def test_the_node_count_nothing_fits_suggests_is_one_where_a_layout_fits():
             ["hardware=cpu", "hardware.memory_gib=0.001", "hardware.reserved_gib=0"],
             "no layout fits 2 x cpu: the smallest",
         ),
-        (["hardware=cpu", "world=3", "train.global_batch_size=7"], "global_batch_size=7"),
+        (["hardware=cpu", "world=5", "train.global_batch_size=7"], "global_batch_size=7"),
         (["hardware=cpu", "world=zero"], "world must be a whole number"),
         # exit 0 before: an empty ranking and a 30,000-character line; all but the last
         (["hardware=cpu", "--top", "0"], "--top=0: must be at least 1"),
@@ -319,3 +320,24 @@ def test_ddp_buckets_are_never_more_than_the_parameter_tensors():
 
     assert step_ms("0.01") == step_ms("0.0001")  # a bucket a tensor either way
     assert step_ms("25") < step_ms("0.01") < 1.6 * step_ms("25")
+
+
+def test_layers_that_do_not_divide_the_stages_are_split_as_evenly_as_they_allow():
+    """92 layers on pp=4 with 2 virtual stages (Megatron-Core's 119B) were refused by the
+    plan, so the advisor costed that model without interleaving (1F1B's bubble, 16% of the
+    step); a 4-layer model on 3 devices had no pipeline at all. Each rank now gets its even
+    share, the layout carries the split, and --apply gives it."""
+    from dtrain_cli.plan.layout import balanced_split
+
+    assert balanced_split(92, 4, 2, v_shaped=False) == [12, 12, 12, 12, 11, 11, 11, 11]
+    assert balanced_split(92, 4, 2, v_shaped=True) == [12, 12, 12, 12, 11, 11, 11, 11]
+    assert balanced_split(30, 4, 1, v_shaped=False) == [8, 8, 7, 7]
+    assert balanced_split(23, 2, 2, v_shaped=True) == [6, 6, 5, 6]  # V: rank 0 6+6, rank 1 6+5
+    assert balanced_split(24, 4, 2, v_shaped=False) is None  # even: the plan's own split
+    assert balanced_split(4, 3, 2, v_shaped=False) is None  # 6 stages, 4 layers: none
+    r = _cli("recipe=gpt_tiny", "hardware=cpu", "world=3", "train.global_batch_size=7", "--apply")
+    assert r.exit_code == 0, r.output
+    applied = shlex.split(r.output.strip().splitlines()[-1])
+    assert "parallel.pp=3" in applied and "pipeline.layers_per_stage=[2,1,1]" in applied
+    plan = CliRunner().invoke(app, ["plan", "recipe=gpt_tiny", "hardware=cpu", *applied])
+    assert plan.exit_code == 0, plan.output  # the advisor's layout is one the plan accepts
