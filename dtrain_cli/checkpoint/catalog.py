@@ -283,18 +283,16 @@ def prune(
     return doomed
 
 
-def drop_temporaries(root: Path, *, but_attempt: str) -> list[Path]:
-    """Remove the partial saves of attempts other than ``but_attempt`` (a crashed rank's, a
-    full disk's): never loaded, and on a full disk they kept it full until the next publish."""
-    doomed = [p for p in root.glob(".tmp-*") if p.is_dir() and _attempt_of(p) != but_attempt]
+def drop_temporaries(root: Path, *, keep: str) -> list[Path]:
+    """At a run's first save, before any save of it is in flight: remove every partial
+    save but ``keep`` (the folder this save's ranks are writing now). An earlier attempt's
+    (a crashed rank's, a full disk's) is never loaded, and on a full disk it kept the disk
+    full until the next publish; a multi-node run launched again has the same attempt label
+    as the one that crashed, so the label does not tell them apart."""
+    doomed = [p for p in root.glob(".tmp-*") if p.is_dir() and p.name != keep]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)
     return doomed
-
-
-def _attempt_of(tmp: Path) -> str | None:
-    m = re.fullmatch(r"\.tmp-step_\d+-(.+)", tmp.name)
-    return m.group(1) if m else None
 
 
 def _in_flight(name: str, attempt: str | None, published: int | None) -> bool:

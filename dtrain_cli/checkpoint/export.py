@@ -53,13 +53,13 @@ def export_model(ckpt: Path, out: Path, fmt: str = "safetensors") -> list[Path]:
     model.load_state_dict(state["model"])
     with torch.no_grad():
         files = spec.export(model, out, fmt)
-    if fmt == "hf" and cfg.data.source == "hf" and cfg.data.tokenizer:
-        files += with_tokenizer(Path(cfg.data.tokenizer).expanduser(), out)
     for path in files:  # say where the weights came from next to the model config
         if path.suffix == ".json" and path.name != "config.json":
             info = json.loads(path.read_text())
             info.update(source=str(ckpt), step=read_meta(ckpt).get("step"))
             path.write_text(json.dumps(info, indent=2))
+    if fmt == "hf" and cfg.data.source == "hf" and cfg.data.tokenizer:  # not annotated: a
+        files += with_tokenizer(Path(cfg.data.tokenizer).expanduser(), out)  # key breaks it
     return files
 
 

@@ -33,6 +33,11 @@ SLURM_SHORTHANDS = {
 """``dtrain sbatch``'s: the node requests and SLURM's own #SBATCH settings."""
 
 
+def words_help(shorthands: Mapping[str, str]) -> str:
+    """The commands' --help line for their own words."""
+    return " And the job's: " + ", ".join(f"{k}=" for k in shorthands) + "."
+
+
 def expand(overrides: Sequence[str], shorthands: Mapping[str, str]) -> list[str]:
     """``nodes=2`` -> ``parallel.nnodes=2``; anything else as given."""
     out = []

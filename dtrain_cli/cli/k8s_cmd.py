@@ -113,7 +113,7 @@ def build(overrides: list[str], config_dirs: list[Path]) -> tuple[DtrainConfig, 
 def job_cmd(
     overrides: list[str] = typer.Argument(
         None,
-        help=OVERRIDES_HELP + " And the job's: nodes=, gpus_per_node=, cpus_per_task=, mem=.",
+        help=OVERRIDES_HELP + cluster_shorthands.words_help(cluster_shorthands.NODE_SHORTHANDS),
         autocompletion=complete_override,
     ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),

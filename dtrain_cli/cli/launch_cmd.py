@@ -193,10 +193,10 @@ def prepare_data(cfg: DtrainConfig, plan: Plan | None = None) -> None:
     """Tokenize/cache the corpus, or build and check a custom dataset, before the run dir
     exists: a problem found here leaves nothing behind. With the ``plan``: a run that would
     pass over a small corpus many times is warned of."""
+    from dtrain_cli.config.data_checks import vocab_key
     from dtrain_cli.corpus.prepare import epochs_warning, prepare_corpus, window_problems
-    from dtrain_cli.models import spec_class
 
-    vocab, key = getattr(cfg.model, "vocab_size", None), spec_class(cfg.model.kind).vocab_key
+    vocab, key = getattr(cfg.model, "vocab_size", None), vocab_key(cfg)
     try:
         paths = prepare_corpus(cfg.data, cfg.train.seed, vocab, cfg.run.import_roots, key)
     except (ConfigError, FileNotFoundError) as exc:

@@ -208,12 +208,14 @@ def record_resume(
 ) -> None:
     """A line in the run's record of resumes, then its config and plan as continued."""
     from dtrain_cli.config.compose import config_to_yaml
+    from dtrain_cli.launch.rundir import run_config_text
 
     run = RunDir(run_dir)
     line = {"time": time.time(), "checkpoint": str(path), "step": step, "overrides": overrides}
     with open(run.resumes, "a") as f:
         f.write(json.dumps(line) + "\n")
-    run.config.write_text(config_to_yaml(cfg))
+    # a one-node run's data paths absolute from here on (as a launch writes them)
+    run.config.write_text(run_config_text(cfg) if plan.nnodes == 1 else config_to_yaml(cfg))
     plan.save(run.plan)
 
 

@@ -110,9 +110,7 @@ def build_job(
 def sbatch(
     overrides: list[str] = typer.Argument(
         None,
-        help=OVERRIDES_HELP
-        + " And the job's: nodes=, gpus_per_node=, cpus_per_task=, mem=, partition=, "
-        "account=, qos=, time=.",
+        help=OVERRIDES_HELP + cluster_shorthands.words_help(cluster_shorthands.SLURM_SHORTHANDS),
         autocompletion=complete_override,
     ),
     config_dir: list[Path] = typer.Option([], "--config-dir", "-c", help=CONFIG_DIR_HELP),

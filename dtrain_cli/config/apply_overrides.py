@@ -34,7 +34,8 @@ def apply_values(cfg: Any, overrides: Sequence[Override]) -> list[str]:
                 elif ov.value is None and not isinstance(OmegaConf.select(cfg, ov.key), dict):
                     parent = OmegaConf.select(cfg, parent_key)
                     if parent is not None and entry in parent:
-                        del parent[entry]
+                        with open_dict(parent):  # a typed node's own flag (data=custom's)
+                            del parent[entry]
                 else:
                     OmegaConf.update(cfg, ov.key, ov.value, merge=True)
         except Exception as exc:  # OmegaConf's validation errors: the value does not fit

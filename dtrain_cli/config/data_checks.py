@@ -51,7 +51,7 @@ def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> 
             paths += _token_val_problems(data)
         problems += paths or _split_problems(data, cfg.model)
     elif data.source == "hf":
-        problems += hf_problems(data, getattr(cfg.model, "vocab_size", None), _vocab_key(cfg))
+        problems += hf_problems(data, getattr(cfg.model, "vocab_size", None), vocab_key(cfg))
         if val is not None:  # read as data.path is, with data.path's tokenizer
             val.tokenizer = None
             problems += [p.replace("data.path=", "data.val_path=") for p in hf_problems(val, None)]
@@ -207,10 +207,13 @@ def _token_path_problems(data: DataConfig) -> list[str]:
     return [f"data.path={data.path}: no such file or folder"]
 
 
-def _vocab_key(cfg: DtrainConfig) -> str:
-    """Where the model's vocabulary is set (``model.config.vocab_size`` for model=hf)."""
+def vocab_key(cfg: DtrainConfig) -> str:
+    """Where the model's vocabulary is set (``model.config.vocab_size`` for model=hf), or
+    ``model.pretrained=DIR`` when a pretrained folder's weights fix it."""
     from dtrain_cli.models import spec_class
 
+    if pretrained := getattr(cfg.model, "pretrained", None):
+        return f"model.pretrained={pretrained}"
     try:
         return spec_class(cfg.model.kind).vocab_key
     except Exception:  # an unknown kind: said by the model's own checks

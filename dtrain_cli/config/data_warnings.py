@@ -133,5 +133,7 @@ def data_warnings(data: DataConfig, spec: ModelSpec) -> list[str]:
         vocab = spec.vocab_size
     except Exception:
         return out
+    if getattr(spec.cfg, "pretrained", None):  # its weights fix it: not a key to set
+        return out
     warning = vocab_warning(data, vocab, spec.vocab_key)
     return ([warning] if warning else []) + out

@@ -211,7 +211,13 @@ def tokenizer_json_vocab(path: Path) -> int:
 
 def vocab_problem(vocab_size: int, needed: int, folder: str, key: str = "model.vocab_size") -> str:
     """``key``: where the model's vocabulary is set (``model.config.vocab_size`` for
-    ``model=hf``)."""
+    ``model=hf``), or ``model.pretrained=DIR``: its weights fix it."""
+    if key.startswith("model.pretrained="):
+        return (
+            f"data.tokenizer={folder}: {needed} tokens, more than {key}'s vocabulary of "
+            f"{vocab_size}; train it with its own tokenizer (data.tokenizer="
+            f"{key.partition('=')[2]}, if the folder has one)"
+        )
     return (
         f"{key}={vocab_size}: below the tokenizer's {needed} tokens "
         f"(data.tokenizer={folder}); set {key}={needed} or more"

@@ -173,7 +173,8 @@ def _texts(
         texts = batch[field]
         kept = [t for t in texts if t is not None]
         nulls[where] = nulls.get(where, 0) + len(texts) - len(kept)
-        yield kept
+        if kept:  # a batch of nulls alone: nothing to encode (an AutoTokenizer refuses [])
+            yield kept
 
 
 def _kind_text(kind: Any) -> str:
@@ -214,6 +215,7 @@ def prepare_hf(
         f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in [*files, *val_files]
     )
     ident += f"\n{fmt}:{data.text_field}:{data.val_fraction}:val={len(val_files)}\n{tok.ident}"
+    ident += "\nnull texts left out"  # they were empty records: another stream, another key
     out_dir = cache / f"hf-{hashlib.sha1(ident.encode()).hexdigest()[:16]}"
     paths = {split: out_dir / f"{split}.bin" for split in ("train", "val")}
     if (out_dir / META).is_file() and all(p.exists() for p in paths.values()):

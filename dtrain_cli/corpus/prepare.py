@@ -19,6 +19,7 @@ the launcher prepares data without importing torch's training stack.
 from __future__ import annotations
 
 import hashlib
+import os
 import sys
 import sysconfig
 from collections.abc import Sequence
@@ -86,8 +87,9 @@ def prepare_corpus(
         if not files:
             raise FileNotFoundError(f"data.source={cfg.source}: no files found")
         val_files = _text_files(cfg.val_path, "data.val_path") if cfg.val_path else []
-        ident = "\n".join(
-            f"{p}:{p.stat().st_size}:{p.stat().st_mtime_ns}" for p in [*files, *val_files]
+        ident = "\n".join(  # absolute: the launcher's data.path=a.txt is a worker's /abs/a.txt
+            f"{os.path.abspath(p)}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+            for p in [*files, *val_files]
         )
         ident += f"{cfg.val_fraction}" + (f"\nval:{len(val_files)}" if val_files else "")
         key = f"{cfg.source}-{hashlib.sha1(ident.encode()).hexdigest()[:16]}"

@@ -21,10 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dtrain_cli.config.compose import config_to_yaml
 from dtrain_cli.config.resume_changes import flat_keys
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import name_problems
-from dtrain_cli.launch.rundir import run_config_text, taken
+from dtrain_cli.launch.rundir import taken
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.protocol import signal_number
@@ -146,7 +147,7 @@ def join_run_dir(cfg: DtrainConfig, plan: Plan, wait_s: float = 60.0) -> Path:
     run = RunDir((Path(cfg.run.root) / str(cfg.run.name)).resolve())
     run.logs.mkdir(parents=True, exist_ok=True)
     marker = {"rdzv_id": cfg.launcher.rdzv_id, "nnodes": plan.nnodes}
-    config_text = run_config_text(cfg)
+    config_text = config_to_yaml(cfg)
     try:
         fd = os.open(run.launch_record, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:

@@ -44,9 +44,11 @@ RELATIVE_PATHS = (
 
 
 def run_config_text(cfg: DtrainConfig) -> str:
-    """``config.yaml``: the config with each of :data:`RELATIVE_PATHS` that names a file here
-    made absolute, so a ``dtrain resume`` from another folder reads the same files (it read
-    ``train.jsonl`` of the folder it was started in, or failed: a new user's find)."""
+    """``config.yaml`` of a one-node run: the config with each of :data:`RELATIVE_PATHS`
+    that names a file here made absolute, so a ``dtrain resume`` from another folder reads
+    the same files (it read ``train.jsonl`` of the folder it was started in, or failed: a new
+    user's find). Not a multi-node run's: each node compares its own config text with it,
+    and a relative path is each node's own (:func:`.multinode.join_run_dir`)."""
     for section, key in RELATIVE_PATHS:
         part = getattr(cfg, section)
         given = getattr(part, key, None)

@@ -63,7 +63,10 @@ class Trainer:
     ) -> None:
         self.cfg, self.plan, self.ctx, self.run_dir = cfg, plan, ctx, run_dir
         self.times: dict[str, float] = {}
-        torch.manual_seed(cfg.train.seed + ctx.rank)  # dropout differs per rank, init does not
+        # dropout differs per dp replica and pp stage, init does not; the tp ranks of one
+        # replica draw alike (rank of its tp 0: tp is the mesh's innermost dim), as what
+        # they hold alike (the residual stream after a row-parallel all-reduce) must stay so
+        torch.manual_seed(cfg.train.seed + ctx.rank - ctx.mesh["tp"].get_local_rank())
         self.layout = BatchLayout(
             plan.batch.micro_batch_size, plan.batch.grad_accum, plan.batch.dp, ctx.dp_rank
         )

@@ -45,8 +45,10 @@ def test_a_failed_save_and_a_crashed_attempts_partial_save_are_removed(tmp_path,
     monkeypatch.setattr(dcp_state, "agreed_attempt", lambda: "local-1")
     manager = dcp_state.CheckpointManager(tmp_path, rank=0, keep_last=3, async_save=False)
     crashed = manager.root / ".tmp-step_000004-local-0"  # the attempt before, killed mid-save
-    crashed.mkdir(parents=True)
-    (crashed / "__0_0.distcp").write_bytes(b"x" * 1000)
+    relaunched = manager.root / ".tmp-step_000006-local-1"  # a multi-node run's label again
+    for folder in (crashed, relaunched):
+        folder.mkdir(parents=True)
+        (folder / "__0_0.distcp").write_bytes(b"x" * 1000)
     real_save = dcp.save
 
     def full_disk(*args, **kwargs):
@@ -60,7 +62,7 @@ def test_a_failed_save_and_a_crashed_attempts_partial_save_are_removed(tmp_path,
     assert str(err.value) == (
         f"cannot write checkpoint {tmp}: No space left on device (the partial save is removed)"
     )
-    assert sorted(p.name for p in manager.root.iterdir()) == []  # both partial saves gone
+    assert sorted(p.name for p in manager.root.iterdir()) == []  # every partial save gone
     monkeypatch.setattr(dcp, "save", real_save)
     manager.save(3, state, {"step": 3}, {})
     assert sorted(p.name for p in manager.root.iterdir()) == ["latest", "step_000003"]

@@ -324,6 +324,13 @@ def test_a_text_field_that_is_not_text_is_refused_and_null_texts_are_left_out(tm
     joined = "\n\n".join(r["text"] for r in RECORDS + [r for r in with_nulls[40:] if r["text"]])
     assert bytes(_tokens(prepare_hf(data, tmp_path / "c", 256)).astype(np.uint8)) == joined.encode()
     assert f"warning: {nulls}: 10 records have no text (null): left out" in capsys.readouterr().err
+    import datasets
+
+    from dtrain_cli.corpus.hf import _texts
+
+    tail = datasets.Dataset.from_list([{"text": "a"}] * 1024 + [{"text": None}] * 5)
+    batches = list(_texts(data, tail, "json", "tail.jsonl", counted := {}))
+    assert [len(b) for b in batches] == [1024] and counted == {"tail.jsonl": 5}  # no [] batch
 
 
 @pytest.mark.parametrize(
@@ -473,3 +480,32 @@ def test_a_run_that_passes_over_a_small_corpus_many_times_is_warned(tmp_path):
         "will learn by heart; more data, or fewer train.steps"
     )
     assert epochs_warning(data, paths, None, 480) is None  # a model without token windows
+
+
+def test_export_model_puts_a_loadable_tokenizer_beside_the_model(hf_files, tmp_path):
+    """The export's own JSON files get 'source' and 'step' keys; the tokenizer's got them too
+    (tokenizer.json then no longer loads: a review's find)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from dtrain_cli.checkpoint.export import export_model
+    from dtrain_cli.config.compose import compose_config, config_to_yaml
+    from dtrain_cli.models import model_spec
+
+    corpus, tok, size = hf_files
+    cfg = compose_config("gpt2_tiny_hf", ["data=hf", f"data.path={corpus}",
+                         f"data.tokenizer={tok}", f"model.config.vocab_size={size}"])  # fmt: skip
+    ckpt = tmp_path / "step_000002"
+    model = model_spec(cfg).build("cpu")
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(ckpt), no_dist=True)
+    (ckpt / "config.yaml").write_text(config_to_yaml(cfg))
+    (ckpt / "meta.json").write_text(json.dumps({"step": 2, "complete": True}))
+    out = tmp_path / "exported"
+    export_model(ckpt, out, "hf")
+    assert "step" not in json.loads((out / "tokenizer.json").read_text())
+    loaded = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    assert loaded.eos_token_id == json.loads((out / "config.json").read_text())["eos_token_id"]
+    back = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True)
+    x = torch.tensor([loaded("model trains", add_special_tokens=False)["input_ids"]])
+    assert back(x).logits.shape[-1] == size

@@ -162,6 +162,10 @@ def test_a_pretrained_folder_is_checked_against_what_the_command_line_says_of_it
         "shape"
     ]
     assert problems(config={"vocab_size": 300})[0].startswith("model.config.vocab_size=300: ")
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "llama", **LLAMA, "head_dim": None})
+    )
+    assert problems(config={"head_dim": 16}) == []  # null in the folder: derived, not fixed
     assert problems(model_type="gpt2") == [
         f"model.model_type=gpt2: model.pretrained={folder} holds a llama model (its "
         "config.json); drop model.model_type"
@@ -401,3 +405,28 @@ def test_a_model_whose_class_names_no_loss_gets_the_causal_lm_loss_without_a_war
     model = built(spec_of("gpt2"))
     assert model.loss_type == "ForCausalLM"
     assert model.loss_function is LOSS_MAPPING["ForCausalLM"]
+
+
+def test_a_pretrained_models_vocabulary_is_not_a_key_to_set(tmp_path, hf_files):
+    """With model.pretrained, the tokenizer-larger-than-vocabulary error said to set
+    model.config.vocab_size, which a pretrained folder's weights refuse (a review's find):
+    it says to use the model's own tokenizer."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dtrain_cli.cli.app import app
+
+    corpus, tok, size = hf_files
+    folder = tmp_path / "small-llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps({"model_type": "llama", **LLAMA, "vocab_size": 64})
+    )
+    args = ["plan", "model=hf", f"model.pretrained={folder}", "data=hf", f"data.path={corpus}",
+            f"data.tokenizer={tok}"]  # fmt: skip
+    said = " ".join(CliRunner().invoke(app, args).output.split())
+    assert (
+        f"error: data.tokenizer={tok}: {size} tokens, more than model.pretrained={folder}'s "
+        f"vocabulary of 64; train it with its own tokenizer (data.tokenizer={folder}"
+    ) in said

@@ -65,7 +65,8 @@ def pretrained_problems(
         ]
     if not config or not kind:
         return []
-    if reshaped := [k for k in config if k in SHAPE_KEYS and k in saved and config[k] != saved[k]]:
+    given = [k for k in config if k in SHAPE_KEYS and saved.get(k) is not None]  # null: derived
+    if reshaped := [k for k in given if config[k] != saved[k]]:
         k = reshaped[0]
         return [
             f"model.config.{k}={config[k]}: {where}'s config.json has {k}={saved[k]}, and its "

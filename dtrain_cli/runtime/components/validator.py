@@ -50,9 +50,12 @@ class Validator:
         group = self.plan.pipeline.microbatches if self.plan.pipeline else 1
         n = len(self.batches)
         # at most the whole split, each window once (past its end the windows came round
-        # again and counted twice); a split shorter than a micro-batch: one, wrapped
+        # again and counted twice), in whole rounds of dp x the pipeline's micro-batches:
+        # every rank makes the same calls (FSDP's gathers, a schedule's full group); a split
+        # shorter than one round: one round, wrapped
         wanted = self.num_batches * self.plan.batch.global_batch_size // micro
-        chunks = list(range(r, min(wanted, max(n // micro, 1)), dp))
+        whole = max(n // micro // (dp * group), 1) * dp * group
+        chunks = list(range(r, min(wanted, whole), dp))
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
         for i in range(0, len(chunks), group):
             idx = np.concatenate([np.arange(micro) + c * micro for c in chunks[i : i + group]]) % n

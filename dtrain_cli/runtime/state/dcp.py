@@ -148,9 +148,9 @@ class CheckpointManager:
         # async saves run their collectives on their own gloo group, off the training stream
         self._pg = dist.new_group(backend="gloo") if async_save else None
         self._stager: Any = None
+        """The async saves' staging buffers (:mod:`.staging`), made at the first."""
         self._swept = False
         """Whether rank 0 removed earlier attempts' partial saves (at the first save)."""
-        """The async saves' staging buffers (:mod:`.staging`), made at the first."""
         self.last_save_time = time.monotonic()
         self.save_stall_s: list[float] = []
 
@@ -173,7 +173,7 @@ class CheckpointManager:
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
         if self.rank == 0 and not self._swept:  # a crashed attempt's partial save: space back
-            catalog.drop_temporaries(self.root, but_attempt=self.attempt)
+            catalog.drop_temporaries(self.root, keep=tmp.name)
             self._swept = True
         try:
             tmp.mkdir(parents=True, exist_ok=True)
@@ -227,13 +227,13 @@ class CheckpointManager:
 
     def _failed(self, tmp: Path, exc: BaseException) -> CheckpointError:
         """The save failed on every rank (DCP gathers its writes' errors): rank 0 removes the
-        partial folder, which is never loaded and kept a full disk full."""
+        partial folder, which is never loaded and kept a full disk full; not one whose
+        ``meta.json`` says it is complete (its publish failed: it may be the only copy)."""
         cause = root_cause(exc, tmp)
-        if self.rank == 0:
+        if self.rank == 0 and not (tmp / catalog.META).exists():
             shutil.rmtree(tmp, ignore_errors=True)
-        return CheckpointError(
-            f"cannot write checkpoint {tmp}: {cause} (the partial save is removed)"
-        )
+        removed = " (the partial save is removed)" if not tmp.exists() else ""
+        return CheckpointError(f"cannot write checkpoint {tmp}: {cause}{removed}")
 
     def _finish(self, tmp: Path, final: Path, meta: dict[str, Any], files: dict[str, str]) -> None:
         """Rank 0, once every rank's shards and DCP's metadata are on disk."""
