@@ -1,4 +1,5 @@
-"""Replica checks: data-parallel replicas must hold bit-identical parameters.
+"""Replica checks: data-parallel replicas, and the tensor-parallel ranks of one for what tp
+does not split, must hold bit-identical parameters.
 
     dtrain launch recipe=gpt_small dp=4 debug.replica_check_every=50
     dtrain launch recipe=gpt_small dp=4 debug.replica_check_every=50 debug.replica_check_grads=true
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.plan.plan import Plan
 from dtrain_cli.runtime.diagnostics.watchdog import COLLECTIVES
-from dtrain_cli.runtime.parallel.dtensors import full_tensor, local_tensor
+from dtrain_cli.runtime.parallel.dtensors import full_tensor, is_dtensor, local_tensor
 from dtrain_cli.runtime.parallel.mesh import DistContext
 from dtrain_cli.runtime.parallel.parallelize import ParallelModel
 from dtrain_cli.strategies import strategy_for
@@ -71,36 +72,46 @@ class ReplicaChecker:
                 plan.strategy,
                 cfg.sync.mode,
             )
-        self.active = bool(self.every) and plan.batch.dp > 1 and replicated
+        self.dp_active = plan.batch.dp > 1 and replicated
+        # tp ranks hold the parameters tp does not split (norms, biases after a row-parallel
+        # layer) alike: replicated activations drawn apart (dropout) made them drift apart
+        self.tp_active = ctx.mesh["tp"].size() > 1
+        self.active = bool(self.every) and (self.dp_active or self.tp_active)
 
     def maybe_check(self, step: int) -> None:
         """After the optimizer step of ``step``, before gradients are zeroed."""
         if not self.active or step % self.every:
             return
         named = [(param_name(n), p) for part in self.pm.parts for n, p in part.named_parameters()]
-        rows = [fingerprint(p) for _, p in named]
-        labels = [n for n, _ in named]
         if self.grads:
-            with_grad = [(n, p) for n, p in named if p.grad is not None]
-            rows += [fingerprint(p.grad) for _, p in with_grad]
-            labels += [f"gradient of {n}" for n, _ in with_grad]
-        mine = torch.stack(rows).to(self.ctx.device)
-        dp = self.plan.batch.dp
-        outs = [torch.empty_like(mine) for _ in range(dp)]
-        with COLLECTIVES.enter("all_gather", step, "replica check"):
-            dist.all_gather(outs, mine, group=self.ctx.dp_group)
-        gathered = torch.stack(outs)
+            named += [(f"gradient of {n}", p.grad) for n, p in named if p.grad is not None]
         self.checks += 1
+        if self.dp_active:
+            self._compare(step, named, self.ctx.dp_group, "data-parallel replicas", "dp")
+        if self.tp_active:  # what tp does not split: plain tensors
+            plain = [(n, t) for n, t in named if not is_dtensor(t)]
+            self._compare(
+                step, plain, self.ctx.mesh["tp"].get_group(), "tensor-parallel ranks", "tp"
+            )
+
+    def _compare(self, step: int, named: list, group: Any, who: str, axis: str) -> None:
+        """One int64 per tensor, gathered over ``group``; the first that differs is named."""
+        if not named:
+            return
+        mine = torch.stack([fingerprint(t) for _, t in named]).to(self.ctx.device)
+        outs = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+        with COLLECTIVES.enter("all_gather", step, "replica check"):
+            dist.all_gather(outs, mine, group=group)
+        gathered = torch.stack(outs)
         differ = (gathered != gathered[0]).cpu()
         if not bool(differ.any()):
             return
-        dp_rank, index = (int(i) for i in differ.nonzero()[0])
-        rank = dist.get_global_rank(self.ctx.dp_group, dp_rank)
-        base = dist.get_global_rank(self.ctx.dp_group, 0)
+        local, index = (int(i) for i in differ.nonzero()[0])
+        rank, base = dist.get_global_rank(group, local), dist.get_global_rank(group, 0)
         raise ReplicaError(
-            f"step {step}: data-parallel replicas differ: rank {rank} (dp rank {dp_rank}) "
-            f"holds another {labels[index]} than rank {base} (dp rank 0); "
-            f"{int(differ.any(dim=0).sum())} of {len(labels)} tensors differ"
+            f"step {step}: {who} differ: rank {rank} ({axis} rank {local}) holds another "
+            f"{named[index][0]} than rank {base} ({axis} rank 0); "
+            f"{int(differ.any(dim=0).sum())} of {len(named)} tensors differ"
         )
 
     def not_applicable(self) -> str | None:
