@@ -163,6 +163,16 @@ def range_problems(
     return problems
 
 
+def default_rdzv_id(nnodes: int, endpoint: str) -> str:
+    """What every node of a check takes without ``--rdzv-id``: the SLURM job's id, else the
+    endpoint they all name (a random id each, they never met: the guide's own multi-node
+    command failed after its timeout); one node: a fresh one."""
+    if nnodes == 1:
+        return f"dtrain-validate-{uuid.uuid4().hex[:12]}"
+    shared = os.environ.get("SLURM_JOB_ID") or endpoint
+    return "dtrain-validate-" + "".join(c if c.isalnum() else "-" for c in shared)
+
+
 def run_live(req: Any, rdzv_id: str | None, timeout: float, sizes: list[int]) -> dict[str, Any]:
     """The collective check in ``nnodes x nproc_per_node`` workers (elastic agent, c10d)."""
     import logging
@@ -178,7 +188,7 @@ def run_live(req: Any, rdzv_id: str | None, timeout: float, sizes: list[int]) ->
     name_events_cheaply()
     for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    run_id = rdzv_id or f"dtrain-validate-{uuid.uuid4().hex[:12]}"
+    run_id = rdzv_id or default_rdzv_id(req.nnodes, req.rdzv_endpoint)
     tmp = tempfile.mkdtemp(prefix="dtrain-validate-")
     report_path = Path(tmp) / "rank0.json"
     # c10d reads join_timeout ("timeout" is the etcd backend's)

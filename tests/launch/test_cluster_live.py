@@ -233,3 +233,31 @@ def test_a_node_alone_ends_in_one_line(tmp_path, node_rank):
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert errors == [ALONE[node_rank].format(port=port)], run.stderr
     assert "frame #" not in run.stderr and "Traceback" not in run.stderr
+
+
+def test_two_nodes_meet_without_an_rdzv_id(tmp_path):
+    """docs/clusters.md's `dtrain validate-cluster --nnodes 2 --rdzv-endpoint node0:29500`
+    on every node: each took a random rendezvous id and they never met (rendezvous failed
+    after the timeout on both; a new user's find). Without --rdzv-id the nodes take the
+    SLURM job's id, else the endpoint they all name."""
+    port = free_port()
+    env = {**os.environ, "DTRAIN_CACHE": str(cache_dir())}
+    env.pop("SLURM_JOB_ID", None)
+    base = [*DTRAIN, "validate-cluster", "--nnodes", "2", "--nproc-per-node", "1", "--timeout",
+            "60", "--rdzv-endpoint", f"127.0.0.1:{port}", "--sizes", "1K",
+            "--single-host"]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [*base, "--node-rank", str(k), "--run-dir", str(tmp_path)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for k in (0, 1)
+    ]
+    outs = [p.communicate(timeout=180) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out + err
+        assert "validate-cluster: ok" in out

@@ -42,7 +42,7 @@ import yaml
 from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.notes import attempt_cause, write_note
-from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
+from dtrain_cli.rundir.protocol import EXIT_PREEMPTED, signal_number
 from dtrain_cli.runtime.diagnostics.interrupt import InterruptGuard, restore_default_signals
 from dtrain_cli.runtime.diagnostics.launcher_watch import end_with_launcher
 from dtrain_cli.runtime.script.fresh_state import fresh_random_state
@@ -154,6 +154,22 @@ def main() -> None:
         raise SystemExit(1) from None
 
 
+def sigterm_as_preemption(name: str) -> None:
+    """In a SLURM job or a pod, SIGTERM is a preemption, ``scontrol requeue`` or eviction:
+    the rank passes it on to itself as the preemption signal (``cluster.signal``), which
+    the guide's scripts handle by saving a checkpoint, as dtrain's trainer does; it lost its
+    work to SIGTERM (a new user's find). A script that sets its own SIGTERM handler keeps it;
+    one that handles neither ends by the signal, as before."""
+    if not name or not env.in_scheduler_job():
+        return
+    num = signal_number(name)
+
+    def as_preemption(signum: int, frame: Any) -> None:
+        os.kill(os.getpid(), num)
+
+    signal.signal(signal.SIGTERM, as_preemption)
+
+
 def run_script(run_dir: Path) -> None:
     run = RunDir(run_dir)
     plan = yaml.safe_load(run.plan.read_text())
@@ -171,6 +187,7 @@ def run_script(run_dir: Path) -> None:
 
     config = yaml.safe_load(run.config.read_text()) or {}
     script_arrival.install(float(config.get("launcher", {}).get("rdzv_timeout_s") or 900))
+    sigterm_as_preemption(config.get("cluster", {}).get("signal") or "")
     group_lifetime.install()  # no hang when DDP's reducer outlives destroy_process_group
     fresh_random_state()
     mark_start(run.rank_log(rank))
