@@ -194,12 +194,22 @@ FATAL_SIGNALS = ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGABRT")
 """A rank's own fault (a C extension's, an abort): Python's faulthandler prints its stack."""
 
 
+PREEMPTION_SIGNALS = ("SIGUSR1", "SIGUSR2")
+"""What ``cluster.signal`` may be besides SIGTERM and SIGHUP: nothing else sends them."""
+
+
 def _cause_text(root: Failed, when: str, lost_when: str) -> str:
     """The first failure: its signal, its exit code and last line, or its error, with a
     hint where one is known."""
     if root.signal in FATAL_SIGNALS:  # faulthandler wrote where (dtrain's ranks enable it)
         stack = f"; its Python stack is in logs/rank_{root.rank}.log"
         return f"rank {root.rank} was killed by {root.signal}{lost_when}{stack}"
+    if root.signal in PREEMPTION_SIGNALS:  # the script has no handler for it
+        return (
+            f"rank {root.rank} was killed by {root.signal}{lost_when}: the preemption signal "
+            "(cluster.signal; SLURM sends it before the time limit), which a script handles "
+            "by saving its checkpoint and exiting 75 (docs/own-script.md#preemption)"
+        )
     if root.signal is not None:
         return f"rank {root.rank} was killed by {root.signal}{lost_when}"
     hint = failure_hint(root.headline)

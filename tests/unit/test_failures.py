@@ -433,3 +433,15 @@ def test_a_checkpoints_folder_that_cannot_be_written_is_said_before_the_start(
         ["recipe=gpt_tiny", "checkpoint.every_steps=0", "checkpoint.at_end=false"], []
     )
     assert launch_cmd.unwritable_checkpoints(tmp_path, none) is None  # nothing to save
+
+
+def test_a_script_killed_by_the_preemption_signal_is_told_what_the_signal_is():
+    """A script without a SIGUSR1 handler, under SLURM's --signal before the time limit:
+    'rank 0 was killed by SIGUSR1' and nothing said what that was (a new user's find)."""
+    failures = {0: agent_failure(100, -10, 1000)}
+    _, text = describe(from_agent(failures, {}, [0]), steps_known=False)
+    assert text == (
+        "rank 0 was killed by SIGUSR1: the preemption signal (cluster.signal; SLURM sends it "
+        "before the time limit), which a script handles by saving its checkpoint and exiting "
+        "75 (docs/own-script.md#preemption)"
+    )
