@@ -233,7 +233,9 @@ def submit_join(run_dir: Path, overrides: list[str], submit: bool) -> None:
 def run_sbatch(path: Path, on_error: Callable[[str, int], NoReturn]) -> str:
     """``sbatch --parsable PATH`` -> the job id; ``on_error(line, 1)`` when sbatch fails."""
     env = dict(os.environ)
-    launch_env.mark_launch_start(env, now=True)  # the first step is timed from here
+    # the first step is timed from the job's own start (each agent's): timed from here, a
+    # requeued job counted its time in the queue as start-up (agent 186 s)
+    env.pop(launch_env.LAUNCH_T0, None)
     out = subprocess.run(
         ["sbatch", "--parsable", str(path)], capture_output=True, text=True, env=env
     )

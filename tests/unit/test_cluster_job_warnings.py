@@ -5,6 +5,8 @@ wait in the queue. Both now say what ``dtrain plan`` says, planned on the job's 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from dtrain_cli.cli.app import app
@@ -71,3 +73,24 @@ def test_sbatch_submit_refuses_a_layout_far_above_its_gpus_memory(tmp_path, monk
     near = [*TOO_BIG, "train.micro_batch_size=32", "parallel.activation_checkpointing=selective"]
     said = runner.invoke(app, ["sbatch", *near, "--submit"], env=env)
     assert said.exit_code == 1 and "not submitted" not in said.stderr, said.output
+
+
+def test_a_jobs_first_step_is_timed_from_its_own_start_not_its_submission(monkeypatch):
+    """The submission's time went into the job's environment: a requeued job (or one that
+    waited in the queue) said 'first step done 187 s after launch (agent 186 s ...)' (a new
+    user's find). The job's agent marks its own start."""
+    import subprocess
+
+    from dtrain_cli.cli import sbatch_cmd
+    from dtrain_cli.rundir import env as launch_env
+
+    seen = {}
+
+    def fake_sbatch(args, **kwargs):
+        seen.update(kwargs["env"])
+        return subprocess.CompletedProcess(args, 0, stdout="42\n", stderr="")
+
+    monkeypatch.setenv(launch_env.LAUNCH_T0, "123.0")  # this shell's own launch, say
+    monkeypatch.setattr(sbatch_cmd.subprocess, "run", fake_sbatch)
+    assert sbatch_cmd.run_sbatch(Path("job.sbatch"), lambda line, code: None) == "42"
+    assert launch_env.LAUNCH_T0 not in seen
