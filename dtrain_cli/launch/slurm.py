@@ -92,6 +92,13 @@ def cluster_problems(c: ClusterConfig) -> list[str]:
         problems.append(
             f"cluster.time={c.time!r}: not a SLURM time; use MM, HH:MM:SS or D-HH:MM:SS"
         )
+    elif (limit := time_seconds(c.time)) is not None and limit <= c.signal_lead_s:
+        problems.append(
+            f"cluster.time={c.time} ({limit} s) is not longer than cluster.signal_lead_s="
+            f"{c.signal_lead_s}: SLURM would send the preemption signal at the job's start, "
+            "and the job checkpoint and requeue itself at once, again and again; a longer "
+            "cluster.time, or a smaller cluster.signal_lead_s"
+        )
     if c.signal.upper().removeprefix("SIG") not in SIGNAL_NAMES:
         problems.append(not_allowed("cluster.signal", repr(c.signal), SIGNAL_NAMES))
     for key, value, low in (
@@ -125,6 +132,23 @@ def cluster_problems(c: ClusterConfig) -> list[str]:
                 f"cluster.sbatch_args: {arg!r} is not an option; e.g. --constraint=a100"
             )
     return problems
+
+
+def time_seconds(text: str) -> int | None:
+    """SLURM's time forms in seconds (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None
+    for UNLIMITED."""
+    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    if not rest.isdigit() and ":" not in rest:
+        return None
+    parts = [int(x) for x in rest.split(":")]
+    if days != "0" or "-" in text:  # D-HH[:MM[:SS]]
+        parts += [0] * (3 - len(parts))
+        h, m, sec = parts
+    elif len(parts) == 3:
+        h, m, sec = parts
+    else:  # MM or MM:SS
+        h, m, sec = 0, parts[0], parts[1] if len(parts) > 1 else 0
+    return ((int(days or 0) * 24 + h) * 60 + m) * 60 + sec
 
 
 def _one_line(key: str, value: str | None) -> list[str]:

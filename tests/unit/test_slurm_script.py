@@ -128,6 +128,12 @@ def test_values_that_cannot_be_quoted_are_refused():
     "args, message",
     [
         (["time=4h"], "cluster.time='4h': not a SLURM time"),
+        # the signal at the job's start: checkpoint and requeue at once, again and again
+        (
+            ["time=00:01:00"],
+            "cluster.time=00:01:00 (60 s) is not longer than cluster.signal_lead_s=120",
+        ),
+        (["time=2", "cluster.signal_lead_s=120"], "cluster.time=2 (120 s) is not longer"),
         (["cluster.signal=KILL"], "cluster.signal='KILL': not allowed"),
         (["gpus_per_node=-1"], "cluster.gpus_per_node=-1: must be >= 0"),
         (["mem=lots"], "cluster.mem='lots': use a SLURM size"),
