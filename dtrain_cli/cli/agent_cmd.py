@@ -16,8 +16,11 @@ Exit code 75 means preempted with a checkpoint saved.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -80,8 +83,26 @@ def agent(
         fail(problems)
     from dtrain_cli.cli.launch_cmd import start_workers
 
+    plan = threads_of_this_node(cfg, plan)
     start_workers(run_dir, cfg, plan, node_rank, join=join)  # exits non-zero on failure
     protocol.mark_finished(run)
+
+
+def threads_of_this_node(cfg: Any, plan: Any) -> Any:
+    """The plan's threads per rank, from this node's cores: a job's plan was made where it
+    was submitted (a login node's 2 or 64 cores, not the 1 or 16 the job was given here: 2
+    threads a rank on 1 CPU ran 7-20x slower). Kept when launcher.threads_per_proc or the
+    job's OMP_NUM_THREADS says otherwise, and outside SLURM (a pod's CPU limit is a quota,
+    which the affinity mask does not show)."""
+    given = cfg.launcher.threads_per_proc or "OMP_NUM_THREADS" in os.environ
+    if given or "SLURM_JOB_ID" not in os.environ:
+        return plan
+    try:
+        cores = len(os.sched_getaffinity(0))  # the job's CPUs (SLURM's cgroup, cpuset)
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    threads = max(1, cores // max(plan.nproc_per_node, 1))
+    return dataclasses.replace(plan, threads_per_proc=threads)
 
 
 def is_script_run(run_dir: Path) -> bool:

@@ -116,7 +116,8 @@ def arrive(path: Path) -> tuple[Plan, DtrainConfig, int, Console | None]:
     for root in reversed(cfg.run.import_roots):  # the user's _target_ modules, as planned
         if root not in sys.path:
             sys.path.insert(0, root)
-    torch.set_num_threads(plan.threads_per_proc)
+    # the launcher's (a job's agent counts its own node's cores: launch/local.py sets it)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or plan.threads_per_proc))
     rank = int(os.environ["RANK"])
     console = make_console(rank == 0)
     setup_logging(path, rank, console)
