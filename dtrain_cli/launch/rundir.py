@@ -77,7 +77,9 @@ def taken(run: RunDir) -> str:
             f"{run.path} already holds a run, which finished; choose another run.name (or "
             "--rdzv-id)"
         )
+    job = run.slurm / "job.sbatch"  # a dtrain sbatch job's: it resumes on its cluster
+    how = f"sbatch {job}" if job.is_file() else f"dtrain resume {run.path}"
     return (
         f"{run.path} already holds a run; choose another run.name (or --rdzv-id), or continue "
-        f"that one: dtrain resume {run.path}"
+        f"that one: {how}"
     )

@@ -163,3 +163,17 @@ def test_validate_job_script():
     text = render_sbatch(built.job)
     assert "validate-cluster --nnodes 2 --nproc-per-node 1 --run-dir /shared/runs/exp1" in text
     assert "#SBATCH --no-requeue" in text and "--signal" not in text
+
+
+def test_a_taken_run_name_of_a_slurm_job_says_to_resubmit_its_job(tmp_path):
+    """Inside SLURM 'continue that one: dtrain resume RUN' trained on the login node (a new
+    user's find); a dtrain sbatch run continues by its own job script."""
+    from dtrain_cli.launch.rundir import taken
+    from dtrain_cli.rundir.layout import RunDir
+
+    run = RunDir(tmp_path / "runs" / "err1")
+    run.plan.parent.mkdir(parents=True)
+    assert taken(run).endswith(f"continue that one: dtrain resume {run.path}")
+    run.slurm.mkdir()
+    (run.slurm / "job.sbatch").write_text("#!/bin/bash\n")
+    assert taken(run).endswith(f"continue that one: sbatch {run.slurm / 'job.sbatch'}")
