@@ -240,5 +240,6 @@ def run_sbatch(path: Path, on_error: Callable[[str, int], NoReturn]) -> str:
         ["sbatch", "--parsable", str(path)], capture_output=True, text=True, env=env
     )
     if out.returncode != 0:
-        on_error(f"sbatch failed (exit {out.returncode}): {out.stderr.strip() or out.stdout}", 1)
+        said = "; ".join(ln.strip() for ln in (out.stderr or out.stdout).splitlines() if ln.strip())
+        on_error(f"sbatch failed (exit {out.returncode}): {said}", 1)  # one line, as sbatch said
     return out.stdout.strip().split(";")[0]
