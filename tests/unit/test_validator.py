@@ -36,7 +36,7 @@ def world_of_one():
 
 
 def _validate(windows: int, eval_batches: int, dp: int, dp_rank: int, group: int) -> Windows:
-    micro, batch = 4, 8 * dp
+    micro, batch = 4, 16  # one global batch: 4 micro-batches, dealt over dp
     plan = SimpleNamespace(
         batch=SimpleNamespace(micro_batch_size=micro, dp=dp, global_batch_size=batch),
         pipeline=SimpleNamespace(microbatches=group) if group > 1 else None,
@@ -53,17 +53,17 @@ def _validate(windows: int, eval_batches: int, dp: int, dp_rank: int, group: int
 
 
 @pytest.mark.parametrize(
-    ("windows", "eval_batches", "seen"), [(40, 2, 16), (10, 1000, 8), (3, 4, 4)]
+    ("windows", "eval_batches", "seen"), [(40, 2, 32), (40, 1000, 32), (20, 1000, 16), (3, 4, 16)]
 )
 def test_the_val_loss_reads_each_window_once_and_stops_at_the_splits_end(
     windows, eval_batches, seen, world_of_one
 ):
     """train.eval_batches=1000 on a 10-window split counted windows again and again past its
-    end, some more often than others (a new user's find: 'capped silently'). A split shorter
-    than a micro-batch is one micro-batch, wrapped."""
+    end, some more often than others (a new user's find: 'capped silently'). Whole global
+    batches; a split shorter than one is one global batch, wrapped."""
     split = _validate(windows, eval_batches, dp=1, dp_rank=0, group=1)
     assert len(split.fetched) == seen
-    if windows >= 4:
+    if windows >= 16:
         assert len(set(split.fetched)) == seen  # each once
 
 
@@ -82,3 +82,13 @@ def test_every_dp_rank_makes_the_same_calls_in_whole_pipeline_groups(
         calls.append(len(fetched) // (4 * group))
         assert len(fetched) % (4 * group) == 0  # whole schedule groups
     assert len(set(calls)) == 1 and calls[0] >= 1, calls
+
+
+def test_every_layout_reads_the_same_windows(world_of_one):
+    """The val loss is the same samples whatever the layout (dp, a pipeline's groups)."""
+    seen = {}
+    for dp, group in ((1, 1), (2, 1), (2, 2), (4, 1)):
+        fetched = [w for r in range(dp) for w in _validate(44, 1000, dp, r, group).fetched]
+        seen[(dp, group)] = sorted(fetched)
+    assert len({tuple(v) for v in seen.values()}) == 1, seen
+    assert len(seen[(1, 1)]) == 32  # two whole global batches of the 44 windows

@@ -50,12 +50,12 @@ class Validator:
         group = self.plan.pipeline.microbatches if self.plan.pipeline else 1
         n = len(self.batches)
         # at most the whole split, each window once (past its end the windows came round
-        # again and counted twice), in whole rounds of dp x the pipeline's micro-batches:
-        # every rank makes the same calls (FSDP's gathers, a schedule's full group); a split
-        # shorter than one round: one round, wrapped
-        wanted = self.num_batches * self.plan.batch.global_batch_size // micro
-        whole = max(n // micro // (dp * group), 1) * dp * group
-        chunks = list(range(r, min(wanted, whole), dp))
+        # again and counted twice), in whole global batches: the same samples whatever the
+        # layout, and every rank makes the same calls (FSDP's gathers, a pipeline schedule's
+        # full group); a split shorter than one global batch: one, wrapped
+        gb = self.plan.batch.global_batch_size
+        samples = min(self.num_batches, max(n // gb, 1)) * gb
+        chunks = list(range(r, samples // micro, dp))
         totals = torch.zeros(2, device=self.ctx.device, dtype=torch.float64)
         for i in range(0, len(chunks), group):
             idx = np.concatenate([np.arange(micro) + c * micro for c in chunks[i : i + group]]) % n
