@@ -102,6 +102,12 @@ def build_job(
         except ConfigError as exc:
             raise ConfigError(problems + exc.problems) from None
         plan.warnings = cluster_job_warnings(cfg, plan, nodes, rest)
+        if plan.script is not None:
+            from dtrain_cli.plan.script import preemption_warning
+
+            c = cfg.cluster
+            said = preemption_warning(plan.script, c.signal, c.signal_lead_s)
+            plan.warnings += [said] if said else []
         job = job_from_plan(cfg, plan, run_dir, python, workdir)
         problems += cluster_shorthands.idle_gpu_problems(gpus, plan)
     return Built(cfg, plan, job, problems + job_problems(job))

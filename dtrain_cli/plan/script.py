@@ -164,3 +164,26 @@ def module_file(name: str, cwd: Path) -> str:
         msg = getattr(exc, "msg", None) or getattr(exc, "strerror", None) or str(exc)
         raise ScriptProblem(f"module {name} ({spec.origin}):{where}: {msg}") from None
     return spec.origin
+
+
+def preemption_warning(script: ScriptPlan, signal_name: str, lead_s: int) -> str | None:
+    """A SLURM job's script that sets no signal handler: SLURM's ``cluster.signal`` before
+    the time limit (and a requeue's SIGTERM, passed on as it) end it without a checkpoint,
+    as 'killed by SIGUSR1' (a new user's find). Said by ``dtrain sbatch`` before the queue."""
+    import ast
+
+    try:
+        tree = ast.parse(Path(script.file).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):  # signal.signal(SIG..., handler), or signal(...) imported
+        call = isinstance(node, ast.Call) and len(node.args) >= 2
+        if call and ast.unparse(node.func).split(".")[-1] == "signal":
+            return None
+    sig = signal_name.upper().removeprefix("SIG")
+    return (
+        f"script {script.path or script.module} sets no signal handler: SLURM's SIG{sig} "
+        f"{lead_s} s before the time limit (cluster.signal, signal_lead_s) and a requeue's "
+        f"SIGTERM end it without a checkpoint; catch SIG{sig}, save and exit 75 "
+        "(docs/own-script.md#preemption, examples/train.py)"
+    )

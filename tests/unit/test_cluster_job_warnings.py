@@ -94,3 +94,21 @@ def test_a_jobs_first_step_is_timed_from_its_own_start_not_its_submission(monkey
     monkeypatch.setattr(sbatch_cmd.subprocess, "run", fake_sbatch)
     assert sbatch_cmd.run_sbatch(Path("job.sbatch"), lambda line, code: None) == "42"
     assert launch_env.LAUNCH_T0 not in seen
+
+
+def test_sbatch_says_a_script_without_a_signal_handler_loses_its_work_to_the_time_limit(
+    tmp_path, monkeypatch
+):
+    """A script with no SIGUSR1 handler was killed 120 s before the time limit with no word
+    at submission (a new user's find); the guide's examples/train.py handles it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "naive.py").write_text("import time\nfor _ in range(200):\n    time.sleep(0.2)\n")
+    args = ["sbatch", "dp=1", "--dry-run", "--", "naive.py"]
+    said = _warnings(runner.invoke(app, args, env={"COLUMNS": "400"}))
+    assert (
+        "script naive.py sets no signal handler: SLURM's SIGUSR1 120 s before the time limit "
+        "(cluster.signal, signal_lead_s) and a requeue's SIGTERM end it without a checkpoint"
+    ) in " ".join(said), said
+    example = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+    args = ["sbatch", "dp=1", "--dry-run", "--", str(example)]
+    assert not any("signal handler" in w for w in _warnings(runner.invoke(app, args)))
