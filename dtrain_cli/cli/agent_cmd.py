@@ -94,13 +94,18 @@ def threads_of_this_node(cfg: Any, plan: Any) -> Any:
     threads a rank on 1 CPU ran 7-20x slower). Kept when launcher.threads_per_proc or the
     job's OMP_NUM_THREADS says otherwise, and outside SLURM (a pod's CPU limit is a quota,
     which the affinity mask does not show)."""
-    given = cfg.launcher.threads_per_proc or "OMP_NUM_THREADS" in os.environ
-    if given or "SLURM_JOB_ID" not in os.environ:
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    given = cfg.launcher.threads_per_proc or (omp.isdigit() and int(omp) > 0)
+    # cluster.cpus_per_task: the plan was made with the job's CPUs already
+    if given or cfg.cluster.cpus_per_task or "SLURM_JOB_ID" not in os.environ:
         return plan
     try:
         cores = len(os.sched_getaffinity(0))  # the job's CPUs (SLURM's cgroup, cpuset)
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
+    on_node = os.environ.get("SLURM_CPUS_ON_NODE", "")
+    if on_node.isdigit() and int(on_node) > 0:  # a cluster that binds no CPUs: its count
+        cores = min(cores, int(on_node))
     threads = max(1, cores // max(plan.nproc_per_node, 1))
     return dataclasses.replace(plan, threads_per_proc=threads)
 

@@ -164,13 +164,13 @@ def range_problems(
 
 
 def default_rdzv_id(nnodes: int, endpoint: str) -> str:
-    """What every node of a check takes without ``--rdzv-id``: the SLURM job's id, else the
-    endpoint they all name (a random id each, they never met: the guide's own multi-node
-    command failed after its timeout); one node: a fresh one."""
+    """What every node of a check takes without ``--rdzv-id``: the endpoint they all name (a
+    random id each, they never met: the guide's own multi-node command failed after its
+    timeout; a SLURM job's id differs between allocations checked together); one node: a
+    fresh one."""
     if nnodes == 1:
         return f"dtrain-validate-{uuid.uuid4().hex[:12]}"
-    shared = os.environ.get("SLURM_JOB_ID") or endpoint
-    return "dtrain-validate-" + "".join(c if c.isalnum() else "-" for c in shared)
+    return "dtrain-validate-" + "".join(c if c.isalnum() else "-" for c in endpoint)
 
 
 def run_live(req: Any, rdzv_id: str | None, timeout: float, sizes: list[int]) -> dict[str, Any]:

@@ -136,7 +136,7 @@ def cluster_problems(c: ClusterConfig) -> list[str]:
 
 def time_seconds(text: str) -> int | None:
     """SLURM's time forms in seconds (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None
-    for UNLIMITED."""
+    for UNLIMITED and for 0 (SLURM's "no limit" too)."""
     days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
     if not rest.isdigit() and ":" not in rest:
         return None
@@ -148,7 +148,7 @@ def time_seconds(text: str) -> int | None:
         h, m, sec = parts
     else:  # MM or MM:SS
         h, m, sec = 0, parts[0], parts[1] if len(parts) > 1 else 0
-    return ((int(days or 0) * 24 + h) * 60 + m) * 60 + sec
+    return ((int(days or 0) * 24 + h) * 60 + m) * 60 + sec or None
 
 
 def _one_line(key: str, value: str | None) -> list[str]:

@@ -238,8 +238,8 @@ def test_a_node_alone_ends_in_one_line(tmp_path, node_rank):
 def test_two_nodes_meet_without_an_rdzv_id(tmp_path):
     """docs/clusters.md's `dtrain validate-cluster --nnodes 2 --rdzv-endpoint node0:29500`
     on every node: each took a random rendezvous id and they never met (rendezvous failed
-    after the timeout on both; a new user's find). Without --rdzv-id the nodes take the
-    SLURM job's id, else the endpoint they all name."""
+    after the timeout on both; a new user's find). Without --rdzv-id the nodes meet under
+    the endpoint they all name."""
     port = free_port()
     env = {**os.environ, "DTRAIN_CACHE": str(cache_dir())}
     env.pop("SLURM_JOB_ID", None)

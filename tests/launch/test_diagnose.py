@@ -354,12 +354,13 @@ def test_a_spike_dropped_from_a_one_step_window_is_not_a_nan(tmp_path, policy, e
     assert window["loss_steps"] == 0 and window["loss"] is None
 
 
-def test_tensor_parallel_ranks_keep_what_tp_does_not_split_alike_under_dropout(tmp_path):
+@pytest.mark.parametrize("layout", [["tp=2"], ["tp=2", "dp=2", "parallel.strategy=fsdp"]])
+def test_tensor_parallel_ranks_keep_what_tp_does_not_split_alike_under_dropout(layout, tmp_path):
     """Each rank seeded its dropout with its own rank: the tp ranks of one replica dropped
     different units of the residual stream they hold alike, and the norms tp does not split
-    drifted apart (a review's find). The replica check compares them over the tp group; the
-    tp ranks now draw alike."""
-    args = ["launch", "recipe=gpt_tiny", "tp=2", "model.dropout=0.1", "train.steps=4",
+    drifted apart (a review's find). The replica check compares them over the tp group (under
+    FSDP too: there they are DTensors of the dp mesh alone); the tp ranks now draw alike."""
+    args = ["launch", "recipe=gpt_tiny", *layout, "model.dropout=0.1", "train.steps=4",
             "debug.replica_check_every=1", "logging.tensorboard=false"]  # fmt: skip
     run = run_dtrain(args, tmp_path)
     assert run.returncode == 0, run.stderr[-3000:]

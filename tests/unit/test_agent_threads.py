@@ -40,3 +40,20 @@ def test_what_the_user_set_and_runs_outside_slurm_keep_the_plans(monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.delenv("SLURM_JOB_ID")  # a pod: its CPU limit is a quota, not the mask
     assert threads_of_this_node(cfg, plan) is plan
+
+
+def test_the_jobs_cpu_count_bounds_an_unbound_nodes_cores(monkeypatch):
+    """A cluster that binds no CPUs shows the agent the whole shared node: SLURM's count of
+    the job's CPUs there bounds it; cluster.cpus_per_task planned it already (a review's
+    find)."""
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setenv("SLURM_CPUS_ON_NODE", "8")
+    cfg, plan = _plan()
+    assert threads_of_this_node(cfg, plan).threads_per_proc == 4
+    cfg, plan = _plan("cluster.cpus_per_task=6")
+    assert threads_of_this_node(cfg, plan) is plan
+    monkeypatch.setenv("OMP_NUM_THREADS", "")  # set but empty: not the user's count
+    cfg, plan = _plan()
+    assert threads_of_this_node(cfg, plan).threads_per_proc == 4

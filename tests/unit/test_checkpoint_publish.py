@@ -66,3 +66,29 @@ def test_a_failed_save_and_a_crashed_attempts_partial_save_are_removed(tmp_path,
     monkeypatch.setattr(dcp, "save", real_save)
     manager.save(3, state, {"step": 3}, {})
     assert sorted(p.name for p in manager.root.iterdir()) == ["latest", "step_000003"]
+
+
+def test_a_rank_resumes_with_its_tp_groups_rng_and_keeps_its_own_tensors(tmp_path, monkeypatch):
+    """The tp ranks of a replica draw dropout alike (seeded by the group's first rank); a
+    resume restored each rank's own RNG file, so a layout changed at one world size (dp=2 ->
+    tp=2) gave the new tp pair different streams (a review's find)."""
+    import torch.distributed.checkpoint as dcp
+
+    monkeypatch.setattr(dcp_state, "agreed_attempt", lambda: "local-0")
+    ckpt = tmp_path / "step_000002"
+    dcp.save({"w": torch.zeros(2)}, checkpoint_id=str(ckpt), no_dist=True)
+    for rank in (0, 1):
+        torch.manual_seed(100 + rank)
+        own = {f"{dcp_state.RANK_STATE}mine": torch.tensor([float(rank)])}
+        save_file({**dcp_state.rng_state(), **own}, str(ckpt / catalog.rng_file_name(rank)))
+    manager = dcp_state.CheckpointManager(tmp_path, rank=1, keep_last=3, async_save=False)
+    manager.rng_rank = 0  # rank 1 is tp rank 1 of the group whose first rank is 0
+    mine = manager.load(ckpt, {"w": torch.ones(2)})
+    torch.manual_seed(100)
+    assert torch.equal(torch.rand(3), _draw_after(manager, ckpt))
+    assert mine["mine"].item() == 1.0  # its own tensors are still its own
+
+
+def _draw_after(manager, ckpt):
+    manager.load(ckpt, {"w": torch.ones(2)})
+    return torch.rand(3)

@@ -44,3 +44,30 @@ def test_outside_a_scheduler_sigterm_keeps_its_meaning(handlers, monkeypatch):
     before = signal.getsignal(signal.SIGTERM)
     sigterm_as_preemption("USR1")
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_script_without_a_handler_for_the_signal_is_ended_by_sigterm_as_before(
+    handlers, monkeypatch
+):
+    """Passed on as SIGUSR1 to a script that does not handle it, SIGTERM became 'killed by
+    SIGUSR1' (the preemption signal's message) for ranks the agent stops after a peer's
+    crash (a review's find). The handler gives SIGTERM back its default and sends it."""
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(sig))
+    sigterm_as_preemption("USR1")
+    signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+    assert sent == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+@pytest.mark.parametrize(("name", "on_sigterm"), [("TERM", True), ("USR1", False)])
+def test_sigterm_is_left_alone_when_it_is_the_signal_or_the_config_says_so(
+    name, on_sigterm, handlers, monkeypatch
+):
+    """cluster.signal=TERM sent SIGTERM to itself forever (a RecursionError); and
+    cluster.checkpoint_on_sigterm=false is honoured, as the trainer honours it."""
+    monkeypatch.setenv("SLURM_JOB_ID", "6")
+    before = signal.getsignal(signal.SIGTERM)
+    sigterm_as_preemption(name, on_sigterm)
+    assert signal.getsignal(signal.SIGTERM) is before

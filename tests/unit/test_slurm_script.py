@@ -177,3 +177,13 @@ def test_a_taken_run_name_of_a_slurm_job_says_to_resubmit_its_job(tmp_path):
     run.slurm.mkdir()
     (run.slurm / "job.sbatch").write_text("#!/bin/bash\n")
     assert taken(run).endswith(f"continue that one: sbatch {run.slurm / 'job.sbatch'}")
+
+
+def test_slurm_times_in_seconds_and_no_limit():
+    from dtrain_cli.launch.slurm import time_seconds
+
+    cases = {"30": 1800, "01:30": 90, "04:00:00": 14400, "1-00": 86400, "1-02:03": 93780,
+             "1-02:03:04": 93784, "UNLIMITED": None, "0": None, "00:00:00": None}  # fmt: skip
+    assert {t: time_seconds(t) for t in cases} == cases
+    built = build_job(["recipe=gpt_tiny", "time=0"], [], **FIXED)  # no limit: not refused
+    assert built.problems == []

@@ -63,6 +63,9 @@ class Checkpointer:
         self.manager = CheckpointManager(
             run_dir, ctx.rank, cfg.checkpoint.keep_last, cfg.checkpoint.async_save
         )
+        # the RNG a rank resumes with: its tp group's first rank's, as the trainer seeds it
+        # (the tp ranks of a replica draw alike: runtime/trainer.py)
+        self.manager.rng_rank = ctx.rank - ctx.mesh["tp"].get_local_rank()
         self.save_steps = set(plan.checkpoint.steps)
         self.every_s = 60.0 * plan.checkpoint.every_minutes
         self.resumed_from: str | None = None

@@ -53,6 +53,12 @@ def fingerprint(t: torch.Tensor) -> torch.Tensor:
     return t.view(BITS[t.element_size()]).to(torch.int64).sum()
 
 
+def _on_tp(t: torch.Tensor) -> bool:
+    """A DTensor whose mesh has the tp dim (split or placed by tensor parallel)."""
+    mesh = t.device_mesh if is_dtensor(t) else None  # type: ignore[attr-defined]
+    return mesh is not None and "tp" in (mesh.mesh_dim_names or ())
+
+
 class ReplicaChecker:
     def __init__(self, cfg: DtrainConfig, plan: Plan, ctx: DistContext, pm: ParallelModel) -> None:
         self.plan, self.ctx, self.pm = plan, ctx, pm
@@ -88,10 +94,10 @@ class ReplicaChecker:
         self.checks += 1
         if self.dp_active:
             self._compare(step, named, self.ctx.dp_group, "data-parallel replicas", "dp")
-        if self.tp_active:  # what tp does not split: plain tensors
-            plain = [(n, t) for n, t in named if not is_dtensor(t)]
+        if self.tp_active:  # what tp does not split: plain, or sharded over dp alone (fsdp)
+            alike = [(n, t) for n, t in named if not _on_tp(t)]
             self._compare(
-                step, plain, self.ctx.mesh["tp"].get_group(), "tensor-parallel ranks", "tp"
+                step, alike, self.ctx.mesh["tp"].get_group(), "tensor-parallel ranks", "tp"
             )
 
     def _compare(self, step: int, named: list, group: Any, who: str, axis: str) -> None:

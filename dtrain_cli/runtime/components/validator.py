@@ -3,8 +3,9 @@
     dtrain launch recipe=gpt_tiny train.eval_every=50 train.eval_batches=8
 
 ``should_validate(step)``: every ``train.eval_every`` steps and at the last step. The
-loss is over the first ``eval_batches`` global batches of the val split (at most the whole
-split, each window once): the same samples whatever the layout.
+loss is over the first ``eval_batches`` global batches of the val split, as many whole ones
+as it holds (a split shorter than one global batch: one, its windows repeated): the same
+samples whatever the layout.
 """
 
 from __future__ import annotations

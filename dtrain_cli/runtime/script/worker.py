@@ -154,18 +154,25 @@ def main() -> None:
         raise SystemExit(1) from None
 
 
-def sigterm_as_preemption(name: str) -> None:
+def sigterm_as_preemption(name: str, on_sigterm: bool = True) -> None:
     """In a SLURM job or a pod, SIGTERM is a preemption, ``scontrol requeue`` or eviction:
-    the rank passes it on to itself as the preemption signal (``cluster.signal``), which
-    the guide's scripts handle by saving a checkpoint, as dtrain's trainer does; it lost its
-    work to SIGTERM (a new user's find). A script that sets its own SIGTERM handler keeps it;
-    one that handles neither ends by the signal, as before."""
-    if not name or not env.in_scheduler_job():
+    a rank whose script handles the preemption signal (``cluster.signal``) gets SIGTERM as
+    that signal, and saves its checkpoint as dtrain's trainer does (it lost its work to
+    SIGTERM: a new user's find). A script that handles neither, or sets its own SIGTERM
+    handler, or ``cluster.checkpoint_on_sigterm=false``: SIGTERM as before. Only this
+    process (not a DataLoader worker it forks) passes it on."""
+    if not name or not on_sigterm or not env.in_scheduler_job():
         return
-    num = signal_number(name)
+    num, owner = signal_number(name), os.getpid()
+    if num == signal.SIGTERM:
+        return
 
     def as_preemption(signum: int, frame: Any) -> None:
-        os.kill(os.getpid(), num)
+        if os.getpid() == owner and callable(signal.getsignal(num)):
+            os.kill(owner, num)
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # no handler for it: ended by SIGTERM
+        os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, as_preemption)
 
@@ -187,7 +194,8 @@ def run_script(run_dir: Path) -> None:
 
     config = yaml.safe_load(run.config.read_text()) or {}
     script_arrival.install(float(config.get("launcher", {}).get("rdzv_timeout_s") or 900))
-    sigterm_as_preemption(config.get("cluster", {}).get("signal") or "")
+    cluster = config.get("cluster", {})
+    sigterm_as_preemption(cluster.get("signal") or "", cluster.get("checkpoint_on_sigterm", True))
     group_lifetime.install()  # no hang when DDP's reducer outlives destroy_process_group
     fresh_random_state()
     mark_start(run.rank_log(rank))

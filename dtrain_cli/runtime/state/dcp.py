@@ -151,6 +151,8 @@ class CheckpointManager:
         """The async saves' staging buffers (:mod:`.staging`), made at the first."""
         self._swept = False
         """Whether rank 0 removed earlier attempts' partial saves (at the first save)."""
+        self.rng_rank = rank
+        """The rank whose saved RNG state this one resumes with (its tp group's first)."""
         self.last_save_time = time.monotonic()
         self.save_stall_s: list[float] = []
 
@@ -287,7 +289,8 @@ class CheckpointManager:
             )
             return {}
         saved = load_file(str(rng_file))
-        set_rng_state(saved)
+        shared = path / catalog.rng_file_name(self.rng_rank)  # a layout changed at one size
+        set_rng_state(load_file(str(shared)) if shared.is_file() else saved)
         return {k[len(RANK_STATE) :]: v for k, v in saved.items() if k.startswith(RANK_STATE)}
 
     def close(self) -> None:
