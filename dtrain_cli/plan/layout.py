@@ -326,6 +326,14 @@ def batchnorm_warning(cfg: DtrainConfig, facts: ModelFacts, batch: BatchPlan) ->
         )
     if sync and not layers:
         return "parallel.sync_batchnorm=true: the model has no BatchNorm layer to synchronize"
+    if layers and batch.grad_accum > 1:  # statistics of each micro-batch, synced or not
+        over = batch.micro_batch_size * (batch.dp if sync else 1)
+        return (
+            f"the model has {layers} BatchNorm layer{'s' * (layers > 1)} and "
+            f"{batch.grad_accum} micro-batches a step: each normalizes over its own {over} "
+            "samples, so the run differs from one without accumulation; a micro-batch of the "
+            "whole per-rank batch (train.micro_batch_size) keeps it"
+        )
     return None
 
 

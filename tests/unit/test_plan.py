@@ -405,6 +405,13 @@ def test_batchnorm_at_dp_above_one_warns_unless_synchronized():
     assert not [w for w in build_plan(single, CPU).warnings if "BatchNorm" in w]
     gpt = compose_config("gpt_tiny", ["dp=2", "parallel.sync_batchnorm=true"], validate=False)
     assert "no BatchNorm layer to synchronize" in " ".join(build_plan(gpt, CPU).warnings)
+    # accumulation: each micro-batch its own statistics, synchronized or not (a new user's
+    # find: 4e-3 off dp=1's curve at step 4 without a word)
+    synced_acc = ["dp=2", "parallel.sync_batchnorm=true", "train.micro_batch_size=8"]
+    for over, samples in ((["train.micro_batch_size=8"], 8), (synced_acc, 16)):
+        cfg = compose_config("cnn_bn", over, validate=False)
+        (warning,) = [w for w in build_plan(cfg, CPU).warnings if "BatchNorm" in w]
+        assert f"micro-batches a step: each normalizes over its own {samples} samples" in warning
 
 
 def test_an_image_models_plan_counts_samples_not_tokens():
