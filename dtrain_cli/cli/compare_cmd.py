@@ -6,7 +6,9 @@
 A logged loss is the mean over the steps since the previous logged step, so runs logged at
 different ``logging.every`` are compared on the windows they all closed (the finer run's
 windows merged, weighted by their steps). Exit 0 when every common step agrees within
-``--tol``, 1 when some step diverges, 2 on bad input (not a run dir, no common steps).
+``--tol``; 1 when some step (or a common validation step) diverges, or a run did not
+finish (:mod:`dtrain_cli.report.compare_checks`, which also names settings that differ
+beyond the layout); 2 on bad input (not a run dir, no common steps).
 """
 
 from __future__ import annotations
@@ -130,8 +132,17 @@ def compare(
         highlight=False,
         soft_wrap=True,
     )
+    from dtrain_cli.report.compare_checks import setting_differences, unfinished, val_divergence
+
+    val_line, val_differs = val_divergence(data, tol)
+    if val_line:
+        console.print(val_line, highlight=False, soft_wrap=True)
     for line in speed_lines(data, heads):
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"plot: {path}", highlight=False, soft_wrap=True)
-    if result.first_divergent is not None:
+    stopped = unfinished(data)
+    differs = setting_differences(data)
+    for line in [*stopped, *([differs] if differs else [])]:
+        err_console.print(f"warning: {line}", highlight=False, markup=False, soft_wrap=True)
+    if result.first_divergent is not None or val_differs or stopped:
         raise typer.Exit(1)

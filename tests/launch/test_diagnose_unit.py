@@ -116,6 +116,7 @@ def write_records(path: Path, records: list[dict]) -> Path:
     path.mkdir(parents=True)
     (path / "plan.yaml").write_text("recipe: x\n")
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (path / "summary.json").write_text(json.dumps({"steps": records[-1]["step"]}))  # finished
     return path
 
 
@@ -154,6 +155,8 @@ def test_compare_names_alike_runs_apart_and_plots_where_asked(tmp_path):
     name = "gpt_tiny-20250101-120000-dp2-accumulate"
     a = fake_run(tmp_path / "runs" / f"{name}-a", [1, 2, 3])
     b = fake_run(tmp_path / "runs" / f"{name}-b", [1, 2, 3])
+    for run_dir in (a, b):  # finished runs
+        (run_dir / "summary.json").write_text(json.dumps({"steps": 3}))
     run = run_dtrain(["compare", str(a), str(b)], tmp_path, env={"COLUMNS": "60"})
     assert run.returncode == 0, run.stderr
     assert f"A = {a}" in run.stdout and f"B = {b}" in run.stdout

@@ -42,3 +42,34 @@ def test_compare_of_models_of_different_sizes_is_said(tmp_path, monkeypatch):
         "warning: the runs train models of different sizes (5,514, 875,264 parameters): "
         "their losses differ by model, not only by setting"
     )
+
+
+def test_a_run_that_stopped_early_a_val_loss_apart_and_other_settings_are_said(
+    tmp_path, monkeypatch
+):
+    """A run that died at step 2 of 4 compared 'no step diverges' (exit 0) on its one common
+    step; val loss was never compared; runs of other steps or precisions were compared as if
+    only their layout differed (a new user's finds)."""
+    monkeypatch.chdir(tmp_path)
+    a, b = _run(tmp_path / "a", 20000.0, 1000), _run(tmp_path / "b", 20000.0, 1000)
+    (b / "summary.json").unlink()  # b stopped: no summary
+    result = CliRunner().invoke(app, ["compare", "a", "b"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1
+    assert "warning: b: no summary.json: it did not finish (last logged step 20)" in " ".join(
+        result.stderr.split()
+    )
+    (b / "summary.json").write_text(json.dumps({"params": 1000}))
+    for run, val, steps in ((a, 4.0, 8), (b, 4.1, 16)):
+        with (run / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"kind": "val", "step": 20, "val_loss": val}) + "\n")
+        (run / "config.yaml").write_text(
+            f"train:\n  steps: {steps}\n  micro_batch_size: {steps}\nparallel:\n  dp: 2\n"
+        )
+    result = CliRunner().invoke(app, ["compare", "a", "b"], env={"COLUMNS": "200"})
+    assert result.exit_code == 1
+    assert "val loss at 1 common step(s): max rel diff 2.439e-02 at step 20 (> 0.0001)" in (
+        result.stdout
+    )
+    said = " ".join(result.stderr.split())
+    assert "warning: the runs differ beyond the layout: train.steps 8 | 16" in said
+    assert "micro_batch_size" not in said  # a layout setting
