@@ -105,8 +105,9 @@ def resume(
                 f"set train.steps above {step} to continue"
             ]
         )
-    if said := lr_change(path, plan, step):
-        warn(said)
+    for said in [lr_change(path, plan, step), *definition_changes(path, cfg, plan, step)]:
+        if said:
+            warn(said)
     from dtrain_cli.cli.launch_cmd import start_workers
 
     before = run_files(run_dir)
@@ -158,6 +159,34 @@ def lr_change(path: Path, plan: Plan, step: int) -> str | None:
         f"the LR schedule changes with this resume ({', '.join(changed)}): step {step + 1} "
         f"runs at lr {now:.3g}, where the checkpoint's schedule had {was:.3g}"
     )
+
+
+def definition_changes(path: Path, cfg: DtrainConfig, plan: Plan, step: int) -> list[str]:
+    """What a resume changes of what the curves mean: the samples a step takes and the ones
+    the val loss is over (both were silent; a new user's find)."""
+    import yaml
+
+    from dtrain_cli.plan.plan import Plan
+
+    try:
+        old_batch = Plan.load(path / "plan.yaml").batch.global_batch_size
+        old_eval = (yaml.safe_load((path / "config.yaml").read_text()) or {})["train"]
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
+        return []
+    out = []
+    if old_batch != plan.batch.global_batch_size:
+        out.append(
+            f"the global batch changes with this resume ({old_batch} -> "
+            f"{plan.batch.global_batch_size} samples): steps after {step} take "
+            f"{plan.batch.global_batch_size} samples each, where the run's first {step} took "
+            f"{old_batch}"
+        )
+    if old_eval.get("eval_batches") != cfg.train.eval_batches:
+        out.append(
+            f"train.eval_batches {old_eval.get('eval_batches')} -> {cfg.train.eval_batches}: "
+            f"the val loss after step {step} is over other samples than before it"
+        )
+    return out
 
 
 def several_nodes(plan: Plan) -> str:

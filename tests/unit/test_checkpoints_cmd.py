@@ -167,6 +167,27 @@ def test_a_resume_that_changes_the_lr_schedule_says_so(tmp_path):
     assert lr_change(tmp_path, same, 10) is None
 
 
+def test_a_resume_that_changes_the_global_batch_or_the_val_samples_says_so(tmp_path):
+    """train.global_batch_size=32 after 16 and train.eval_batches=50 after 2 were accepted
+    without a word, the val curve changing its definition mid-run (a new user's find)."""
+    from dtrain_cli.cli.common import compose_and_plan
+    from dtrain_cli.cli.resume_cmd import definition_changes
+    from dtrain_cli.config.compose import config_to_yaml
+
+    cfg, old = compose_and_plan(["recipe=gpt_tiny", "train.global_batch_size=16"], [])
+    old.save(tmp_path / "plan.yaml")
+    (tmp_path / "config.yaml").write_text(config_to_yaml(cfg))
+    assert definition_changes(tmp_path, cfg, old, 8) == []
+    over = ["recipe=gpt_tiny", "train.global_batch_size=32", "train.eval_batches=50"]
+    new_cfg, new = compose_and_plan(over, [])
+    assert definition_changes(tmp_path, new_cfg, new, 8) == [
+        "the global batch changes with this resume (16 -> 32 samples): steps after 8 take "
+        "32 samples each, where the run's first 8 took 16",
+        f"train.eval_batches {cfg.train.eval_batches} -> 50: the val loss after step 8 is "
+        "over other samples than before it",
+    ]
+
+
 def test_a_set_aside_or_copied_checkpoint_says_where_it_goes(tmp_path):
     """A checkpoint in checkpoints/superseded/ or copied elsewhere holds a plan.yaml: it was
     taken for a run dir and refused as 'no complete checkpoint in <it>/checkpoints'."""
