@@ -60,6 +60,13 @@ def _ignored_because(cfg: DtrainConfig, key: str) -> str | None:
             if readers:
                 read_by = " or ".join(f"sync.mode={m}" for m in readers)
                 return f"read only by {read_by} (sync.mode={cfg.sync.mode})"
+    if key.startswith(("debug.replica_check_every", "debug.replica_check_grads")):
+        replicas = par.dp > 1 and strategy_for(par.strategy).holds_replicas
+        if not replicas and par.tp == 1:  # nothing to compare
+            why = "dp=1" if par.dp == 1 else f"parallel.strategy={par.strategy} shards them"
+            return (
+                f"read only where ranks hold replicas (dp > 1 under ddp or zero1, or tp > 1; {why})"
+            )
     if key == "parallel.fsdp_units" and not _reads_fsdp_units(cfg):
         return (
             "read only by model=custom; the other kinds wrap their own blocks (model=hf: the "

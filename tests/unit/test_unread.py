@@ -62,6 +62,23 @@ CASES = [
         ],
     ),
     (["dp=2", "parallel.strategy=zero1", "comm.bucket_mb=10"], []),
+    # nothing to compare: one replica, or shards (a new user's find: no word before)
+    (
+        ["debug.replica_check_every=1"],
+        [
+            "debug.replica_check_every=1: read only where ranks hold replicas (dp > 1 under "
+            "ddp or zero1, or tp > 1; dp=1); ignored"
+        ],
+    ),
+    (
+        ["dp=2", "parallel.strategy=fsdp", "debug.replica_check_every=1"],
+        [
+            "debug.replica_check_every=1: read only where ranks hold replicas (dp > 1 under "
+            "ddp or zero1, or tp > 1; parallel.strategy=fsdp shards them); ignored"
+        ],
+    ),
+    (["dp=2", "debug.replica_check_every=1"], []),
+    (["tp=2", "debug.replica_check_every=1"], []),
     # model=hf wraps its _no_split_modules: a misspelt class trained as if never typed
     (
         ["dp=2", "parallel.strategy=fsdp", "parallel.fsdp_units=[Block]"],
