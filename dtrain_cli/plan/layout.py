@@ -100,10 +100,11 @@ def batch_layout(cfg: DtrainConfig, facts: ModelFacts) -> tuple[BatchPlan, list[
                 stages = par.pp * virtual_stages(cfg)
                 wanted = cfg.pipeline.microbatches or default_microbatches(share, par.pp, stages)
                 if share % wanted and not global_batch % dp:
+                    least = {"1f1b": par.pp, "dualpipev": stages}.get(cfg.pipeline.schedule, 1)
+                    fits = [d for d in divisors(share, max(16, share)) if d >= least][:12]
                     problems.append(
                         f"pipeline.microbatches={wanted}: must divide the {share} samples each "
-                        f"dp rank runs per step (global_batch_size/dp); use one of "
-                        f"{divisors(share, max(16, share))[:12]}"
+                        f"dp rank runs per step (global_batch_size/dp); use one of {fits}"
                     )
             micro = max(1, share // wanted)
         per_step = micro * dp
