@@ -138,6 +138,24 @@ def test_a_summary_without_throughput_is_strict_json_and_says_not_measured(tmp_p
     assert "not measured" in out.getvalue() and "nan" not in out.getvalue().lower()
 
 
+def test_a_pipelines_summary_shows_its_bubble_measured_and_in_theory():
+    """The guide says the run summary reports the measured bubble next to the plan's: only
+    summary.json had it (a new user's find)."""
+    import io
+
+    from rich.console import Console
+
+    from dtrain_cli.runtime.components.sinks import summary_table
+
+    out = io.StringIO()
+    summary = {"steps": 8, "bubble_theory": 0.2, "bubble_measured": 0.2637}
+    Console(file=out, width=100).print(summary_table(summary))
+    assert "26% measured, 20% in theory (the plan's)" in out.getvalue()
+    out = io.StringIO()
+    Console(file=out, width=100).print(summary_table({"steps": 8}))
+    assert "bubble" not in out.getvalue()
+
+
 def test_python_warnings_reach_the_rank_log_and_rank_0_console_once(tmp_path, monkeypatch):
     """Issue 24 #12: torch's warning of a scheduler stepped before its optimizer (a sign of
     a bug) goes to the rank's log and rank 0's console, once however often it repeats."""

@@ -192,6 +192,10 @@ def summary_table(summary: dict[str, Any]) -> Table:
         table.add_row("tokens/s (steady median)", _rate(summary.get("tokens_per_s")))
     if isinstance(mfu := summary.get("mfu"), (int, float)):  # against the plan's estimate
         table.add_row("MFU (measured)", f"{mfu:.0%} of the hardware profile's peak")
+    if isinstance(theory := summary.get("bubble_theory"), (int, float)):  # a pipeline's
+        measured = summary.get("bubble_measured")
+        said = f"{measured:.0%} measured, " if isinstance(measured, (int, float)) else ""
+        table.add_row("pipeline bubble", f"{said}{theory:.0%} in theory (the plan's)")
     wall = f"{_num(summary.get('train_wall_s'), ',.1f')} s"
     startup = summary.get("startup_first_step_done_s")
     if isinstance(startup, (int, float)):
