@@ -105,9 +105,8 @@ def resume(
                 f"set train.steps above {step} to continue"
             ]
         )
-    for said in [lr_change(path, plan, step), *definition_changes(path, cfg, plan, step)]:
-        if said:
-            warn(said)
+    for said in changes_said(path, cfg, plan, step):
+        warn(said)
     from dtrain_cli.cli.launch_cmd import start_workers
 
     before = run_files(run_dir)
@@ -159,6 +158,12 @@ def lr_change(path: Path, plan: Plan, step: int) -> str | None:
         f"the LR schedule changes with this resume ({', '.join(changed)}): step {step + 1} "
         f"runs at lr {now:.3g}, where the checkpoint's schedule had {was:.3g}"
     )
+
+
+def changes_said(path: Path, cfg: DtrainConfig, plan: Plan, step: int) -> list[str]:
+    """What this resume changes of the run's schedule, batch and val loss."""
+    lr = lr_change(path, plan, step)
+    return [*([lr] if lr else []), *definition_changes(path, cfg, plan, step)]
 
 
 def definition_changes(path: Path, cfg: DtrainConfig, plan: Plan, step: int) -> list[str]:
