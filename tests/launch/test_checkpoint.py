@@ -194,7 +194,8 @@ def test_crash_during_save_keeps_the_previous_checkpoint(straight, tmp_path):
     run_dir = interrupted(tmp_path, 2, "kill_in_save:step=20:rank=1")
     root = catalog.checkpoints_dir(run_dir)
     assert (root / "latest").read_text().strip() == "step_000010"
-    assert list(root.glob(".tmp-step_000020-*"))  # the half-written one, never visible
+    # the half-written one, never visible: removed by rank 0, whose save failed with it
+    assert not list(root.glob(".tmp-step_000020-*")), sorted(p.name for p in root.iterdir())
     assert [c.step for c in catalog.list_checkpoints(run_dir)] == [10]
     done = resume(run_dir)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -320,7 +320,8 @@ def test_restart_after_a_killed_rank(tmp_path):
     assert said in run.stderr, run.stderr
     log = (run.run_dir / "logs" / "rank_0.log").read_text()
     first, _, second = log.partition("----- dtrain: restart attempt 1, ")
-    assert "Connection reset by peer" in first and said in second, log
+    lost = ("Connection reset by peer", "Connection closed by peer")  # gloo says either
+    assert any(x in first for x in lost) and said in second, log
 
 
 def _alive(pid: int) -> bool:
