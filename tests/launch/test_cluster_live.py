@@ -18,6 +18,21 @@ from tests.conftest import DTRAIN, MATH, TINY_PREEMPTIBLE, cache_dir, run_dtrain
 pytestmark = pytest.mark.multiproc
 
 
+def start_nodes(args: list[str], cwd: Path, env: dict, ranks: tuple[int, ...]) -> list:
+    """One process per node rank of ``args`` (``--node-rank`` appended), output together."""
+    return [
+        subprocess.Popen(
+            [*args, "--node-rank", str(r)],
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for r in ranks
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -121,17 +136,7 @@ def test_two_nodes_on_one_machine_match_a_single_node(tmp_path, run_dp2):
     env = {**os.environ, "DTRAIN_CACHE": str(cache_dir())}
     args = [*DTRAIN, "launch", *MATH, "dp=2", "launcher.threads_per_proc=1", "--nnodes", "2"]
     args += ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes"]
-    procs = [
-        subprocess.Popen(
-            [*args, "--node-rank", str(r)],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in (1, 0)
-    ]
+    procs = start_nodes(args, tmp_path, env, (1, 0))
     outs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
     run_dir = tmp_path / "runs" / "two-nodes"
@@ -246,18 +251,7 @@ def test_two_nodes_meet_without_an_rdzv_id(tmp_path):
     base = [*DTRAIN, "validate-cluster", "--nnodes", "2", "--nproc-per-node", "1", "--timeout",
             "60", "--rdzv-endpoint", f"127.0.0.1:{port}", "--sizes", "1K",
             "--single-host"]  # fmt: skip
-    procs = [
-        subprocess.Popen(
-            [*base, "--node-rank", str(k), "--run-dir", str(tmp_path)],
-            cwd=tmp_path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for k in (0, 1)
-    ]
-    outs = [p.communicate(timeout=180) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out + err
-        assert "validate-cluster: ok" in out
+    procs = start_nodes([*base, "--run-dir", str(tmp_path)], tmp_path, env, (0, 1))
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0 and "validate-cluster: ok" in out, out
