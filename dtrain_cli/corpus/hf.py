@@ -112,7 +112,7 @@ def _record_sets(
         # the parser's own words: pyarrow's ("JSON parse error: ... in row 1"), the decoder's;
         # not pandas' fallback under it ("Trailing data at position 16")
         named = [c for c in chain if type(c).__name__ in ("ArrowInvalid", "UnicodeDecodeError")]
-        cause = (named or chain)[0] if named else chain[-1]
+        cause = named[0] if named else chain[-1]
         why = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:200]
         if isinstance(cause, UnicodeDecodeError):
             why += "; not UTF-8 text (data=text reads any bytes)"
