@@ -20,6 +20,7 @@ from dtrain_cli.config.recipe_checks import explain_compose_error
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.search import builtin_configs_dir, group_options, user_config_dirs
 from dtrain_cli.errors import ConfigError
+from dtrain_cli.rundir.config_keys import flat_keys
 
 # Keys a resume may not change: the checkpoint's weights, optimizer state and data stream
 # depend on them. Everything else (steps, layout, cadence, logging, LR values) is allowed.
@@ -100,13 +101,3 @@ def unsafe_resume_changes(old: DtrainConfig, new: DtrainConfig) -> list[str]:
 
 def fixed_keys() -> str:
     return ", ".join(k + "*" if k.endswith(".") else k for k in UNSAFE_ON_RESUME)
-
-
-def flat_keys(d: object, prefix: str = "") -> dict[str, object]:
-    """A nested config as ``{"parallel.dp": 2, ...}`` (dotted keys, leaf values)."""
-    if not isinstance(d, dict):
-        return {prefix.rstrip("."): d}
-    out: dict[str, object] = {}
-    for k, v in d.items():
-        out.update(flat_keys(v, f"{prefix}{k}."))
-    return out

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dtrain_cli.config.compose import config_to_yaml
-from dtrain_cli.config.resume_changes import flat_keys
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.config.validate import name_problems
 from dtrain_cli.launch.rundir import taken
 from dtrain_cli.plan.plan import Plan
+from dtrain_cli.rundir.config_keys import flat_keys
 from dtrain_cli.rundir.layout import RunDir
 from dtrain_cli.rundir.protocol import signal_number
 

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from dtrain_cli.report.runs import RunData, rel_diff
+from dtrain_cli.rundir.config_keys import flat_keys
 from dtrain_cli.rundir.layout import RunDir
 
 LAYOUT_PREFIXES = (
@@ -68,9 +69,10 @@ def val_divergence(runs: list[RunData], tol: float) -> tuple[str | None, bool]:
 
 def setting_differences(runs: list[RunData], shown: int = 6) -> str | None:
     """The config keys beyond the layout whose values differ between the runs."""
-    flats = [_flat(_config(r)) for r in runs]
-    if any(f is None for f in flats):
+    configs = [_config(r) for r in runs]
+    if any(c is None for c in configs):
         return None
+    flats = [flat_keys(c) for c in configs]
     keys = sorted(set().union(*flats))  # type: ignore[arg-type]
     differ = [
         k
@@ -89,14 +91,3 @@ def _config(run: RunData) -> Any:
         return yaml.safe_load(RunDir(run.path).config.read_text())
     except (OSError, yaml.YAMLError):
         return None
-
-
-def _flat(d: Any, prefix: str = "") -> dict[str, Any] | None:
-    if d is None:
-        return None
-    if not isinstance(d, dict):
-        return {prefix.rstrip("."): d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") or {})
-    return out
