@@ -61,11 +61,16 @@ def _ignored_because(cfg: DtrainConfig, key: str) -> str | None:
                 read_by = " or ".join(f"sync.mode={m}" for m in readers)
                 return f"read only by {read_by} (sync.mode={cfg.sync.mode})"
     if key.startswith(("debug.replica_check_every", "debug.replica_check_grads")):
-        replicas = par.dp > 1 and strategy_for(par.strategy).holds_replicas
+        from dtrain_cli.plan.memory import nproc_guess
+
+        strategy = strategy_for(par.strategy)
+        shard_groups = strategy.dp_replicate(cfg, nproc_guess(cfg))
+        replicas = par.dp > 1 and (strategy.holds_replicas or shard_groups > 1)
         if not replicas and par.tp == 1:  # nothing to compare
             why = "dp=1" if par.dp == 1 else f"parallel.strategy={par.strategy} shards them"
             return (
-                f"read only where ranks hold replicas (dp > 1 under ddp or zero1, or tp > 1; {why})"
+                "read only where ranks hold replicas (dp > 1 under ddp or zero1, hsdp's shard "
+                f"groups, or tp > 1; {why})"
             )
     if key == "parallel.fsdp_units" and not _reads_fsdp_units(cfg):
         return (

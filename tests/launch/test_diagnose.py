@@ -255,6 +255,24 @@ def test_replica_check_names_the_rank_and_parameter(tmp_path):
     assert "pos_embeddings.weight" in line and "1 of " in line
 
 
+def test_replica_check_compares_hsdp_shard_groups(tmp_path):
+    """hsdp holds no whole replica, but rank 3 holds the shard rank 1 holds (the other
+    shard group): a perturbed shard is named (it was never compared)."""
+    run, _ = drill(
+        tmp_path,
+        "perturb:step=2:rank=3",
+        "dp=4",
+        "parallel.strategy=hsdp",
+        "parallel.dp_shard=2",
+        "train.global_batch_size=8",
+        "debug.replica_check_every=2",
+    )
+    assert run.returncode == 1
+    line = next(x for x in run.stderr.splitlines() if "ReplicaError" in x)
+    assert "step 2: hsdp replicas (shard groups) differ: rank 3 (dp_replicate rank 1)" in line
+    assert "than rank 1 (dp_replicate rank 0)" in line and "pos_embeddings.weight" in line
+
+
 def image_has_a_plot(path: Path) -> None:
     from PIL import Image, ImageStat
 

@@ -26,8 +26,12 @@ def test_resume_at_another_dp_continues_the_curve(tmp_path):
     ]
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    whole = run_dtrain(["launch", *base, "dp=4", "parallel.dp_shard=2"], tmp_path / "a")
+    # the two shard groups hold the same shards: compared every step and at the end
+    checks = ["debug.replica_check_every=1", "debug.replica_check_at_end=true"]
+    whole = run_dtrain(["launch", *base, "dp=4", "parallel.dp_shard=2", *checks], tmp_path / "a")
     assert whole.returncode == 0, whole.stderr[-2000:]
+    summary = whole.summary()
+    assert summary["replica_checks"] == 6 and summary["replicas_identical"] is True
     cut = run_dtrain(
         ["launch", *base, "dp=4", "parallel.dp_shard=2", "train.steps=3"], tmp_path / "b"
     )

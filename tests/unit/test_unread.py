@@ -67,16 +67,27 @@ CASES = [
         ["debug.replica_check_every=1"],
         [
             "debug.replica_check_every=1: read only where ranks hold replicas (dp > 1 under "
-            "ddp or zero1, or tp > 1; dp=1); ignored"
+            "ddp or zero1, hsdp's shard groups, or tp > 1; dp=1); ignored"
         ],
     ),
     (
         ["dp=2", "parallel.strategy=fsdp", "debug.replica_check_every=1"],
         [
             "debug.replica_check_every=1: read only where ranks hold replicas (dp > 1 under "
-            "ddp or zero1, or tp > 1; parallel.strategy=fsdp shards them); ignored"
+            "ddp or zero1, hsdp's shard groups, or tp > 1; parallel.strategy=fsdp shards them); "
+            "ignored"
         ],
     ),
+    # hsdp: one shard group holds no replicas; two do (each rank's shard, across the groups)
+    (
+        ["dp=2", "parallel.strategy=hsdp", "parallel.dp_shard=2", "debug.replica_check_every=1"],
+        [
+            "debug.replica_check_every=1: read only where ranks hold replicas (dp > 1 under "
+            "ddp or zero1, hsdp's shard groups, or tp > 1; parallel.strategy=hsdp shards them); "
+            "ignored"
+        ],
+    ),
+    (["dp=4", "parallel.strategy=hsdp", "parallel.dp_shard=2", "debug.replica_check_every=1"], []),
     (["dp=2", "debug.replica_check_every=1"], []),
     (["tp=2", "debug.replica_check_every=1"], []),
     # model=hf wraps its _no_split_modules: a misspelt class trained as if never typed

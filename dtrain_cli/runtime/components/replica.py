@@ -8,7 +8,9 @@ does not split, must hold bit-identical parameters.
 one int64 per parameter (the sum of its bit patterns: any changed bit changes it) and,
 when asked, per gradient after the reduce, gathered over the dp group; the first rank and
 parameter that differ from dp rank 0 are named and the run stops (:class:`ReplicaError`).
-Sharded (fsdp) and locally stepping (local SGD) replicas are not compared.
+Under hsdp each rank's own shards are compared across the shard groups (the ranks of one
+shard coordinate hold the same shard); fsdp's ranks hold no replicas and locally stepping
+(local SGD) replicas differ between averagings: neither is compared.
 ``summary()`` at the end: the sum and sum of squares of the full model's parameters
 (layout-invariant; what tests and ``dtrain compare`` read) and, with
 ``debug.replica_check_at_end``, a sha256 of every parameter gathered over the dp group.
@@ -71,7 +73,7 @@ class ReplicaChecker:
         self.checks = 0
         self.holds_replicas = strategy_for(plan.strategy).holds_replicas
         replicated = self.holds_replicas and mode_for(cfg.sync.mode).replicas_identical(cfg)
-        if self.every and plan.batch.dp > 1 and not replicated:
+        if self.every and plan.batch.dp > 1 and not replicated and plan.dims.dp_replicate < 2:
             log.warning(
                 "debug.replica_check_every: not checked (strategy=%s, sync.mode=%s: dp ranks "
                 "do not hold replicas at every step)",
@@ -79,10 +81,12 @@ class ReplicaChecker:
                 cfg.sync.mode,
             )
         self.dp_active = plan.batch.dp > 1 and replicated
+        # hsdp: the ranks of one shard coordinate across the shard groups hold the same shard
+        self.shard_replicas = not self.holds_replicas and plan.dims.dp_replicate > 1
         # tp ranks hold the parameters tp does not split (norms, biases after a row-parallel
         # layer) alike: replicated activations drawn apart (dropout) made them drift apart
         self.tp_active = ctx.mesh["tp"].size() > 1
-        self.active = bool(self.every) and (self.dp_active or self.tp_active)
+        self.active = bool(self.every) and (self.dp_active or self.shard_replicas or self.tp_active)
 
     def maybe_check(self, step: int) -> None:
         """After the optimizer step of ``step``, before gradients are zeroed."""
@@ -94,6 +98,9 @@ class ReplicaChecker:
         self.checks += 1
         if self.dp_active:
             self._compare(step, named, self.ctx.dp_group, "data-parallel replicas", "dp")
+        if self.shard_replicas:  # each rank's own shards, across the shard groups
+            group = self.ctx.mesh["dp_replicate"].get_group()
+            self._compare(step, named, group, "hsdp replicas (shard groups)", "dp_replicate")
         if self.tp_active:  # what tp does not split: plain, or sharded over dp alone (fsdp)
             alike = [(n, t) for n, t in named if not _on_tp(t)]
             self._compare(
@@ -122,7 +129,7 @@ class ReplicaChecker:
 
     def not_applicable(self) -> str | None:
         """Why the end-of-run replica check does not apply to this layout (None: it does)."""
-        if not self.holds_replicas and self.plan.dims.dp_enabled:
+        if not self.holds_replicas and self.plan.dims.dp_enabled and not self.shard_replicas:
             return (
                 f"not applicable: {self.plan.strategy} shards the parameters over dp (no "
                 "replicas to compare)"
@@ -133,17 +140,20 @@ class ReplicaChecker:
         """sha256 of this rank's parameter bytes (local shards: the same tp shard / pp stage
         across the dp group), gathered over the dp group. FSDP (dp > 1) has no replicas:
         each dp rank holds another shard, so the digest is of the full parameters and there
-        is nothing to compare."""
-        h = hashlib.sha256()
+        is nothing to compare; under hsdp the full digest comes first, then those of this
+        rank's own shards across the shard groups."""
         sharded = self.not_applicable() is not None
-        for p in self.pm.parameters():
-            t = full_tensor(p) if sharded else local_tensor(p)  # collective under FSDP
-            h.update(t.detach().cpu().contiguous().numpy().tobytes())
-        if sharded:
-            return [h.hexdigest()]
-        out: list[str | None] = [None] * self.plan.batch.dp
-        dist.all_gather_object(out, h.hexdigest(), group=self.ctx.dp_group)
-        return [str(d) for d in out]
+        if sharded or self.shard_replicas:
+            full = _sha256(full_tensor(p) for p in self.pm.parameters())  # collective
+            if not self.shard_replicas:
+                return [full]
+            group, size = self.ctx.mesh["dp_replicate"].get_group(), self.plan.dims.dp_replicate
+        else:
+            full, group, size = None, self.ctx.dp_group, self.plan.batch.dp
+        out: list[str | None] = [None] * size
+        mine = _sha256(local_tensor(p) for p in self.pm.parameters())
+        dist.all_gather_object(out, mine, group=group)
+        return ([full] if full else []) + [str(d) for d in out]
 
     def moments(self) -> tuple[float, float]:
         """Sum and sum of squares of the full model's parameters, whatever the layout."""
@@ -163,9 +173,10 @@ class ReplicaChecker:
         out: dict[str, Any] = {}
         if self.at_end:
             digests, why = self.digests(), self.not_applicable()
+            replicas = digests[1:] if self.shard_replicas else digests
             out = {
                 "param_digest": digests[0],
-                "replicas_identical": None if why else len(set(digests)) == 1,
+                "replicas_identical": None if why else len(set(replicas)) == 1,
                 "replicas_check": why,
             }
         param_sum, param_sq_sum = self.moments()
@@ -173,3 +184,10 @@ class ReplicaChecker:
         if self.active:
             out["replica_checks"] = self.checks
         return out
+
+
+def _sha256(tensors: Any) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
