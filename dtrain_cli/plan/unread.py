@@ -23,11 +23,26 @@ def unread_warnings(cfg: DtrainConfig, overrides: Sequence[str]) -> list[str]:
     """One line per ``key=value`` of ``overrides`` that the layout of ``cfg`` ignores."""
     from dtrain_cli.config.compose import expand_shorthands
 
-    out = []
-    for override in expand_shorthands(overrides):
+    out, given = [], {}
+    for typed, override in zip(overrides, expand_shorthands(overrides), strict=True):
         key = override.lstrip("+~").split("=", 1)[0]
+        given.setdefault(key, []).append((typed, override))
         if why := _ignored_because(cfg, key):
             out.append(f"{override}: {why}; ignored")
+    return out + _given_twice(given)
+
+
+def _given_twice(given: dict[str, list[tuple[str, str]]]) -> list[str]:
+    """``dp=2 ... parallel.dp=1``: the last wins (Hydra's rule), which a long command line
+    or a script that appends to one hides; said when the values differ."""
+    out = []
+    for key, typed in given.items():
+        if len({full for _, full in typed}) > 1:
+            last = typed[-1][0]
+            out.append(
+                f"{key} given {len(typed)} times ({', '.join(t for t, _ in typed)}): the last, "
+                f"{last}, is used"
+            )
     return out
 
 

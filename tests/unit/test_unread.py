@@ -90,6 +90,12 @@ CASES = [
     (["dp=4", "parallel.strategy=hsdp", "parallel.dp_shard=2", "debug.replica_check_every=1"], []),
     (["dp=2", "debug.replica_check_every=1"], []),
     (["tp=2", "debug.replica_check_every=1"], []),
+    # a key given twice: the last wins, said when the values differ (a shorthand and its key)
+    (
+        ["dp=2", "steps=4", "parallel.dp=1", "train.steps=4"],
+        ["parallel.dp given 2 times (dp=2, parallel.dp=1): the last, parallel.dp=1, is used"],
+    ),
+    (["steps=4", "steps=4"], []),
     # model=hf wraps its _no_split_modules: a misspelt class trained as if never typed
     (
         ["dp=2", "parallel.strategy=fsdp", "parallel.fsdp_units=[Block]"],
