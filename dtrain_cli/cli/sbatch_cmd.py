@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -185,7 +185,25 @@ def sbatch(
     job_id = run_sbatch(path, undo)
     RunDir(run_dir).slurm_job_id.write_text(job_id + "\n")
     err_console.print(f"submitted job {job_id}: {run_dir}", highlight=False, soft_wrap=True)
+    warn_if_stuck(job_id, built.cfg)
     print(job_id)
+
+
+def warn_if_stuck(job_id: str, cfg: DtrainConfig) -> None:
+    """A job SLURM accepted but will never start as asked (nodes over the partition's) is
+    said now, not found pending hours later."""
+    from dtrain_cli.launch.slurm_queue import stuck_reason
+
+    if why := stuck_reason(job_id):
+        c = cfg.cluster
+        where = f"partition {c.partition}" if c.partition else "the default partition"
+        print_warnings(
+            [
+                f"job {job_id} waits with reason {why} (nodes={cfg.parallel.nnodes}, "
+                f"time={c.time or 'unset'} on {where}); it will not start as asked: "
+                f"scancel {job_id}, then see `sinfo -o '%P %D %l'` for what it allows"
+            ]
+        )
 
 
 def submit_join(run_dir: Path, overrides: list[str], submit: bool) -> None:
@@ -233,6 +251,7 @@ def submit_join(run_dir: Path, overrides: list[str], submit: bool) -> None:
         highlight=False,
         soft_wrap=True,
     )
+    warn_if_stuck(job_id, replace(cfg, parallel=replace(cfg.parallel, nnodes=nodes)))
     print(job_id)
 
 

@@ -232,3 +232,19 @@ def test_two_node_preemption_requeues_whichever_process_gets_the_signal(how, ref
     assert len(one) == len(two) == 60
     for a, b in zip(one, two, strict=True):
         assert abs(a - b) <= 1e-5 * abs(a)
+
+
+def test_a_job_over_the_partition_is_said_at_submit(slurm, tmp_path):
+    """SLURM accepts 4 nodes on a 2-node partition and leaves the job pending forever
+    (PartitionNodeLimit): said at submit, with the way out (a user's find: silent before)."""
+    args = [*TINY, "nodes=4", "dp=4", "train.global_batch_size=16"]
+    run = run_dtrain(["sbatch", *args, "--submit"], tmp_path)
+    job_id = run.stdout.strip()
+    try:
+        assert run.returncode == 0 and job_id.isdigit(), run.stdout + run.stderr
+        said = " ".join(run.stderr.split())
+        assert f"job {job_id} waits with reason Partition" in said, said
+        assert "nodes=4" in said and f"scancel {job_id}" in said
+    finally:
+        if job_id.isdigit():
+            subprocess.run(["scancel", job_id], check=False)
