@@ -143,3 +143,22 @@ def tied_sequential(vocab_size: int = 256, block_size: int = 32) -> nn.Sequentia
     embed, head = nn.Embedding(vocab_size, 32), nn.Linear(32, vocab_size, bias=False)
     head.weight = embed.weight
     return nn.Sequential(embed, nn.Linear(32, 32), nn.Linear(32, 32), head)
+
+
+class BreaksOnWidth(TinyLM):
+    """A forward that fails at some widths (a user's rotary code at an odd head size)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = super().forward(x)
+        half = torch.ones(h.shape[-1] // 2 + 1)
+        return h * half  # the last dims differ: never broadcasts
+
+
+class TiedLM(TinyLM):
+    """TinyLM whose head is its embedding (the usual weight tying): one parameter, two
+    modules, without bias on the head."""
+
+    def __init__(self, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self.head = nn.Linear(self.embed.embedding_dim, self.embed.num_embeddings, bias=False)
+        self.head.weight = self.embed.weight

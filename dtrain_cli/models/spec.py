@@ -213,6 +213,10 @@ class ModelSpec(ABC):
         estimated" and the advisor does not rank on them."""
         return True
 
+    def warnings(self, cfg: DtrainConfig) -> list[str]:
+        """What the plan says of this model with this config and lets it run."""
+        return []
+
     def cpu_differences(self) -> list[str]:
         """What this model saves differently on CPU tensors than on CUDA, which the plan
         counts (``dtrain simulate`` of a CUDA plan says it beside its table)."""

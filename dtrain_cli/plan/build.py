@@ -291,7 +291,7 @@ def layout_of(
     problems, warnings = strategy_problems(cfg)
     mode = mode_for(cfg.sync.mode)
     problems += mode.problems(cfg, world.device)
-    warnings = data_warnings(cfg.data, spec) + warnings + mode.warnings(cfg)
+    warnings = data_warnings(cfg.data, spec) + spec.warnings(cfg) + warnings + mode.warnings(cfg)
     if par.activation_checkpointing in ("selective", "full") and not facts.num_layers:
         problems.append(
             f"parallel.activation_checkpointing={par.activation_checkpointing}: "

@@ -159,6 +159,8 @@ def _estimates(plan: Plan) -> Table:
             + recompute,
             bytes_text(e.bytes_activations)
             if e.activations_estimated
+            else "not estimated (the model's forward failed on one sample: see the warnings)"
+            if plan.batch.unit == "tokens"
             else "not estimated (the model's inputs come from your dataset)",
         ),
     ]

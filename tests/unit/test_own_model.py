@@ -492,3 +492,21 @@ def test_a_model_the_layout_cannot_train_is_refused_by_the_plan(target, extra, s
     with pytest.raises(ConfigError) as err:
         build_plan(compose_config("gpt_tiny", [*lm, *extra]))
     assert any(p.startswith(says) for p in err.value.problems), err.value.problems
+
+
+def test_a_forward_that_fails_on_one_sample_is_said_in_one_line(monkeypatch, capfd):
+    """The plan measures one sample's forward: one that raises was 100 lines of torch's
+    fake-tensor log and "not estimated (the model's inputs come from your dataset)", exit 0,
+    on token data (a new user's find). One warning names the exception."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.plan.build import build_plan
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    lm = ["model=custom", "model._target_=own_targets.BreaksOnWidth", "model.block_size=32"]
+    plan = build_plan(compose_config("gpt_tiny", lm))
+    said = [w for w in plan.warnings if "forward and loss failed" in w]
+    assert len(said) == 1 and "(RuntimeError: " in said[0] and "[1, 32, 256]" in said[0], said
+    assert "on one sample of 32 tokens" in said[0] and not plan.estimates.activations_estimated
+    out, err = capfd.readouterr()
+    assert "fake_tensor" not in out + err and "Traceback" not in out + err

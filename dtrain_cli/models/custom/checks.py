@@ -45,6 +45,20 @@ def measured_problems(
     return out
 
 
+def measured_warnings(target: str, measured: dict[str, Any], block_size: Any) -> list[str]:
+    """The forward that failed on one sample of the token windows (fake tensors, then the
+    meta device): the plan's memory has no activations, and a step will most likely fail
+    the same way (before, the plan said the inputs came from your dataset, exit 0)."""
+    if not (error := measured.get("saved_error")):
+        return []
+    cls = target.rsplit(".", 1)[-1]
+    return [
+        f"model._target_={target}: {cls}'s forward and loss failed on one sample of "
+        f"{block_size} tokens ({error}); activations are not estimated, and a training step "
+        "will likely fail the same way"
+    ]
+
+
 def build_failure(target: str, kwargs: dict[str, Any], exc: BaseException) -> str:
     """One line for a constructor that raised: the arguments given as text where the class's
     default is a number or a flag (``model.block_size=abc``: torch's overload list before),

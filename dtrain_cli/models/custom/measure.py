@@ -14,6 +14,7 @@ tensors is measured on the meta device (fp32; its bf16 bytes are then halved).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from typing import Any
@@ -37,14 +38,18 @@ def saved_records(
     (here under fake tensors), ``meta_model()`` is its meta build, ``layer_list(model)`` its
     repeated blocks, ``tp_whole(model)`` the ids of the modules tp keeps whole
     (:mod:`.tp_layout`)."""
+    failed: list[str] = []
     with _fake_cpu() as fake:
         model = _built(build) if fake else None
         if model is not None:
-            measure = _measure(block_size, forward_loss, layer_list, tp_whole)
+            measure = _measure(block_size, forward_loss, layer_list, tp_whole, failed=failed)
             saved = measure(model)
             if saved is not None:
                 return {"saved": saved, **measure_low_precision(model, measure)}, True
-    saved = _measure(block_size, forward_loss, layer_list, tp_whole, "meta")(meta_model())
+    measure = _measure(block_size, forward_loss, layer_list, tp_whole, "meta", failed=failed)
+    saved = measure(meta_model())
+    if saved is None and failed:  # the forward raised on both: a step would too, most likely
+        return {"saved": None, "saved_error": failed[-1]}, True
     return {"saved": saved}, saved is not None
 
 
@@ -71,8 +76,10 @@ def _measure(
     layer_list: Callable[[Any], list[Any]],
     tp_whole: Callable[[Any], set[int]],
     device: str = "cpu",
+    failed: list[str] | None = None,
 ) -> Measure:
-    """One sample's saved bytes on ``model`` (None when its forward or loss fails)."""
+    """One sample's saved bytes on ``model`` (None when its forward or loss fails: the
+    exception's first line is appended to ``failed``)."""
     import torch
 
     def measure(model: Any) -> dict[str, float] | None:
@@ -80,7 +87,10 @@ def _measure(
         try:
             blocks = layer_list(model)
             return asdict(measure_saved(model, blocks, x, forward_loss, tp_whole(model)))
-        except Exception:  # the user's forward, their loss
+        except Exception as exc:  # the user's forward, their loss
+            if failed is not None:
+                first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+                failed.append(f"{type(exc).__name__}: {first}"[:300])
             return None
 
     return measure
@@ -96,8 +106,15 @@ def _fake_cpu() -> Iterator[bool]:
     except ImportError:  # a torch without it: the meta device measures
         yield False
         return
-    with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
-        yield True
+    # a forward that raises under fake tensors is logged by torch with its whole traceback
+    # (100 lines of "failed while attempting to run meta"): the plan says it in one line
+    quiet = logging.getLogger("torch._subclasses.fake_tensor")
+    level, quiet.level = quiet.level, logging.CRITICAL
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
+            yield True
+    finally:
+        quiet.setLevel(level)
 
 
 def _built(build: Callable[[], Any]) -> Any:

@@ -25,7 +25,12 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dtrain_cli.models.custom.stages as stages
-from dtrain_cli.models.custom.checks import build_failure, measured_problems, window_problems
+from dtrain_cli.models.custom.checks import (
+    build_failure,
+    measured_problems,
+    measured_warnings,
+    window_problems,
+)
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
 from dtrain_cli.models.custom.record import FOLDER, record_key, source_files, sources_unchanged
 from dtrain_cli.models.custom.tp_layout import (
@@ -126,6 +131,12 @@ class CustomSpec(ModelSpec):
                 f"in {self.cfg.target}"
             )
         return out
+
+    def warnings(self, cfg: DtrainConfig) -> list[str]:
+        try:
+            return measured_warnings(self.cfg.target, self._measured, self.cfg.block_size)
+        except ValueError:  # does not build: a problem already
+            return []
 
     def supports_tensor_parallel(self) -> bool:
         return bool(self.run and self.run.parallel.tp_plan)
@@ -366,21 +377,7 @@ class CustomSpec(ModelSpec):
         return self._layer_list(model) or self.fsdp_units(model)
 
     def _layer_list(self, model: Any) -> list[Any]:
-        """The layers pipeline stages split: ``pipeline.layers`` or an ``nn.Sequential``'s."""
-        from torch import nn
-
-        attr = self._layer_attr()
-        if attr:
-            layers = getattr(model, attr, None)
-            if not isinstance(layers, nn.ModuleList | nn.Sequential | nn.ModuleDict):
-                raise ValueError(
-                    f"pipeline.layers={attr}: {self.cfg.target} has no nn.ModuleList/Sequential "
-                    f"attribute {attr!r}"
-                )
-            return list(layers.children())
-        if isinstance(model, nn.Sequential):
-            return list(model.children())
-        return []
+        return stages.layer_list(model, self._layer_attr(), self.cfg.target)
 
     def _ends(self, model: Any, which: str) -> list[Any]:
         names = getattr(self.run.pipeline, which) if self.run else []

@@ -106,6 +106,24 @@ def unstaged_modules(model: Any, attr: str | None, first: list[str], last: list[
     return out + [[name, "own"] for name in own]
 
 
+def layer_list(model: Any, attr: str | None, target: str) -> list[Any]:
+    """The layers pipeline stages split: ``pipeline.layers`` (``attr``) or an
+    ``nn.Sequential``'s."""
+    from torch import nn
+
+    if attr:
+        layers = getattr(model, attr, None)
+        if not isinstance(layers, nn.ModuleList | nn.Sequential | nn.ModuleDict):
+            raise ValueError(
+                f"pipeline.layers={attr}: {target} has no nn.ModuleList/Sequential "
+                f"attribute {attr!r}"
+            )
+        return list(layers.children())
+    if isinstance(model, nn.Sequential):
+        return list(model.children())
+    return []
+
+
 def tied_across_stages(model: Any, attr: str | None) -> list[str]:
     """The names of the first parameter that two places a pipeline may put on different
     stages share (a head tied to the embedding, layers sharing weights): each stage would
