@@ -153,12 +153,3 @@ class BreaksOnWidth(TinyLM):
         half = torch.ones(h.shape[-1] // 2 + 1)
         return h * half  # the last dims differ: never broadcasts
 
-
-class TiedLM(TinyLM):
-    """TinyLM whose head is its embedding (the usual weight tying): one parameter, two
-    modules, without bias on the head."""
-
-    def __init__(self, **kwargs: int) -> None:
-        super().__init__(**kwargs)
-        self.head = nn.Linear(self.embed.embedding_dim, self.embed.num_embeddings, bias=False)
-        self.head.weight = self.embed.weight
