@@ -152,4 +152,3 @@ class BreaksOnWidth(TinyLM):
         h = super().forward(x)
         half = torch.ones(h.shape[-1] // 2 + 1)
         return h * half  # the last dims differ: never broadcasts
-

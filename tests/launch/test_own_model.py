@@ -145,3 +145,22 @@ def test_a_model_failing_in_step_1_shows_its_traceback_before_its_run_dir_goes(t
     assert 'boom_model.py", line 10, in forward' in err
     assert err.rstrip().splitlines()[-1].startswith("removed ")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.multiproc
+def test_a_row_wise_embedding_trains_as_one_process(tmp_path_factory):
+    """``embed:rowwise`` (the docs' style for an Embedding: its vocabulary split): torch's
+    RowwiseParallel takes its input as split over the last dim, so the token ids were
+    all-gathered into a sequence twice as long and step 1 failed on a shape (a new user's
+    find). The ids are taken whole, and the curve is one process's."""
+    lm = ["recipe=gpt_tiny", "model=custom", "model._target_=own_targets.TinyLM"]
+    lm += ["model.block_size=32", "train.steps=3", "logging.every=1", "train.eval_every=0"]
+    lm += ["logging.tensorboard=false", "checkpoint.at_end=false"]
+    env = {"PYTHONPATH": str(REPO / "tests")}
+    tp_plan = "parallel.tp_plan={embed:rowwise,blocks.*.up:colwise,blocks.*.down:rowwise}"
+    runs = []
+    for name, extra in [("emb-dp1", []), ("emb-tp2", ["tp=2", tp_plan])]:
+        run = run_dtrain(["launch", *lm, *extra], tmp_path_factory.mktemp(name), env=env)
+        assert run.returncode == 0, f"{name}:\n{run.stderr[-3000:]}"
+        runs.append(losses(run))
+    assert len(runs[0]) == 3 and runs[1] == pytest.approx(runs[0], rel=1e-5)

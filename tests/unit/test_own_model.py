@@ -462,6 +462,26 @@ def test_parameters_of_the_model_itself_are_named_when_a_pipeline_would_drop_the
             ["pp=2"],
             "parallel.pp=2: 0.weight and 3.weight are one tied parameter",
         ),
+        # tensor parallel gave the embedding its own DTensor: trained untied, without a word
+        (
+            "TiedLM",
+            ["tp=2", "parallel.tp_plan={embed:rowwise,blocks.*.up:colwise,blocks.*.down:rowwise}"],
+            "parallel.tp_plan: splits embed.weight, which is tied to head.weight: tensor "
+            "parallel would give each its own copy, trained apart; leave embed out of",
+        ),
+        # fully_shard refused it on every rank at start-up
+        (
+            "TiedLM",
+            ["dp=2", "parallel.strategy=fsdp", "parallel.fsdp_units=[Embedding,Block]"],
+            "parallel.fsdp_units=['Embedding', 'Block']: embed.weight (embed), head.weight (the "
+            "root) are one tied parameter in two FSDP groups",
+        ),
+        # the norm after it got half the features: a shape error at step 1
+        (
+            "TinyLM",
+            ["tp=2", "parallel.tp_plan={embed:colwise,blocks.*.up:colwise,blocks.*.down:rowwise}"],
+            "parallel.tp_plan: embed:colwise splits an Embedding's features over the tp ranks",
+        ),
         # failed in backward at step 1 (dp=2: DDP's 'is not needed' at start-up)
         (
             "FrozenLM",

@@ -29,6 +29,7 @@ from dtrain_cli.models.custom.checks import (
     build_failure,
     measured_problems,
     measured_warnings,
+    tied_unit_problems,
     window_problems,
 )
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
@@ -130,6 +131,8 @@ class CustomSpec(ModelSpec):
                 f"parallel.fsdp_units={list(cfg.parallel.fsdp_units)}: no module of those classes "
                 f"in {self.cfg.target}"
             )
+        elif cfg.parallel.fsdp_units:
+            out += tied_unit_problems(model := self.meta_model(), self._named_units(model), cfg)
         return out
 
     def warnings(self, cfg: DtrainConfig) -> list[str]:

@@ -69,6 +69,46 @@ def tp_whole_modules(model: Any, plan: dict[str, str]) -> set[int]:
     return kept_whole_under_tp(model, lambda name: style_of(plan, name))
 
 
+def _tied_problems(modules: dict[str, Any], plan: dict[str, str]) -> list[str]:
+    """A module the plan splits that holds a tied parameter (a head tied to the embedding):
+    ``parallelize_module`` gives it a DTensor of its own and the other module keeps the
+    plain tensor, so the two train apart (the run trained untied without a word)."""
+    owners: dict[int, list[str]] = {}
+    for name, module in modules.items():
+        for pname, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append(f"{name}.{pname}")
+    out = []
+    for names in (v for v in owners.values() if len(v) > 1):
+        split = [n for n in names if style_of(plan, n.rsplit(".", 1)[0]) is not None]
+        if split:
+            module = split[0].rsplit(".", 1)[0]
+            out.append(
+                f"parallel.tp_plan: splits {split[0]}, which is tied to "
+                f"{', '.join(n for n in names if n != split[0])}: tensor parallel would give "
+                f"each its own copy, trained apart; leave {module} out of parallel.tp_plan (a "
+                "tied parameter stays whole on every tp rank) or untie them in your model"
+            )
+    return out
+
+
+def _per_module(model: Any, plan: dict[str, str]) -> dict[str, str]:
+    """``plan`` with ``rowwise`` on an ``nn.Embedding`` as ``rowwise_rep``: torch's
+    ``RowwiseParallel`` takes its input as split over the last dim by default, which token
+    ids never are (an Embedding's rows are its vocabulary; the ids were all-gathered into
+    a sequence tp times as long)."""
+    from torch import nn
+
+    out: dict[str, str] = {}
+    for pattern, style in plan.items():
+        named = [(n, m) for n, m in model.named_modules() if n and matches(pattern, n)]
+        if style == "rowwise" and any(isinstance(m, nn.Embedding) for _, m in named):
+            for n, m in named:
+                out[n] = "rowwise_rep" if isinstance(m, nn.Embedding) else style
+        elif named:
+            out[pattern] = style
+    return out
+
+
 def apply_tp_plan(model: Any, tp_mesh: Any, plan: dict[str, str]) -> None:
     """torch's ``parallelize_module`` with the styles ``plan`` names; a pattern no module of
     ``model`` matches is left out (a pipeline stage may lack it)."""
@@ -87,9 +127,8 @@ def apply_tp_plan(model: Any, tp_mesh: Any, plan: dict[str, str]) -> None:
         "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
         "sequence": SequenceParallel,
     }
-    present = {name for name, _ in model.named_modules()}
-    plan = {k: v for k, v in plan.items() if matches_any(k, present)}
-    parallelize_module(model, tp_mesh, {k: styles[v]() for k, v in plan.items()})
+    per_module = _per_module(model, plan)
+    parallelize_module(model, tp_mesh, {k: styles[v]() for k, v in per_module.items()})
 
 
 def example_tp_plan(model: Any, blocks: list[Any]) -> str:
@@ -128,8 +167,8 @@ def tp_plan_problems(
     """What ``parallel.tp_plan`` asks that no step can do: a style torch lacks; at tp > 1,
     what the model's own (meta) build rules out before a step fails on it: a pattern that
     matches no module (it splits nothing), a split style on a module torch's styles cannot
-    split (only ``nn.Linear`` and ``nn.Embedding``), column-wise layers with no row-wise one
-    to read their split output."""
+    split (only ``nn.Linear`` and ``nn.Embedding``), a column-wise Embedding, a split of a
+    tied parameter, column-wise layers with no row-wise one to read their split output."""
     from torch import nn
 
     if bad := {k: v for k, v in plan.items() if v not in TP_STYLES}:
@@ -159,6 +198,13 @@ def tp_plan_problems(
                 f"parallel.tp_plan: {pattern}:{style} names {', '.join(wrong)} modules; a "
                 f"{style} split takes nn.Linear and nn.Embedding layers only{hint}"
             )
+        if style == "colwise" and any(isinstance(m, nn.Embedding) for m in named.values()):
+            out.append(
+                f"parallel.tp_plan: {pattern}:colwise splits an Embedding's features over the "
+                "tp ranks, and the layers after it (the residual stream, a norm) need all of "
+                f"them; use {pattern}:rowwise (its vocabulary split, its output whole)"
+            )
+    out += _tied_problems(modules, plan)
     if out:
         return out
     columns = [k for k, v in plan.items() if v == "colwise"]
