@@ -18,16 +18,20 @@ checkpoints are those of the plain model, and a checkpoint loads into any layout
 without checkpointing. Applied after tensor parallel and before compile and FSDP/DDP
 (torchtitan's order), so FSDP's hooks wrap the recomputing block and gather its parameters
 again for the recomputation. RNG state is replayed (``preserve_rng_state``), so dropout
-draws the same masks and the loss is identical to no checkpointing.
+draws the same masks and the loss is identical to no checkpointing. A block with BatchNorm
+(or another norm that tracks running statistics) gets its statistics back after the
+recomputation, which would count each batch twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
 from torch.utils.checkpoint import checkpoint
 
 from dtrain_cli.plan.layout import checkpointed_layers
@@ -48,12 +52,35 @@ def apply_activation_checkpointing(
 
 def _checkpoint_forward(block: nn.Module) -> None:
     inner: Callable[..., Any] = block.forward
+    stats = [m for m in block.modules() if isinstance(m, _NormBase) and m.track_running_stats]
+    extra: dict[str, Any] = {}
+    if stats:  # the recomputation is a second forward: BatchNorm would count the batch twice
+        extra["context_fn"] = lambda: (contextlib.nullcontext(), _running_stats_kept(stats))
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        return checkpoint(inner, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        return checkpoint(
+            inner, *args, use_reentrant=False, preserve_rng_state=True, **extra, **kwargs
+        )
 
     block.forward = forward  # type: ignore[method-assign]
     block._dtrain_checkpointed = True  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _running_stats_kept(modules: list[nn.Module]) -> Iterator[None]:
+    """Run the recomputation with the running statistics (running mean and variance, the
+    batch count) of ``modules`` put back after it: a BatchNorm in a checkpointed block
+    updated them twice a step (``num_batches_tracked`` 12 after 6 steps, and the running
+    variance, which evaluation and an export use, off). The recomputed forward normalizes
+    with the batch's own statistics, as the first did, so the gradients are unchanged."""
+    kept = [[b.detach().clone() for b in m.buffers(recurse=False)] for m in modules]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, saved in zip(modules, kept, strict=True):
+                for b, old in zip(m.buffers(recurse=False), saved, strict=True):
+                    b.copy_(old)
 
 
 def is_checkpointed(block: nn.Module) -> bool:
