@@ -482,6 +482,13 @@ def test_parameters_of_the_model_itself_are_named_when_a_pipeline_would_drop_the
             ["tp=2", "parallel.tp_plan={embed:colwise,blocks.*.up:colwise,blocks.*.down:rowwise}"],
             "parallel.tp_plan: embed:colwise splits an Embedding's features over the tp ranks",
         ),
+        # passed the plan; every rank failed at start-up cutting windows of 32.5 tokens
+        (
+            "TinyLM",
+            ["model.block_size=32.5"],
+            "model.block_size=32.5: dtrain reads it as a whole number of tokens (the window "
+            "length); give an integer of at least 1",
+        ),
         # failed in backward at step 1 (dp=2: DDP's 'is not needed' at start-up)
         (
             "FrozenLM",

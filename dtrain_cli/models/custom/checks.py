@@ -17,7 +17,18 @@ SAMPLE_SOURCES = ("custom", "shapes")
 
 def window_problems(target: str, kwargs: dict[str, Any], cfg: DtrainConfig) -> list[str]:
     """Token data cuts windows of ``model.block_size`` tokens: without it every rank
-    stopped at start-up in the sample stream (``int // NoneType``)."""
+    stopped at start-up in the sample stream (``int // NoneType``); and dtrain reads it and
+    ``model.vocab_size`` itself: ``block_size=64.5`` passed the plan and failed at start-up."""
+    wrong = [
+        f"model.{key}={kwargs[key]!r}: dtrain reads it as a whole number of "
+        f"{'tokens (the window length)' if key == 'block_size' else 'token ids'}; give an "
+        "integer of at least 1"
+        for key in ("block_size", "vocab_size")
+        if kwargs.get(key) is not None
+        and (isinstance(kwargs[key], bool) or not isinstance(kwargs[key], int) or kwargs[key] < 1)
+    ]
+    if wrong:
+        return wrong
     if cfg.data.source in SAMPLE_SOURCES or kwargs.get("block_size") is not None:
         return []
     cls = target.rsplit(".", 1)[-1]
