@@ -172,10 +172,14 @@ def _store_unreached(cfg: DtrainConfig) -> str | None:
     """Why node 0's store cannot be reached (None: it answers), before torch's client tries
     and prints its C++ stack frames at each retry."""
     from dtrain_cli.launch.multinode import STORE_WAIT_S, wait_for_store
+    from dtrain_cli.rundir.env import in_scheduler_job
 
     lc = cfg.launcher
     say = partial(print, file=sys.stderr, flush=True)
-    if (why := wait_for_store(lc.rdzv_endpoint, min(lc.rdzv_timeout_s, STORE_WAIT_S), say)) is None:
+    # a scheduler starts the nodes, node 0 maybe minutes after the rest (a pod pulling its
+    # image, pending on a busy cluster): there they wait the whole rendezvous timeout
+    wait_s = lc.rdzv_timeout_s if in_scheduler_job() else min(lc.rdzv_timeout_s, STORE_WAIT_S)
+    if (why := wait_for_store(lc.rdzv_endpoint, wait_s, say)) is None:
         return None
     return (
         f"this node could not reach the rendezvous store at {lc.rdzv_endpoint} (id "

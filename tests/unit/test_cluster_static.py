@@ -293,6 +293,28 @@ def test_a_node_waits_for_node_0s_store_and_says_why_it_gave_up():
 
 
 @pytest.mark.parametrize(
+    ("scheduler", "waits"), [({}, 120), ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, 900)]
+)
+def test_a_node_waits_for_node_0_as_long_as_its_scheduler_may_take(scheduler, waits, monkeypatch):
+    """Started by hand, a node other than 0 waits 120 s for node 0's store; in a pod (or a
+    SLURM job) node 0 may come minutes later (its image pulled, pending on a busy cluster):
+    it waits the whole launcher.rdzv_timeout_s (900), as the docs say (a platform
+    engineer's find: the worker pods gave up after 120 s and failed the JobSet)."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.launch import local, multinode
+
+    for key in ("SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in scheduler.items():
+        monkeypatch.setenv(key, value)
+    asked: list[float] = []
+    monkeypatch.setattr(multinode, "wait_for_store", lambda _e, t, _s: asked.append(t) or "no")
+    cfg = compose_config("gpt_tiny", ["launcher.rdzv_endpoint=node0:29500"], validate=False)
+    assert "could not reach the rendezvous store at node0:29500" in local._store_unreached(cfg)
+    assert asked == [waits]
+
+
+@pytest.mark.parametrize(
     ("sizes", "message"),
     [
         ("1X", "--sizes: '1X' is not a size"),
