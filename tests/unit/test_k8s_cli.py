@@ -23,6 +23,7 @@ def test_dry_run_prints_the_configmap_and_the_jobset():
             "recipe=gpt_small",
             "parallel.nnodes=4",
             "cluster.gpus_per_node=8",
+            "cluster.pvc=train-runs",
             IMAGE,
             "--dry-run",
         ],
@@ -32,7 +33,8 @@ def test_dry_run_prints_the_configmap_and_the_jobset():
     assert [d["kind"] for d in docs] == ["ConfigMap", "JobSet"]
     name = docs[1]["metadata"]["name"]
     assert name.startswith("gpt-small-")  # recipe-timestamp, made a DNS label
-    assert "warning: cluster.pvc is not set" in result.stderr
+    one = runner.invoke(app, [*GOOD, "--dry-run"])  # one node: an emptyDir works, but is lost
+    assert one.exit_code == 0 and "warning: cluster.pvc is not set" in one.stderr
 
 
 def test_out_writes_the_file_kubectl_applies(tmp_path):
@@ -56,6 +58,12 @@ def test_help_names_the_guide():
     "args, message",
     [
         (["recipe=gpt_tiny"], "cluster.image is not set: the container image with dtrain"),
+        # trained to the end, then the first save found the other pod's shards missing
+        (
+            [IMAGE, "parallel.nnodes=2", "dp=2"],
+            "parallel.nnodes=2 without cluster.pvc: each pod's run dir would be its own "
+            "emptyDir",
+        ),
         (
             [IMAGE, "cluster.gpus_per_node=8", "dp=4"],
             "cluster.gpus_per_node=8 but the plan runs 4 process(es) per node",
@@ -207,6 +215,7 @@ def test_processes_per_node_given_fill_the_nodes():
     """``nproc_per_node=4`` without dp: four ranks a node and dp filling the nodes, as
     ``dtrain sbatch`` reads it (the plan was left at dp=1 and refused)."""
     args = ["nodes=2", "gpus_per_node=4", "nproc_per_node=4", "train.global_batch_size=64"]
+    args.append("cluster.pvc=train-runs")
     result = runner.invoke(app, ["k8s", "recipe=gpt_small", *args, *GOOD[2:], "--dry-run"])
     assert result.exit_code == 0, result.output
     configmap, _ = yaml.safe_load_all(result.stdout)

@@ -239,6 +239,14 @@ def job_problems(job: K8sJob, plan: Plan) -> list[str]:
             "dtrain k8s runs recipes; your own script (-- train.py) is not supported on "
             "Kubernetes yet (dtrain sbatch and dtrain run are)"
         )
+    if job.nnodes > 1 and job.cluster.pvc is None:
+        # each pod's emptyDir: the first save (often the last, at the end) found the other
+        # nodes' shards missing and the run failed after training (a platform engineer's find)
+        problems.append(
+            f"parallel.nnodes={job.nnodes} without cluster.pvc: each pod's run dir would be its "
+            "own emptyDir, which the nodes' checkpoints cannot be shared through (the first "
+            "save fails); set cluster.pvc=CLAIM, a ReadWriteMany claim every pod mounts"
+        )
     size = sum(len(text.encode()) for text in job.files.values())
     if size > CONFIGMAP_MAX_BYTES:
         problems.append(
@@ -252,10 +260,8 @@ def job_warnings(job: K8sJob) -> list[str]:
     c, out = job.cluster, []
     if c.pvc is None:
         out.append(
-            "cluster.pvc is not set: each pod's run dir is an emptyDir, lost when the pod "
-            "ends, so a restart starts over"
-            + (" and the nodes do not share checkpoints" if job.nnodes > 1 else "")
-            + "; set cluster.pvc=CLAIM (ReadWriteMany)"
+            "cluster.pvc is not set: the pod's run dir is an emptyDir, lost when the pod "
+            "ends, so a restart starts over; set cluster.pvc=CLAIM"
         )
     if c.setup:
         out.append("cluster.setup is SLURM's: pods run the image as it is (put it in the image)")
