@@ -21,7 +21,9 @@ What stands in for what:
   ``backoffLimit`` failures are exceeded (a pod replaced before that), with reason
   ``PodFailurePolicy`` when a ``FailJob`` rule of its ``podFailurePolicy`` matches (an exit
   code, or the DisruptionTarget condition of a deleted pod), else ``BackoffLimitExceeded``;
-  the JobSet's ``failurePolicy.rules`` pick the action (default RestartJobSet), a restart
+  the JobSet's ``failurePolicy.rules`` pick the action (default RestartJobSet) by the Job's
+  failure reason and message (the Job controller's words: "... failed with exit code 2
+  matching FailJob rule at index 0"), a restart
   counts against ``maxRestarts`` unless the action ignores it, and (BlockingRecreate) every
   pod gets SIGTERM, then SIGKILL after ``terminationGracePeriodSeconds``, before the next
   attempt starts with ``restart-attempt`` + 1. ``successPolicy: All``: every pod exits 0.
@@ -226,23 +228,35 @@ class KubeLocal:
                 os.killpg(pod.proc.pid, signal.SIGKILL)  # what is left of the container
             pod.proc.wait()
 
-    def failure_reason(self, pod: Pod) -> str:
-        for rule in self.job.get("podFailurePolicy", {}).get("rules", []):
+    def failure_reason(self, pod: Pod) -> tuple[str, str]:
+        """(the Job's failure reason, its message as the Job controller words it)."""
+        name = f"default/{self.hostname(pod.index)}"
+        for index, rule in enumerate(self.job.get("podFailurePolicy", {}).get("rules", [])):
             codes = rule.get("onExitCodes")
-            hit = (
-                codes and codes["operator"] == "In" and pod.proc.returncode in codes["values"]
-            ) or (
-                pod.disrupted
-                and any(c["type"] == "DisruptionTarget" for c in rule.get("onPodConditions", []))
-            )
-            if hit:
+            if codes and codes["operator"] == "In" and pod.proc.returncode in codes["values"]:
                 assert rule["action"] == "FailJob", f"kube-local: {rule}"
-                return "PodFailurePolicy"
-        return "BackoffLimitExceeded"
+                return "PodFailurePolicy", (
+                    f"Container {codes['containerName']} for pod {name} failed with exit code "
+                    f"{pod.proc.returncode} matching FailJob rule at index {index}"
+                )
+            conditions = [c["type"] for c in rule.get("onPodConditions", [])]
+            if pod.disrupted and "DisruptionTarget" in conditions:
+                assert rule["action"] == "FailJob", f"kube-local: {rule}"
+                return "PodFailurePolicy", (
+                    f"Pod {name} has condition DisruptionTarget matching FailJob rule at "
+                    f"index {index}"
+                )
+        return "BackoffLimitExceeded", "Job has reached the specified backoff limit"
 
-    def action(self, reason: str) -> str:
+    def action(self, reason: str, message: str) -> str:
         for rule in self.jobset["spec"].get("failurePolicy", {}).get("rules", []):
-            if not rule.get("onJobFailureReasons") or reason in rule["onJobFailureReasons"]:
+            reasons, patterns = (
+                rule.get("onJobFailureReasons"),
+                rule.get("onJobFailureMessagePatterns"),
+            )
+            if (not reasons or reason in reasons) and (
+                not patterns or any(re.search(p, message) for p in patterns)
+            ):
                 return rule["action"]
         return "RestartJobSet"
 
@@ -256,7 +270,8 @@ class KubeLocal:
             for i in range(self.job["completions"]):
                 result.logs.append(self.start(i).log)
             failed = None
-            while failed is None and any(p.proc.poll() is None for p in self.pods.values()):
+            while failed is None:  # one pass after the last pod ended: its exit is read too
+                running = any(p.proc.poll() is None for p in self.pods.values())
                 assert time.monotonic() < deadline, f"kube-local: timeout; logs {result.logs}"
                 if chaos is not None:
                     chaos(self)
@@ -268,13 +283,15 @@ class KubeLocal:
                         exits[pod.index] = code
                         failures += 1
                         reason = self.failure_reason(pod)
-                        if reason == "BackoffLimitExceeded" and failures <= self.job.get(
+                        if reason[0] == "BackoffLimitExceeded" and failures <= self.job.get(
                             "backoffLimit", 6
                         ):
                             del exits[pod.index]  # the Job replaces the pod
                             result.logs.append(self.start(pod.index).log)
                         else:
                             failed = reason
+                if not running and all(p.proc.poll() is not None for p in self.pods.values()):
+                    break
                 time.sleep(0.1)
             self.terminate_all()
             exits.update({p.index: p.proc.returncode for p in self.pods.values()})
@@ -282,7 +299,7 @@ class KubeLocal:
             if failed is None and all(code == 0 for code in exits.values()):
                 result.state = "Completed"
                 return result
-            act = self.action(failed or "BackoffLimitExceeded")
+            act = self.action(*(failed or ("BackoffLimitExceeded", "")))
             counted = act == "RestartJobSet"
             if act == "FailJobSet" or (
                 counted and result.restarts_counted >= policy.get("maxRestarts", 0)

@@ -24,7 +24,7 @@ from typing import Any
 
 import typer
 
-from dtrain_cli.cli.common import fail
+from dtrain_cli.cli.common import err_console, fail
 from dtrain_cli.rundir import env, protocol
 from dtrain_cli.rundir.layout import RunDir
 
@@ -50,6 +50,15 @@ def agent(
 
         if problems := init_run_dir(run_dir.resolve(), init_from):
             fail(problems)
+    if RunDir(run_dir).slurm_finished.exists():  # as the SLURM job script checks it
+        # a pod started again on a finished run (a JobSet applied again, a restart after
+        # completion) resumed at the last step and wrote a summary of nulls over the run's
+        err_console.print(
+            f"dtrain: {run_dir} already finished (slurm/FINISHED); not running it again",
+            highlight=False,
+            soft_wrap=True,
+        )
+        return
     from dtrain_cli.launch import worker_server
     from dtrain_cli.launch.preload import SCRIPT_FIRST, WORKER_FIRST
 

@@ -14,13 +14,13 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from dtrain_cli.errors import ConfigError
+from dtrain_cli.rundir.protocol import EXIT_CONFIG
 
 if TYPE_CHECKING:
     from dtrain_cli.config.schema import DtrainConfig
     from dtrain_cli.plan.build import Resources
     from dtrain_cli.plan.plan import Plan
 
-EXIT_CONFIG = 2
 console = Console()
 err_console = Console(stderr=True)
 

@@ -23,6 +23,9 @@ from typing import Any
 
 from dtrain_cli.rundir.layout import RunDir
 
+EXIT_CONFIG = 2
+"""Bad input (a config, a run dir that holds another run): one line said, nothing run; a
+scheduler should not retry it (the JobSet fails at once)."""
 EXIT_PREEMPTED = 75
 """Exit code of a run stopped by preemption with its checkpoint saved (EX_TEMPFAIL)."""
 EXIT_HANG = 124

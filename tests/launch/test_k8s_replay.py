@@ -188,3 +188,18 @@ def test_a_deleted_pod_is_a_preemption_checkpointed_within_its_grace_period(refe
     assert saved not in (4, 8)  # not a periodic checkpoint: the preemption's own
     assert [r["step"] for r in pods_run(run_dir).metrics()] == list(range(1, 13))
     assert losses(pods_run(run_dir)) == pytest.approx(losses(reference), rel=1e-6)
+
+
+def test_bad_input_fails_the_jobset_without_a_retry(tmp_path):
+    """The claim already holds another run of that name: every pod's agent says so and
+    exits 2. A retry fails the same way, so the JobSet fails at once (it was restarted up
+    to maxRestarts times, each a rescheduling and an image pull: a platform engineer's
+    find)."""
+    cluster, run_dir = replay(tmp_path, "replay-taken")
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("run: {name: replay-taken}\ntrain: {steps: 99}\n")
+    (run_dir / "plan.yaml").write_text("world_size: 1\n")
+    result = cluster.run(timeout=120)
+    assert result.state == "Failed" and result.restarts == 0, tail(result.logs)
+    assert result.exits == [{0: 2, 1: 2}], tail(result.logs)
+    assert "holds another run" in tail(result.logs)

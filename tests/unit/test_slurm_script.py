@@ -187,3 +187,18 @@ def test_slurm_times_in_seconds_and_no_limit():
     assert {t: time_seconds(t) for t in cases} == cases
     built = build_job(["recipe=gpt_tiny", "time=0"], [], **FIXED)  # no limit: not refused
     assert built.problems == []
+
+
+def test_an_agent_on_a_finished_run_leaves_it_as_it_is(tmp_path):
+    """A pod started again on a run that finished (a JobSet applied again, the same claim)
+    resumed at the last step and wrote a summary of nulls over the run's: the agent, like
+    the SLURM job script, says the run finished and starts nothing (exit 0)."""
+    run_dir = tmp_path / "runs" / "done"
+    (run_dir / "slurm").mkdir(parents=True)
+    (run_dir / "slurm" / "FINISHED").write_text("Sat Dec  5\n")
+    summary = run_dir / "summary.json"
+    summary.write_text('{"final_loss": 5.26}')
+    result = runner.invoke(app, ["agent", str(run_dir), "--nnodes", "1"])
+    assert result.exit_code == 0, result.output
+    assert "already finished (slurm/FINISHED); not running it again" in result.output
+    assert summary.read_text() == '{"final_loss": 5.26}'

@@ -10,8 +10,9 @@ and which rejoin) and the JobSet restarts the whole group up to ``launcher.max_r
 times (``restartStrategy: BlockingRecreate``: the old pods are gone before the new ones
 start); a preemption (a pod that exits 75 with its checkpoint saved, or one the cluster
 disrupts) fails the Job through its ``podFailurePolicy`` and restarts the group without
-counting against ``maxRestarts``, as a SLURM requeue does. Every restart resumes from the
-run dir's newest complete checkpoint.
+counting against ``maxRestarts``, as a SLURM requeue does; bad input (exit 2: a config, a
+claim that holds another run of that name) fails the JobSet at once. Every restart resumes
+from the run dir's newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dtrain_cli.launch.k8s.job import (
     K8sJob,
     agent_args,
 )
-from dtrain_cli.rundir.protocol import EXIT_PREEMPTED
+from dtrain_cli.rundir.protocol import EXIT_CONFIG, EXIT_PREEMPTED
 
 RUN_VOLUME, FILES_VOLUME, SHM_VOLUME = "runs", "rundir-files", "dshm"
 SLURM_MEMORY_UNITS = {"K": "Ki", "M": "Mi", "G": "Gi", "T": "Ti", "": "Mi"}
@@ -143,19 +144,24 @@ def pod_spec(job: K8sJob) -> dict[str, Any]:
     return spec
 
 
+CONFIG_ERROR_MESSAGE = f"failed with exit code {EXIT_CONFIG} matching FailJob rule at index 0"
+"""The Job controller's message for the podFailurePolicy rule of exit code 2 (its first):
+"Container node for pod NS/POD failed with exit code 2 matching FailJob rule at index 0"
+(kubernetes pkg/controller/job/pod_failure_policy.go), which a JobSet rule matches."""
+
+
 def job_spec(job: K8sJob) -> dict[str, Any]:
     """The indexed Job every replica of the one replicated job runs."""
     preempted = [
         {
             "action": "FailJob",
-            "onExitCodes": {
-                "containerName": REPLICATED_JOB,
-                "operator": "In",
-                "values": [EXIT_PREEMPTED],
-            },
-        },
-        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            "onExitCodes": {"containerName": REPLICATED_JOB, "operator": "In", "values": [code]},
+        }
+        for code in (EXIT_CONFIG, EXIT_PREEMPTED)  # the rule's index is in the Job's message
     ]
+    preempted.append(
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+    )
     return {
         "parallelism": job.nnodes,
         "completions": job.nnodes,
@@ -180,11 +186,17 @@ def jobset(job: K8sJob) -> dict[str, Any]:
                 "maxRestarts": job.max_restarts,
                 "restartStrategy": "BlockingRecreate",
                 "rules": [
+                    {  # bad input (exit 2) fails the same way again: not retried
+                        "name": "config-error",
+                        "action": "FailJobSet",
+                        "onJobFailureReasons": ["PodFailurePolicy"],
+                        "onJobFailureMessagePatterns": [CONFIG_ERROR_MESSAGE],
+                    },
                     {
                         "name": "preemption",
                         "action": "RestartJobSetAndIgnoreMaxRestarts",
                         "onJobFailureReasons": ["PodFailurePolicy"],
-                    }
+                    },
                 ],
             },
             "replicatedJobs": [
