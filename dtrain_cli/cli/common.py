@@ -223,7 +223,16 @@ def cluster_job_warnings(
 ) -> list[str]:
     """What ``dtrain plan`` adds to a plan's own warnings, for a job planned on a cluster's
     nodes (``dtrain sbatch``, ``dtrain k8s``). Said before the job waits in a queue."""
-    return [*plan.warnings, *more_warnings(cfg, plan, overrides, resources=resources)]
+    said = [*plan.warnings, *more_warnings(cfg, plan, overrides, resources=resources)]
+    if plan.device == "cuda" and cfg.hardware.device == "cpu":
+        # the default profile is this machine's CPU: a GPU job's estimates, MFU and (k8s)
+        # grace period were of it (gpt_1b's pods waited 6 days to be killed)
+        said.append(
+            f"hardware={cfg.hardware.name}: a CPU's profile for a job of GPUs; its step time, "
+            "MFU (and a pod's grace period) are estimated on it: give your GPUs' "
+            "(hardware=h100_80g, a100_80g, h200, or your own configs/hardware/NAME.yaml)"
+        )
+    return said
 
 
 def more_warnings(

@@ -40,9 +40,28 @@ def test_sbatch_says_a_layout_above_its_gpus_memory_and_what_fits(tmp_path, monk
 def test_k8s_says_it_too(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     image = "cluster.image=registry.example/team/train:1.0"
-    result = runner.invoke(app, ["k8s", *TOO_BIG, image, "--dry-run"], env={"COLUMNS": "400"})
+    result = runner.invoke(
+        app, ["k8s", *TOO_BIG, image, "cluster.pvc=runs", "--dry-run"], env={"COLUMNS": "400"}
+    )
     said = _warnings(result)
     assert any(("warning: " + w).startswith(SAYS) and REMEDY in w for w in said), said
+
+
+def test_a_gpu_job_on_the_cpu_profile_is_said(tmp_path, monkeypatch):
+    """hardware defaults to this machine's CPU: a GPU job's step time, MFU and a pod's grace
+    period were estimated on it without a word (gpt_1b's pods: 546,492 s, 6 days to be
+    killed, a platform engineer's find)."""
+    monkeypatch.chdir(tmp_path)
+    gpus = ["recipe=gpt_small", "nodes=2", "gpus_per_node=8", "dp=16"]
+    image = ["cluster.image=registry.example/team/train:1.0", "cluster.pvc=runs"]
+    for command in (["sbatch", *gpus], ["k8s", *gpus, *image]):
+        said = _warnings(runner.invoke(app, [*command, "--dry-run"], env={"COLUMNS": "400"}))
+        assert any(w.startswith("hardware=cpu: a CPU's profile for a job of GPUs") for w in said)
+        on_h100 = runner.invoke(app, [*command, "hardware=h100_80g", "--dry-run"])
+        assert not any(w.startswith("hardware=") for w in _warnings(on_h100))
+    slow = ["k8s", "recipe=gpt_1b", *gpus[1:], *image, "hardware=cpu", "--dry-run"]
+    said = _warnings(runner.invoke(app, slow, env={"COLUMNS": "400"}))
+    assert any(w.startswith("terminationGracePeriodSeconds=") for w in said), said
 
 
 def test_sbatch_says_what_the_plan_says_of_a_script_and_of_unread_keys(tmp_path, monkeypatch):

@@ -143,6 +143,10 @@ def job_from_plan(cfg: DtrainConfig, plan: Plan, name: str) -> K8sJob:
     )
 
 
+GRACE_WARN_S = 900
+"""An estimated grace period past this is said (a drain waits it out for a stuck pod)."""
+
+
 def grace_estimate_s(cfg: DtrainConfig, plan: Plan) -> int:
     """Seconds from SIGTERM to a saved checkpoint: ``logging.every`` estimated steps (the
     stop comes at a logging step), the checkpoint's bytes (fp32 weights and optimizer
@@ -265,6 +269,12 @@ def job_warnings(job: K8sJob) -> list[str]:
         )
     if c.setup:
         out.append("cluster.setup is SLURM's: pods run the image as it is (put it in the image)")
+    if c.grace_period_s is None and job.grace_period_s > GRACE_WARN_S:
+        out.append(
+            f"terminationGracePeriodSeconds={job.grace_period_s:,} (estimated: logging.every "
+            "steps and a checkpoint write): a drain or preemption waits that long for a pod "
+            "that does not stop; lower logging.every, or set cluster.grace_period_s"
+        )
     if job.kind == "trainjob" and job.max_restarts:
         out.append(
             f"launcher.max_restarts={job.max_restarts}: a TrainJob's restarts are its "
