@@ -70,6 +70,7 @@ k8s_app = typer.Typer(
 def build(overrides: list[str], config_dirs: list[Path]) -> tuple[DtrainConfig, Plan, K8sJob]:
     """Compose -> the pods' plan -> :class:`K8sJob`. Raises ConfigError with every problem."""
     from dtrain_cli.config.compose import compose_config, split_recipe
+    from dtrain_cli.config.data_checks import unread_data_problems
     from dtrain_cli.launch.k8s.job import (
         cluster_problems,
         default_name,
@@ -90,7 +91,7 @@ def build(overrides: list[str], config_dirs: list[Path]) -> tuple[DtrainConfig, 
         cluster_shorthands.fill_nodes(cfg, rest)
     cfg.run.name = default_name(cfg)
     c = cfg.cluster
-    problems = slurm + cluster_problems(cfg, cfg.run.name)
+    problems = slurm + cluster_problems(cfg, cfg.run.name) + unread_data_problems(cfg)
     # the pods' resources, not this machine's: without cpus_per_task, one thread per process
     resources = Resources(num_gpus=c.gpus_per_node, num_cpus=c.cpus_per_task or 1)
     try:

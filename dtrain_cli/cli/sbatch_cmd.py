@@ -70,6 +70,7 @@ def build_job(
     Raises ConfigError for composition errors."""
     from dtrain_cli.cli.script_args import apply_script, one_process_per_device, script_problems
     from dtrain_cli.config.compose import compose_config, split_recipe
+    from dtrain_cli.config.data_checks import unread_data_problems
     from dtrain_cli.launch.rundir import new_run_dir
     from dtrain_cli.launch.slurm import cluster_problems, job_from_plan, job_problems, validate_job
     from dtrain_cli.plan.build import Resources, build_plan
@@ -80,7 +81,7 @@ def build_job(
         raise ConfigError(problems)
     cfg = compose_config(recipe, rest, config_dirs)
     apply_script(cfg, script)
-    problems = cluster_problems(cfg.cluster)
+    problems = cluster_problems(cfg.cluster) + unread_data_problems(cfg)
     gpus = cfg.cluster.gpus_per_node
     if gpus:
         cluster_shorthands.fill_nodes(cfg, args)

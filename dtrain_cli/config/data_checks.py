@@ -28,17 +28,7 @@ from dtrain_cli.targets import TargetError, import_roots, nested_targets, resolv
 def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> list[str]:
     """One line per problem with the data of ``cfg``; empty when it can be loaded."""
     data = cfg.data
-    problems: list[str] = []
-    if data.source != "custom":
-        if data.kwargs:
-            keys = ", ".join(f"data.{k}" for k in data.kwargs)
-            problems.append(f"{keys}: only data=custom takes extra keys (arguments of _target_)")
-        if data._target_:
-            problems.append(
-                f"data._target_={data._target_}: only read by data=custom (data.source="
-                f"{data.source}); add data=custom"
-            )
-    problems += _unread_problems(data)
+    problems = unread_data_problems(cfg)
     val = val_data(data)
     if data.source == "text":
         paths = _path_problems(data.path, "data.path")
@@ -63,6 +53,23 @@ def data_problems(cfg: DtrainConfig, config_dirs: Sequence[str | Path] = ()) -> 
 
 
 READS_PATH = ("text", "tokens", "hf")
+
+
+def unread_data_problems(cfg: DtrainConfig) -> list[str]:
+    """What the data source would never read, known without opening a file: also checked
+    for a job whose data is on the cluster's nodes (``dtrain sbatch``, ``dtrain k8s``),
+    whose pods trained on the built-in corpus with ``data.path`` given."""
+    data, problems = cfg.data, []
+    if data.source != "custom":
+        if data.kwargs:
+            keys = ", ".join(f"data.{k}" for k in data.kwargs)
+            problems.append(f"{keys}: only data=custom takes extra keys (arguments of _target_)")
+        if data._target_:
+            problems.append(
+                f"data._target_={data._target_}: only read by data=custom (data.source="
+                f"{data.source}); add data=custom"
+            )
+    return problems + _unread_problems(data)
 
 
 def val_data(data: DataConfig) -> DataConfig | None:

@@ -58,6 +58,11 @@ def test_help_names_the_guide():
     "args, message",
     [
         (["recipe=gpt_tiny"], "cluster.image is not set: the container image with dtrain"),
+        # the pods trained on the built-in corpus (dtrain plan refused it; k8s said nothing)
+        (
+            [IMAGE, "data.path=local.txt"],
+            "data.path=local.txt: only read by data=text, data=tokens or data=hf",
+        ),
         # trained to the end, then the first save found the other pod's shards missing
         (
             [IMAGE, "parallel.nnodes=2", "dp=2"],

@@ -140,6 +140,8 @@ def test_values_that_cannot_be_quoted_are_refused():
         (["cluster.sbatch_args=[constraint]"], "'constraint' is not an option"),
         (["cluster.rdzv_port=70000"], "cluster.rdzv_port=70000: must be <= 65535"),
         (["--dry-run", "--submit"], "choose one"),
+        # the job trained on the built-in corpus (dtrain plan refused it)
+        (["data.path=local.txt"], "data.path=local.txt: only read by data=text, data=tokens"),
     ],
 )
 def test_bad_cluster_values_exit_2(args, message, tmp_path, monkeypatch):
