@@ -8,6 +8,7 @@ advisor and the step-time model plan for. Part of the typed schema (:mod:`.schem
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(kw_only=True)
@@ -76,6 +77,14 @@ class ClusterConfig:
     """Kubernetes: write bandwidth of the run dirs' volume (GB/s), for that estimate."""
     trainjob_runtime: str = "torch-distributed"
     """k8s_kind=trainjob: the ClusterTrainingRuntime the TrainJob runs on."""
+    pod_spec: dict[str, Any] = field(default_factory=dict)
+    """Kubernetes: fields added to every pod's spec as written (tolerations, nodeSelector,
+    affinity, securityContext, priorityClassName, imagePullSecrets ...); not those dtrain
+    sets (containers, volumes, restartPolicy, the grace period, the service account)."""
+    container_spec: dict[str, Any] = field(default_factory=dict)
+    """Kubernetes: fields added to the container as written (securityContext, envFrom for
+    secrets, imagePullPolicy ...); not those dtrain sets (name, image, command, args, env,
+    ports, resources, volumeMounts)."""
 
 
 @dataclass(kw_only=True)

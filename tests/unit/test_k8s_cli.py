@@ -58,6 +58,19 @@ def test_help_names_the_guide():
     "args, message",
     [
         (["recipe=gpt_tiny"], "cluster.image is not set: the container image with dtrain"),
+        # a site's fields may not replace the run's own
+        (
+            [IMAGE, "cluster.pod_spec={volumes: []}"],
+            "cluster.pod_spec: volumes is set by dtrain (it runs the agent on the plan)",
+        ),
+        (
+            [IMAGE, "cluster.container_spec={command: [sh]}"],
+            "cluster.container_spec: command is set by dtrain",
+        ),
+        (
+            [IMAGE, "cluster.k8s_kind=trainjob", "cluster.pod_spec={priorityClassName: high}"],
+            "cluster.pod_spec: priorityClassName cannot be set on a TrainJob's pods",
+        ),
         # the pods trained on the built-in corpus (dtrain plan refused it; k8s said nothing)
         (
             [IMAGE, "data.path=local.txt"],

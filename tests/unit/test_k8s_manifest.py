@@ -270,3 +270,37 @@ def test_the_trainjob_flavour_uses_the_runtime_s_variables():
     (patch,) = tj["spec"]["runtimePatches"]
     pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]
     assert pod["spec"]["template"]["spec"]["containers"][0]["name"] == "node"
+
+
+SITE_POD = "cluster.pod_spec={tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}], nodeSelector: {pool: gpu}, priorityClassName: high, imagePullSecrets: [{name: registry}]}"  # noqa: E501
+SITE_CONTAINER = "cluster.container_spec={securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}, envFrom: [{secretRef: {name: wandb}}]}"  # noqa: E501
+
+
+@pytest.mark.parametrize("kind", ["jobset", "trainjob"])
+def test_a_site_s_pod_and_container_fields_reach_every_pod(kind):
+    """Tolerations for tainted GPU nodes, a node pool, a registry secret, a restricted
+    security context, secrets as variables: a platform engineer's pods need them, and
+    dtrain had no key for any (only editing --out's file, which rules out --submit)."""
+    pod_only = SITE_POD.replace(", priorityClassName: high", "")  # a TrainJob patch lacks it
+    site = (
+        [SITE_POD, SITE_CONTAINER]
+        if kind == "jobset"
+        else [pod_only, SITE_CONTAINER.split(", envFrom")[0] + "}"]
+    )
+    args = ["recipe=gpt_tiny", IMAGE, "run.name=site", f"cluster.k8s_kind={kind}", *site]
+    _, _, job = build(args, [])
+    docs = list(documents(job))
+    for doc in docs:
+        assert problems(doc) == [], doc["kind"]
+    body = docs[1]["spec"]
+    if kind == "jobset":
+        pod = body["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+        assert pod["priorityClassName"] == "high" and pod["containers"][0]["envFrom"]
+    else:
+        rjob = body["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+        pod = rjob["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu" and pod["nodeSelector"] == {
+        "pool": "gpu"
+    }
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert pod["volumes"] and pod["containers"][0]["volumeMounts"]  # dtrain's own kept

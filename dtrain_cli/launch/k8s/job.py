@@ -214,7 +214,57 @@ def cluster_problems(cfg: DtrainConfig, name: str) -> list[str]:
                 f"cluster.env.{key}: set by dtrain in every pod ({', '.join(POD_SET)} and "
                 "Kubeflow's PET_*); a value here would replace dtrain's (the node rank, ...)"
             )
-    return problems + resource_problems(c)
+    return problems + resource_problems(c) + spec_problems(c)
+
+
+POD_OWNED = ("containers", "initContainers", "volumes", "restartPolicy", "subdomain",
+             "terminationGracePeriodSeconds", "serviceAccountName", "hostname")  # fmt: skip
+"""Pod spec fields dtrain sets (the service account: ``cluster.service_account``)."""
+CONTAINER_OWNED = ("name", "image", "command", "args", "env", "ports", "resources",
+                   "volumeMounts")  # fmt: skip
+"""Container fields dtrain sets (variables: ``cluster.env``; GPUs, CPUs, memory:
+``cluster.gpus_per_node``, ``cpus_per_task``, ``mem``)."""
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+
+
+TRAINJOB_PATCH = {
+    "cluster.pod_spec": ("affinity", "imagePullSecrets", "nodeSelector", "schedulingGates",
+                         "securityContext", "tolerations"),
+    "cluster.container_spec": ("securityContext",),
+}  # fmt: skip
+"""What a TrainJob's ``runtimePatches`` may set of a pod and a container (Trainer v2.3)."""
+
+
+def spec_problems(c: ClusterConfig) -> list[str]:
+    """``cluster.pod_spec`` / ``container_spec`` keys dtrain sets itself: a value there
+    would replace the run's (its command, its volumes); under a TrainJob, keys its runtime
+    patch does not take."""
+    problems = []
+    for key, given in (
+        ("cluster.pod_spec", c.pod_spec),
+        ("cluster.container_spec", c.container_spec),
+    ):
+        allowed = TRAINJOB_PATCH[key]
+        if c.k8s_kind == "trainjob" and (other := [k for k in given if k not in allowed]):
+            problems.append(
+                f"{key}: {', '.join(other)} cannot be set on a TrainJob's pods (its runtime "
+                f"patch takes {', '.join(allowed)}); use cluster.k8s_kind=jobset"
+            )
+    for key, given, owned in (
+        ("cluster.pod_spec", c.pod_spec, POD_OWNED),
+        ("cluster.container_spec", c.container_spec, CONTAINER_OWNED),
+    ):
+        if taken := [k for k in given if k in owned]:
+            problems.append(
+                f"{key}: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by dtrain "
+                f"(it runs the agent on the plan); {key} adds what dtrain does not set, e.g. "
+                + (
+                    "{tolerations: [...], nodeSelector: {...}}"
+                    if key.endswith("pod_spec")
+                    else "{securityContext: {...}, envFrom: [{secretRef: {name: wandb}}]}"
+                )
+            )
+    return problems
 
 
 def resource_problems(c: ClusterConfig) -> list[str]:
@@ -269,6 +319,12 @@ def job_warnings(job: K8sJob) -> list[str]:
         )
     if c.setup:
         out.append("cluster.setup is SLURM's: pods run the image as it is (put it in the image)")
+    if secret := [k for k in sorted(c.env) if SECRET_NAME.search(k)]:
+        out.append(
+            f"cluster.env.{secret[0]}: written as plain text in the ConfigMap, the pod spec and "
+            "the run dir's config.yaml; give a secret through a Kubernetes Secret: "
+            "'cluster.container_spec={envFrom: [{secretRef: {name: SECRET}}]}'"
+        )
     if c.grace_period_s is None and job.grace_period_s > GRACE_WARN_S:
         out.append(
             f"terminationGracePeriodSeconds={job.grace_period_s:,} (estimated: logging.every "

@@ -129,7 +129,7 @@ def container(job: K8sJob) -> dict[str, Any]:
     if res := resources(job):
         spec["resources"] = res
     spec["volumeMounts"] = volume_mounts(job)
-    return spec
+    return {**spec, **job.cluster.container_spec}  # its keys are not dtrain's: checked
 
 
 def pod_spec(job: K8sJob) -> dict[str, Any]:
@@ -141,7 +141,7 @@ def pod_spec(job: K8sJob) -> dict[str, Any]:
         spec["serviceAccountName"] = job.cluster.service_account
     spec["containers"] = [container(job)]
     spec["volumes"] = volumes(job)
-    return spec
+    return {**spec, **job.cluster.pod_spec}  # its keys are not dtrain's: checked
 
 
 CONFIG_ERROR_MESSAGE = f"failed with exit code {EXIT_CONFIG} matching FailJob rule at index 0"

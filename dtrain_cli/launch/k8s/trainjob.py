@@ -63,8 +63,10 @@ def trainjob(job: K8sJob) -> dict[str, Any]:
     pod: dict[str, Any] = {"terminationGracePeriodSeconds": job.grace_period_s}
     if job.cluster.service_account:
         pod["serviceAccountName"] = job.cluster.service_account
-    pod["containers"] = [{"name": REPLICATED_JOB, "volumeMounts": volume_mounts(job)}]
+    container = {"name": REPLICATED_JOB, "volumeMounts": volume_mounts(job)}
+    pod["containers"] = [{**container, **job.cluster.container_spec}]
     pod["volumes"] = volumes(job)
+    pod.update(job.cluster.pod_spec)  # its keys are not dtrain's: checked
     patch = {
         "manager": PATCH_MANAGER,
         "trainingRuntimeSpec": {
