@@ -79,8 +79,7 @@ def test_help_names_the_guide():
         # trained to the end, then the first save found the other pod's shards missing
         (
             [IMAGE, "parallel.nnodes=2", "dp=2"],
-            "parallel.nnodes=2 without cluster.pvc: each pod's run dir would be its own "
-            "emptyDir",
+            "parallel.nnodes=2 without cluster.pvc: each pod's run dir would be its own emptyDir",
         ),
         (
             [IMAGE, "cluster.gpus_per_node=8", "dp=4"],
