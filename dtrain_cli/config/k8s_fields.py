@@ -23,8 +23,8 @@ DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 """RFC 1123 subdomain (claims, service accounts, runtimes), at most 253 characters."""
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-IMAGE = re.compile(
-    r"^(?:[a-zA-Z0-9](?:[a-zA-Z0-9.-]*[a-zA-Z0-9])?(?::[0-9]+)?/)?"  # registry[:port]/
+IMAGE = re.compile(  # a registry is a host (a dot, a port, localhost); the path lower case
+    r"^(?:(?:[a-zA-Z0-9-]+(?:\.[a-zA-Z0-9-]+)+(?::[0-9]+)?|[a-zA-Z0-9-]+:[0-9]+|localhost)/)?"
     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"  # path components
     r"(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
     r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"  # :tag
@@ -34,6 +34,9 @@ RESOURCE_NAME = re.compile(
     r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
+SYSTEM_FOLDERS = ("/etc/", "/dev/", "/proc/", "/sys/", "/bin/", "/usr/", "/lib/")
+"""Where a run dir's volume may not be mounted (dtrain's ConfigMap is at /etc/dtrain,
+/dev/shm its shared memory)."""
 
 
 def k8s_field_problems(c: ClusterConfig) -> list[str]:
@@ -62,6 +65,12 @@ def k8s_field_problems(c: ClusterConfig) -> list[str]:
         problems.append(
             f"cluster.run_root={c.run_root!r}: not an absolute folder path of letters, digits "
             "and . _ -; e.g. /runs"
+        )
+    elif f"{c.run_root}/".startswith(SYSTEM_FOLDERS):
+        # a second mount at /etc/dtrain or /dev/shm: the API server refuses the pod
+        problems.append(
+            f"cluster.run_root={c.run_root!r}: under a folder the pod's system or dtrain "
+            f"mounts ({', '.join(f.rstrip('/') for f in SYSTEM_FOLDERS)}); e.g. /runs"
         )
     if not RESOURCE_NAME.match(c.gpu_resource):
         problems.append(

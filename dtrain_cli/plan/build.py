@@ -43,6 +43,7 @@ from dtrain_cli.plan.plan import (
     PrecisionPlan,
     ScriptPlan,
 )
+from dtrain_cli.plan.resume import restart_warning
 from dtrain_cli.plan.script import ScriptSpec, is_script, script_plan
 from dtrain_cli.plan.script_checks import script_warnings
 from dtrain_cli.plan.sync import num_servers, sync_plan
@@ -185,6 +186,8 @@ def build_plan(
         sync=sync_plan(cfg, facts, comm_bytes_per_step(cfg, facts, ddp=True)),
     )
     plan.estimates.activations_estimated = spec.activations_estimated()
+    if w := restart_warning(cfg):
+        plan.warnings.append(w)
     if cfg.parallel.min_nnodes is not None and cfg.parallel.min_nnodes < world.nnodes:
         add_elastic(cfg, plan, res)
     return plan

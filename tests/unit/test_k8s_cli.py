@@ -58,6 +58,10 @@ def test_help_names_the_guide():
     "args, message",
     [
         (["recipe=gpt_tiny"], "cluster.image is not set: the container image with dtrain"),
+        # a second mount at /etc/dtrain: the API server refuses the pod
+        ([IMAGE, "cluster.run_root=/etc/dtrain"], "cluster.run_root='/etc/dtrain': under a folder"),
+        # an image path is lower case: UPPER is no registry host
+        (["cluster.image=UPPER/train:1"], "cluster.image='UPPER/train:1': not an image reference"),
         # a site's fields may not replace the run's own
         (
             [IMAGE, "cluster.pod_spec={volumes: []}"],
@@ -238,3 +242,16 @@ def test_processes_per_node_given_fill_the_nodes():
     configmap, _ = yaml.safe_load_all(result.stdout)
     plan = yaml.safe_load(configmap["data"][PLAN_FILE])
     assert (plan["nnodes"], plan["nproc_per_node"], plan["world_size"]) == (2, 4, 8)
+
+
+def test_what_a_platform_engineer_would_miss_is_said():
+    """A /dev/shm over the pod's memory (the pod is OOM-killed first), restarts with no
+    checkpoint to resume from before the end (a crash restarts from step 0)."""
+    args = [*GOOD, "cluster.mem=100M", "cluster.shm_size=64Gi", "launcher.max_restarts=3"]
+    result = runner.invoke(app, [*args, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert "cluster.shm_size=64Gi is more than the pod's memory (cluster.mem=100M)" in said
+    assert "launcher.max_restarts=3: a restart resumes from the newest checkpoint" in said
+    saved = runner.invoke(app, [*args, "checkpoint.every_steps=50", "--dry-run"])
+    assert "launcher.max_restarts" not in saved.stderr

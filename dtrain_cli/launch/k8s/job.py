@@ -309,6 +309,20 @@ def job_problems(job: K8sJob, plan: Plan) -> list[str]:
     return problems
 
 
+APPLY_ANNOTATION_BYTES = 256 * 1024
+"""kubectl's client-side apply keeps the whole object in an annotation of at most this."""
+
+
+def _gib(size: str) -> float:
+    """A Kubernetes quantity or a SLURM size (``cluster.mem``: binary units) in GiB."""
+    m = re.match(r"^([0-9.]+)\s*([KMGTP]?)(i?)", size)
+    if not m:
+        return 0.0
+    scale = {"": 1 / 1024, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0, "P": 1024.0**2}
+    unit = m.group(2) or ("M" if not m.group(3) and size[-1:].isdigit() else "")
+    return float(m.group(1)) * scale[unit]
+
+
 def job_warnings(job: K8sJob) -> list[str]:
     """Things that work, but maybe not as the user expects."""
     c, out = job.cluster, []
@@ -319,6 +333,18 @@ def job_warnings(job: K8sJob) -> list[str]:
         )
     if c.setup:
         out.append("cluster.setup is SLURM's: pods run the image as it is (put it in the image)")
+    size = sum(len(text.encode()) for text in job.files.values())
+    if APPLY_ANNOTATION_BYTES < size <= CONFIGMAP_MAX_BYTES:
+        out.append(
+            f"config.yaml + plan.yaml are {size:,} bytes: past the 256 KiB that client-side "
+            "`kubectl apply` keeps in its last-applied annotation (it refuses the ConfigMap); "
+            "use `kubectl apply --server-side -f FILE` or --submit"
+        )
+    if c.shm_size and c.mem and _gib(c.shm_size) > _gib(c.mem):
+        out.append(
+            f"cluster.shm_size={c.shm_size} is more than the pod's memory (cluster.mem={c.mem}): "
+            "/dev/shm counts against it, so the pod is OOM-killed before the size is reached"
+        )
     if secret := [k for k in sorted(c.env) if SECRET_NAME.search(k)]:
         out.append(
             f"cluster.env.{secret[0]}: written as plain text in the ConfigMap, the pod spec and "
