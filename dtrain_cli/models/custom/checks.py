@@ -53,37 +53,34 @@ def measured_problems(
         out.append(unstaged_problem(target, str(attr), unstaged))
     if cfg.parallel.pp > 1 and (tied := measured.get("tied")):
         out.append(tied_problem(attr, tied, cfg.parallel.pp))
-    return out
+    return out + tied_unit_problems(measured.get("tied_owners", []), cfg)
 
 
-def tied_unit_problems(model: Any, units: list[Any], cfg: DtrainConfig) -> list[str]:
-    """``parallel.fsdp_units`` that put the modules of one tied parameter (a head tied to
-    the embedding) in two FSDP groups: ``fully_shard`` refuses it at start-up ("shared with
-    a parameter already managed by another FSDP group") after the plan passed. The default
-    units leave a tied embedding and head to the root group together."""
+def tied_unit_problems(owners: list[list[Any]], cfg: DtrainConfig) -> list[str]:
+    """``parallel.fsdp_units`` that put the names of one tied parameter (a head tied to the
+    embedding) in two FSDP groups: ``fully_shard`` refuses it at start-up ("shared with a
+    parameter already managed by another FSDP group") after the plan passed. The default
+    units leave a tied embedding and head to the root group together. ``owners``:
+    :func:`.stages.tied_owners`, recorded with the model's facts."""
     from dtrain_cli.strategies import strategy_for
 
-    if not (cfg.parallel.fsdp_units and strategy_for(cfg.parallel.strategy).shards_params):
+    given = list(cfg.parallel.fsdp_units or [])
+    units = set(given)
+    if not (units and strategy_for(cfg.parallel.strategy).shards_params):
         return []
-    group_of: dict[int, str] = {}  # module id -> its innermost unit's name ("" the root)
-    names = {id(m): n for n, m in model.named_modules()}
-    for unit in units:  # outer units first (modules() order): inner ones overwrite
-        for m in unit.modules():
-            group_of[id(m)] = names.get(id(unit), "")
-    held: dict[int, dict[str, str]] = {}  # parameter id -> {group: a name of it}
-    for mname, module in model.named_modules():
-        for pname, p in module.named_parameters(recurse=False):
-            where = group_of.get(id(module), "")
-            held.setdefault(id(p), {}).setdefault(where, f"{mname}.{pname}".lstrip("."))
-    split = next((g for g in held.values() if len(g) > 1), None)
-    if split is None:
-        return []
-    groups = ", ".join(f"{n} ({g or 'the root'})" for g, n in split.items())
-    return [
-        f"parallel.fsdp_units={list(cfg.parallel.fsdp_units)}: {groups} are one tied "
-        "parameter in two FSDP groups, which fully_shard refuses; leave the class that "
-        "holds one of them out of parallel.fsdp_units (the root group keeps them together)"
-    ]
+    for group in owners:
+        where = {}  # the innermost unit above each name ("" the root)
+        for name, above in group:
+            unit = next((path for path, cls in reversed(above) if cls in units), "")
+            where.setdefault(unit, name)
+        if len(where) > 1:
+            held = ", ".join(f"{n} ({u or 'the root'})" for u, n in where.items())
+            return [
+                f"parallel.fsdp_units={given}: {held} are one tied parameter in two "
+                "FSDP groups, which fully_shard refuses; leave the class that holds one of "
+                "them out of parallel.fsdp_units (the root group keeps them together)"
+            ]
+    return []
 
 
 def measured_warnings(target: str, measured: dict[str, Any], block_size: Any) -> list[str]:

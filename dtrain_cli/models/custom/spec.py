@@ -29,7 +29,6 @@ from dtrain_cli.models.custom.checks import (
     build_failure,
     measured_problems,
     measured_warnings,
-    tied_unit_problems,
     window_problems,
 )
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
@@ -131,8 +130,6 @@ class CustomSpec(ModelSpec):
                 f"parallel.fsdp_units={list(cfg.parallel.fsdp_units)}: no module of those classes "
                 f"in {self.cfg.target}"
             )
-        elif cfg.parallel.fsdp_units:
-            out += tied_unit_problems(model := self.meta_model(), self._named_units(model), cfg)
         return out
 
     def warnings(self, cfg: DtrainConfig) -> list[str]:
@@ -170,7 +167,7 @@ class CustomSpec(ModelSpec):
         options.append(sorted(self._tp_plan().items()))
         options += [pipe.layers, list(pipe.first or []), list(pipe.last or [])]
         options.append(list(run.parallel.fsdp_units or []))  # the blocks when no layers named
-        fields = ["unstaged", "tied", "trainable"]  # what it holds beside the facts
+        fields = ["unstaged", "tied", "tied_owners", "trainable"]  # beside the facts
         return record_key([*options, list(run.run.import_roots), *fields])
 
     @functools.cached_property
@@ -194,6 +191,7 @@ class CustomSpec(ModelSpec):
             "pipeline_layers": len(self._layer_list(model)),
             "unstaged": stages.unstaged_modules(model, self._layer_attr(), *self._end_names()),
             "tied": stages.tied_across_stages(model, self._layer_attr()),
+            "tied_owners": stages.tied_owners(model),
             "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "frozen": sum(p.numel() for p in model.parameters() if not p.requires_grad),
             **saved,

@@ -124,6 +124,25 @@ def layer_list(model: Any, attr: str | None, target: str) -> list[Any]:
     return []
 
 
+def tied_owners(model: Any) -> list[list[Any]]:
+    """Each parameter held under two names or more (a head tied to the embedding): every
+    name with the (path, class name) of the modules above it, outermost first; what the
+    plan checks ``parallel.fsdp_units`` against without building the model again."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    classes = {n: type(m).__name__ for n, m in model.named_modules() if n}
+    out = []
+    for group in (g for g in names.values() if len(g) > 1):
+        entry = []
+        for name in group:
+            parts = name.split(".")[:-1]
+            above = [".".join(parts[: i + 1]) for i in range(len(parts))]
+            entry.append([name, [[path, classes[path]] for path in above]])
+        out.append(entry)
+    return out
+
+
 def tied_across_stages(model: Any, attr: str | None) -> list[str]:
     """The names of the first parameter that two places a pipeline may put on different
     stages share (a head tied to the embedding, layers sharing weights): each stage would
