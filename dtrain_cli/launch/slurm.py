@@ -303,6 +303,8 @@ def attempt_lines(job: SbatchJob) -> list[str]:
         '  echo "dtrain: $RUN_DIR already finished; not running it again"',
         "  exit 0",
         "fi",
+        # this job's id (a resubmit by hand of job.sbatch: not the one --submit got)
+        f'echo "$SLURM_JOB_ID" > "{SHELL_RUN.slurm_job_id}"',
         'RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"RDZV_PORT={port}",
         "TRAPPED=0",

@@ -34,6 +34,7 @@ if [ -e "$RUN_DIR/slurm/FINISHED" ]; then
   echo "dtrain: $RUN_DIR already finished; not running it again"
   exit 0
 fi
+echo "$SLURM_JOB_ID" > "$RUN_DIR/slurm/job_id"
 RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 RDZV_PORT=29500
 TRAPPED=0
