@@ -213,6 +213,11 @@ class ModelSpec(ABC):
         estimated" and the advisor does not rank on them."""
         return True
 
+    def sharding_problems(self, cfg: DtrainConfig) -> list[str]:
+        """What FSDP cannot shard of this model as configured (the plan asks where the
+        strategy shards parameters)."""
+        return []
+
     def warnings(self, cfg: DtrainConfig) -> list[str]:
         """What the plan says of this model with this config and lets it run."""
         return []

@@ -294,6 +294,8 @@ def layout_of(
     problems, warnings = strategy_problems(cfg)
     mode = mode_for(cfg.sync.mode)
     problems += mode.problems(cfg, world.device)
+    if strategy_for(par.strategy).shards_params:
+        problems += spec.sharding_problems(cfg)
     warnings = data_warnings(cfg.data, spec) + spec.warnings(cfg) + warnings + mode.warnings(cfg)
     if par.activation_checkpointing in ("selective", "full") and not facts.num_layers:
         problems.append(

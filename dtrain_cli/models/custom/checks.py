@@ -53,7 +53,7 @@ def measured_problems(
         out.append(unstaged_problem(target, str(attr), unstaged))
     if cfg.parallel.pp > 1 and (tied := measured.get("tied")):
         out.append(tied_problem(attr, tied, cfg.parallel.pp))
-    return out + tied_unit_problems(measured.get("tied_owners", []), cfg)
+    return out
 
 
 def tied_unit_problems(owners: list[list[Any]], cfg: DtrainConfig) -> list[str]:
@@ -61,12 +61,11 @@ def tied_unit_problems(owners: list[list[Any]], cfg: DtrainConfig) -> list[str]:
     embedding) in two FSDP groups: ``fully_shard`` refuses it at start-up ("shared with a
     parameter already managed by another FSDP group") after the plan passed. The default
     units leave a tied embedding and head to the root group together. ``owners``:
-    :func:`.stages.tied_owners`, recorded with the model's facts."""
-    from dtrain_cli.strategies import strategy_for
-
+    :func:`.stages.tied_owners`, recorded with the model's facts. Asked by the plan where
+    the strategy shards parameters (:meth:`ModelSpec.sharding_problems`)."""
     given = list(cfg.parallel.fsdp_units or [])
     units = set(given)
-    if not (units and strategy_for(cfg.parallel.strategy).shards_params):
+    if not units:
         return []
     for group in owners:
         where = {}  # the innermost unit above each name ("" the root)

@@ -29,6 +29,7 @@ from dtrain_cli.models.custom.checks import (
     build_failure,
     measured_problems,
     measured_warnings,
+    tied_unit_problems,
     window_problems,
 )
 from dtrain_cli.models.custom.measure import count_batchnorm, forward_loss_for, saved_records
@@ -131,6 +132,9 @@ class CustomSpec(ModelSpec):
                 f"in {self.cfg.target}"
             )
         return out
+
+    def sharding_problems(self, cfg: DtrainConfig) -> list[str]:
+        return tied_unit_problems(self._measured.get("tied_owners", []), cfg)
 
     def warnings(self, cfg: DtrainConfig) -> list[str]:
         try:
@@ -371,10 +375,8 @@ class CustomSpec(ModelSpec):
         return bool(self._measured.get("pipeline_layers"))
 
     def _blocks(self, model: Any) -> list[Any]:
-        """The repeated blocks the plan counts, checkpoints and splits activations by: the
-        pipeline's layer list where there is one, else what FSDP and activation
-        checkpointing wrap (:meth:`fsdp_units`: the modules of the classes
-        ``parallel.fsdp_units`` names, else the largest ``nn.ModuleList``'s children)."""
+        """The blocks the plan counts, checkpoints and splits activations by: the pipeline's
+        layer list, else what FSDP and checkpointing wrap (:meth:`fsdp_units`)."""
         return self._layer_list(model) or self.fsdp_units(model)
 
     def _layer_list(self, model: Any) -> list[Any]:
