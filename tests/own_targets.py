@@ -152,3 +152,14 @@ class BreaksOnWidth(TinyLM):
         h = super().forward(x)
         half = torch.ones(h.shape[-1] // 2 + 1)
         return h * half  # the last dims differ: never broadcasts
+
+
+class SharedBlockLM(TinyLM):
+    """One block run three times (ALBERT's sharing) and an alias of the head: modules under
+    two names."""
+
+    def __init__(self, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        shared = Block(32)
+        self.blocks = nn.ModuleList([shared, shared, shared])
+        self.out = self.head

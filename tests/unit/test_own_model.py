@@ -537,3 +537,22 @@ def test_a_forward_that_fails_on_one_sample_is_said_in_one_line(monkeypatch, cap
     assert "on one sample of 32 tokens" in said[0] and not plan.estimates.activations_estimated
     out, err = capfd.readouterr()
     assert "fake_tensor" not in out + err and "Traceback" not in out + err
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["dp=2", "parallel.strategy=fsdp", "parallel.fsdp_units=[Block]"]]
+)
+def test_a_module_under_two_names_is_planned(monkeypatch, extra):
+    """A block shared by the layers (ALBERT) and an alias of the head: the plan counted the
+    tied parameters' owners by module name and failed with a KeyError (a review's find);
+    the shared block is one FSDP unit, so its units are no tied split."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.plan.build import build_plan
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    lm = ["model=custom", "model._target_=own_targets.SharedBlockLM", "model.block_size=32"]
+    plan = build_plan(compose_config("gpt_tiny", [*lm, *extra]))
+    width, vocab = 32, 256
+    block = 2 * width + 2 * (4 * width * width + 4 * width) - 3 * width  # norm, up, down
+    assert plan.estimates.num_params == vocab * width + 32 * width + block + width * vocab + vocab

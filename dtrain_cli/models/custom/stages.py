@@ -131,14 +131,20 @@ def tied_owners(model: Any) -> list[list[Any]]:
     names: dict[int, list[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(p), []).append(name)
-    classes = {n: type(m).__name__ for n, m in model.named_modules() if n}
+    # a module under two names (an ALBERT-style shared block, an alias) is one FSDP unit:
+    # every name of it stands for its first
+    first: dict[int, str] = {}
+    modules: dict[str, tuple[str, str]] = {}
+    for path, m in model.named_modules(remove_duplicate=False):
+        if path:
+            modules[path] = (first.setdefault(id(m), path), type(m).__name__)
     out = []
     for group in (g for g in names.values() if len(g) > 1):
         entry = []
         for name in group:
             parts = name.split(".")[:-1]
-            above = [".".join(parts[: i + 1]) for i in range(len(parts))]
-            entry.append([name, [[path, classes[path]] for path in above]])
+            above = [modules[".".join(parts[: i + 1])] for i in range(len(parts))]
+            entry.append([name, [list(a) for a in above]])
         out.append(entry)
     return out
 
