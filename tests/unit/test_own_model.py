@@ -542,7 +542,7 @@ def test_a_forward_that_fails_on_one_sample_is_said_in_one_line(monkeypatch, cap
 @pytest.mark.parametrize(
     "extra", [[], ["dp=2", "parallel.strategy=fsdp", "parallel.fsdp_units=[Block]"]]
 )
-def test_a_module_under_two_names_is_planned(monkeypatch, extra):
+def test_a_module_under_two_names_is_planned(monkeypatch, extra, tmp_path):
     """A block shared by the layers (ALBERT) and an alias of the head: the plan counted the
     tied parameters' owners by module name and failed with a KeyError (a review's find);
     the shared block is one FSDP unit, so its units are no tied split."""
@@ -551,6 +551,10 @@ def test_a_module_under_two_names_is_planned(monkeypatch, extra):
 
     monkeypatch.chdir(REPO / "tests")
     monkeypatch.syspath_prepend(str(REPO / "tests"))
+    from dtrain_cli.models.custom import spec
+
+    monkeypatch.setenv("DTRAIN_CACHE", str(tmp_path / "cache"))  # measured, not recorded
+    monkeypatch.setattr(spec, "_RECORDS", {})
     lm = ["model=custom", "model._target_=own_targets.SharedBlockLM", "model.block_size=32"]
     plan = build_plan(compose_config("gpt_tiny", [*lm, *extra]))
     width, vocab = 32, 256
