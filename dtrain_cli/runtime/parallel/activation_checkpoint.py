@@ -58,8 +58,11 @@ def _checkpoint_forward(block: nn.Module) -> None:
         extra["context_fn"] = lambda: (contextlib.nullcontext(), _running_stats_kept(stats))
 
     def forward(*args: Any, **kwargs: Any) -> Any:
+        # compiled, the recomputation is part of the traced graph (no second update), and
+        # a context_fn must give TorchDispatchModes there
+        ctx = {} if torch.compiler.is_compiling() else extra
         return checkpoint(
-            inner, *args, use_reentrant=False, preserve_rng_state=True, **extra, **kwargs
+            inner, *args, use_reentrant=False, preserve_rng_state=True, **ctx, **kwargs
         )
 
     block.forward = forward  # type: ignore[method-assign]
