@@ -53,6 +53,8 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         """(resource plural, namespace, name) -> object."""
         self.requests: list[tuple[str, str]] = []
+        self.queries: list[dict[str, list[str]]] = []
+        """Each request's query parameters (fieldValidation=Strict ...)."""
         self.fail: dict[str, tuple[int, str]] = {}
         """resource plural -> (HTTP status, message) of its next create."""
         self.on_create: Callable[[FakeKube, dict[str, Any]], None] | None = None
@@ -134,6 +136,7 @@ class FakeKube:
     def handle(self, method: str, url: str, body: Any) -> tuple[int, Any]:
         parsed = urlparse(url)
         self.requests.append((method, parsed.path))
+        self.queries.append(parse_qs(parsed.query))
         if m := CORE.match(parsed.path):
             namespace, plural, name, log = m.groups()
         elif m := CUSTOM.match(parsed.path):

@@ -48,6 +48,9 @@ def test_submit_creates_the_configmap_then_the_jobset_which_owns_it(kube):
         ("POST", JOBSETS),
         ("PATCH", f"{CONFIGMAPS}/t1-rundir"),
     ]
+    # a JobSet CRD older than the manifest refuses what it does not know (422), rather than
+    # dropping the failure rule that tells a config error from a preemption (a review's find)
+    assert kube.queries[1].get("fieldValidation") == ["Strict"]
     jobset, configmap = kube.get("jobsets", "t1"), kube.get("configmaps", "t1-rundir")
     assert jobset["metadata"]["namespace"] == "team-a"  # the kube-context's namespace
     (owner,) = configmap["metadata"]["ownerReferences"]

@@ -145,6 +145,9 @@ def create(kc: Cluster, docs: list[dict[str, Any]]) -> dict[str, Any]:
             kc.namespace,
             plural,
             main,
+            # a controller older than the manifest (a JobSet CRD before v0.10 lacks
+            # onJobFailureMessagePatterns) refuses it, rather than dropping the field
+            field_validation="Strict",
         )
     except KubeError as err:
         undone = _delete_quietly(kc, cm_name)
