@@ -81,7 +81,9 @@ def build_job(
         raise ConfigError(problems)
     cfg = compose_config(recipe, rest, config_dirs)
     apply_script(cfg, script)
-    problems = cluster_problems(cfg.cluster) + unread_data_problems(cfg)
+    problems = cluster_problems(cfg.cluster)
+    if not script:  # a script's data is its own (dtrain plan checks none either)
+        problems += unread_data_problems(cfg)
     gpus = cfg.cluster.gpus_per_node
     if gpus:
         cluster_shorthands.fill_nodes(cfg, args)

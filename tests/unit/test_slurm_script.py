@@ -124,6 +124,16 @@ def test_values_that_cannot_be_quoted_are_refused():
     ]
 
 
+def test_a_script_s_data_keys_are_its_own(tmp_path, monkeypatch):
+    """dtrain plan checks no data key of a script; sbatch refused data.path=... for one (a
+    review's find)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    args = ["sbatch", "data.path=/data/x.txt", "--dry-run", "--", "train.py"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
