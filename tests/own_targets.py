@@ -163,3 +163,18 @@ class SharedBlockLM(TinyLM):
         shared = Block(32)
         self.blocks = nn.ModuleList([shared, shared, shared])
         self.out = self.head
+
+
+class FactorizedLM(TinyLM):
+    """ALBERT's factorized embedding: 16 features per token, projected to the width."""
+
+    def __init__(self, **kwargs: int) -> None:
+        super().__init__(**kwargs)
+        self.embed = nn.Embedding(256, 16)
+        self.embed_proj = nn.Linear(16, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed_proj(self.embed(x)) + self.pos[: x.shape[1]]
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)

@@ -560,3 +560,17 @@ def test_a_module_under_two_names_is_planned(monkeypatch, extra, tmp_path):
     width, vocab = 32, 256
     block = 2 * width + 2 * (4 * width * width + 4 * width) - 3 * width  # norm, up, down
     assert plan.estimates.num_params == vocab * width + 32 * width + block + width * vocab + vocab
+
+
+def test_a_factorized_embedding_may_split_its_features(monkeypatch):
+    """Embedding(V, 16) column-wise read by its projection row-wise (Megatron's pattern) is
+    a valid split: the refusal of a column-wise Embedding spares it (a review's find)."""
+    from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.plan.build import build_plan
+
+    monkeypatch.chdir(REPO / "tests")
+    monkeypatch.syspath_prepend(str(REPO / "tests"))
+    lm = ["model=custom", "model._target_=own_targets.FactorizedLM", "model.block_size=32"]
+    tp = "parallel.tp_plan={embed:colwise,embed_proj:rowwise,blocks.*.up:colwise,"
+    tp += "blocks.*.down:rowwise}"
+    assert build_plan(compose_config("gpt_tiny", [*lm, "tp=2", tp])).world_size == 2
