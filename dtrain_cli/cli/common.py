@@ -224,7 +224,7 @@ def cluster_job_warnings(
     """What ``dtrain plan`` adds to a plan's own warnings, for a job planned on a cluster's
     nodes (``dtrain sbatch``, ``dtrain k8s``). Said before the job waits in a queue."""
     said = [*plan.warnings, *more_warnings(cfg, plan, overrides, resources=resources)]
-    if plan.device == "cuda" and cfg.hardware.device == "cpu":
+    if plan.device == "cuda" and cfg.hardware.device == "cpu" and plan.script is None:
         # the default profile is this machine's CPU: a GPU job's estimates, MFU and (k8s)
         # grace period were of it (gpt_1b's pods waited 6 days to be killed)
         said.append(

@@ -203,8 +203,9 @@ def warn_if_stuck(job_id: str, cfg: DtrainConfig) -> None:
         print_warnings(
             [
                 f"job {job_id} waits with reason {why} (nodes={cfg.parallel.nnodes}, "
-                f"time={c.time or 'unset'} on {where}); it will not start as asked: "
-                f"scancel {job_id}, then see `sinfo -o '%P %D %l'` for what it allows"
+                f"time={c.time or 'unset'} on {where}); it may never start as asked: see "
+                f"`sinfo -o '%P %D %T %l'` for what the partition has, and `scancel {job_id}` "
+                "if it cannot give it"
             ]
         )
 

@@ -34,9 +34,9 @@ RESOURCE_NAME = re.compile(
     r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 )
 MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
-SYSTEM_FOLDERS = ("/etc/", "/dev/", "/proc/", "/sys/", "/bin/", "/usr/", "/lib/")
-"""Where a run dir's volume may not be mounted (dtrain's ConfigMap is at /etc/dtrain,
-/dev/shm its shared memory)."""
+SYSTEM_FOLDERS = ("/etc/dtrain/", "/dev/", "/proc/", "/sys/")
+"""Where a run dir's volume may not be mounted: dtrain's ConfigMap (/etc/dtrain), /dev/shm
+(a second mount at the same path is refused by the API server) and the kernel's."""
 
 
 def k8s_field_problems(c: ClusterConfig) -> list[str]:
@@ -69,8 +69,8 @@ def k8s_field_problems(c: ClusterConfig) -> list[str]:
     elif f"{c.run_root}/".startswith(SYSTEM_FOLDERS):
         # a second mount at /etc/dtrain or /dev/shm: the API server refuses the pod
         problems.append(
-            f"cluster.run_root={c.run_root!r}: under a folder the pod's system or dtrain "
-            f"mounts ({', '.join(f.rstrip('/') for f in SYSTEM_FOLDERS)}); e.g. /runs"
+            f"cluster.run_root={c.run_root!r}: under a folder dtrain or the kernel mounts "
+            f"({', '.join(f.rstrip('/') for f in SYSTEM_FOLDERS)}); e.g. /runs"
         )
     if not RESOURCE_NAME.match(c.gpu_resource):
         problems.append(

@@ -5,8 +5,9 @@ is accepted and then waits forever (``PENDING PartitionNodeLimit``), which ``dtr
     dtrain sbatch recipe=gpt_small nodes=4 dp=4 --submit    # a 2-node partition
     warning: job 7 waits with reason PartitionNodeLimit ...; scancel 7
 
-Reasons from squeue(1) "JOB REASON CODES" that no amount of waiting clears without an
-administrator: the request is outside the partition's, association's or QOS's limits.
+Reasons from squeue(1) "JOB REASON CODES" that say the request is outside the partition's,
+association's or QOS's limits; PartitionNodeLimit and PartitionConfig may also mean nodes
+that are down or drained, which can come back: the warning says "may".
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import subprocess
 import time
 
 NEVER_STARTS = {
-    "PartitionNodeLimit": "the partition has fewer nodes or a lower node limit",
+    "PartitionNodeLimit": "more nodes than the partition has or allows, or some are down",
     "PartitionTimeLimit": "the job's time is over the partition's limit",
-    "PartitionConfig": "the partition cannot give what the job asks",
+    "PartitionConfig": "the partition cannot give what the job asks now",
     "BadConstraints": "no node has the constraints, GPUs or CPUs asked for",
     "InvalidAccount": "the account is not valid",
     "InvalidQOS": "the QOS is not valid",

@@ -65,7 +65,11 @@ def test_help_names_the_guide():
         # a site's fields may not replace the run's own
         (
             [IMAGE, "cluster.pod_spec={volumes: []}"],
-            "cluster.pod_spec: volumes is set by dtrain (it runs the agent on the plan)",
+            "cluster.pod_spec: volumes is set by dtrain (volumes: the run dir, the ConfigMap",
+        ),
+        (  # the grace period has its own key
+            [IMAGE, "cluster.pod_spec={terminationGracePeriodSeconds: 60}"],
+            "terminationGracePeriodSeconds: cluster.grace_period_s",
         ),
         (
             [IMAGE, "cluster.container_spec={command: [sh]}"],
@@ -242,6 +246,17 @@ def test_processes_per_node_given_fill_the_nodes():
     configmap, _ = yaml.safe_load_all(result.stdout)
     plan = yaml.safe_load(configmap["data"][PLAN_FILE])
     assert (plan["nnodes"], plan["nproc_per_node"], plan["world_size"]) == (2, 4, 8)
+
+
+def test_a_site_s_init_containers_and_ordinary_variables_pass_quietly():
+    """initContainers (a claim's permissions fixed) are not dtrain's; TOKENIZERS_PARALLELISM
+    is no secret; a 16 GiB /dev/shm in bytes is under 480G (a review's finds)."""
+    args = [*GOOD, "cluster.pvc=runs", "cluster.mem=480G", "cluster.shm_size=17179869184"]
+    args += ["cluster.pod_spec={initContainers: [{name: fix, image: busybox}]}"]
+    args += ["+cluster.env.TOKENIZERS_PARALLELISM=false"]
+    result = runner.invoke(app, [*args, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "warning" not in result.stderr, result.stderr
 
 
 def test_what_a_platform_engineer_would_miss_is_said():

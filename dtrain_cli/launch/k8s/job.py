@@ -217,14 +217,24 @@ def cluster_problems(cfg: DtrainConfig, name: str) -> list[str]:
     return problems + resource_problems(c) + spec_problems(c)
 
 
-POD_OWNED = ("containers", "initContainers", "volumes", "restartPolicy", "subdomain",
-             "terminationGracePeriodSeconds", "serviceAccountName", "hostname")  # fmt: skip
-"""Pod spec fields dtrain sets (the service account: ``cluster.service_account``)."""
+POD_OWNED = {
+    "containers": "the agent's container",
+    "volumes": "the run dir, the ConfigMap, /dev/shm",
+    "restartPolicy": "Never: the JobSet restarts the group",
+    "subdomain": "JobSet's: the pods' DNS names",
+    "hostname": "JobSet's: the pods' DNS names",
+    "terminationGracePeriodSeconds": "cluster.grace_period_s",
+    "serviceAccountName": "cluster.service_account",
+}
+"""Pod spec fields dtrain (or JobSet) sets, and where to set what they say."""
 CONTAINER_OWNED = ("name", "image", "command", "args", "env", "ports", "resources",
                    "volumeMounts")  # fmt: skip
 """Container fields dtrain sets (variables: ``cluster.env``; GPUs, CPUs, memory:
 ``cluster.gpus_per_node``, ``cpus_per_task``, ``mem``)."""
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)", re.IGNORECASE)
+SECRET_NAME = re.compile(
+    r"(^|_)(API_?KEY|KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE
+)
+"""A variable named like a secret (WANDB_API_KEY, HF_TOKEN; not TOKENIZERS_PARALLELISM)."""
 
 
 TRAINJOB_PATCH = {
@@ -255,9 +265,11 @@ def spec_problems(c: ClusterConfig) -> list[str]:
         ("cluster.container_spec", c.container_spec, CONTAINER_OWNED),
     ):
         if taken := [k for k in given if k in owned]:
+            where = "; ".join(f"{k}: {owned[k]}" for k in taken if isinstance(owned, dict))
             problems.append(
                 f"{key}: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by dtrain "
-                f"(it runs the agent on the plan); {key} adds what dtrain does not set, e.g. "
+                f"({where or 'it runs the agent on the plan'}); {key} adds what dtrain does "
+                "not set, e.g. "
                 + (
                     "{tolerations: [...], nodeSelector: {...}}"
                     if key.endswith("pod_spec")
@@ -298,8 +310,8 @@ def job_problems(job: K8sJob, plan: Plan) -> list[str]:
         # nodes' shards missing and the run failed after training (a platform engineer's find)
         problems.append(
             f"parallel.nnodes={job.nnodes} without cluster.pvc: each pod's run dir would be its "
-            "own emptyDir, which the nodes' checkpoints cannot be shared through (the first "
-            "save fails); set cluster.pvc=CLAIM, a ReadWriteMany claim every pod mounts"
+            "own emptyDir, which the nodes cannot share a checkpoint through (a save fails, a "
+            "restart finds none); set cluster.pvc=CLAIM, a ReadWriteMany claim every pod mounts"
         )
     size = sum(len(text.encode()) for text in job.files.values())
     if size > CONFIGMAP_MAX_BYTES:
@@ -313,14 +325,19 @@ APPLY_ANNOTATION_BYTES = 256 * 1024
 """kubectl's client-side apply keeps the whole object in an annotation of at most this."""
 
 
-def _gib(size: str) -> float:
-    """A Kubernetes quantity or a SLURM size (``cluster.mem``: binary units) in GiB."""
-    m = re.match(r"^([0-9.]+)\s*([KMGTP]?)(i?)", size)
+def _gib(size: str, bare: str) -> float:
+    """A size in GiB: a Kubernetes quantity (``cluster.shm_size``: 64Gi, 512M, bytes when
+    bare) or a SLURM size (``cluster.mem``: 480G in binary units, MiB when bare): ``bare``
+    is the unit of a bare number."""
+    m = re.match(r"^([0-9.]+)\s*([kKMGTPE]?)(i?)$", size.strip())
     if not m:
         return 0.0
-    scale = {"": 1 / 1024, "K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0, "P": 1024.0**2}
-    unit = m.group(2) or ("M" if not m.group(3) and size[-1:].isdigit() else "")
-    return float(m.group(1)) * scale[unit]
+    number, unit, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    if not unit:
+        return number * {"B": 1 / 1024**3, "M": 1 / 1024}[bare]
+    power = "KMGTPE".index(unit) + 1
+    base = 1024 if binary or bare == "M" else 1000  # SLURM's units are binary
+    return number * base**power / 1024**3
 
 
 def job_warnings(job: K8sJob) -> list[str]:
@@ -340,7 +357,7 @@ def job_warnings(job: K8sJob) -> list[str]:
             "`kubectl apply` keeps in its last-applied annotation (it refuses the ConfigMap); "
             "use `kubectl apply --server-side -f FILE` or --submit"
         )
-    if c.shm_size and c.mem and _gib(c.shm_size) > _gib(c.mem):
+    if c.shm_size and c.mem and _gib(c.shm_size, "B") > _gib(c.mem, "M"):
         out.append(
             f"cluster.shm_size={c.shm_size} is more than the pod's memory (cluster.mem={c.mem}): "
             "/dev/shm counts against it, so the pod is OOM-killed before the size is reached"

@@ -91,8 +91,9 @@ def measured_warnings(target: str, measured: dict[str, Any], block_size: Any) ->
     cls = target.rsplit(".", 1)[-1]
     return [
         f"model._target_={target}: {cls}'s forward and loss failed on one sample of "
-        f"{block_size} tokens ({error}); activations are not estimated, and a training step "
-        "will likely fail the same way"
+        f"{block_size} tokens on fake and meta tensors ({error}); activations are not "
+        "estimated; unless it is what fake tensors cannot do (.item(), a shape read from "
+        "values), a training step fails the same way"
     ]
 
 

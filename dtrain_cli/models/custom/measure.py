@@ -109,7 +109,8 @@ def _fake_cpu() -> Iterator[bool]:
     # a forward that raises under fake tensors is logged by torch with its whole traceback
     # (100 lines of "failed while attempting to run meta"): the plan says it in one line
     quiet = logging.getLogger("torch._subclasses.fake_tensor")
-    level, quiet.level = quiet.level, logging.CRITICAL
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)  # setLevel: clears the loggers' cached levels
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cpu"):
             yield True
