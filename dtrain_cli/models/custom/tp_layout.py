@@ -97,7 +97,7 @@ def _tied_problems(modules: dict[str, Any], plan: dict[str, str]) -> list[str]:
     for names in (v for v in owners.values() if len(v) > 1):
         split = [n for n in names if style_of(plan, n.rsplit(".", 1)[0]) is not None]
         if split:
-            module = split[0].rsplit(".", 1)[0]
+            module = " and ".join(dict.fromkeys(n.rsplit(".", 1)[0] for n in split))
             out.append(
                 f"parallel.tp_plan: splits {split[0]}, which is tied to "
                 f"{', '.join(n for n in names if n != split[0])}: tensor parallel would give "
