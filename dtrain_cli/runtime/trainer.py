@@ -164,6 +164,8 @@ class Trainer:
             rank_times=cfg.debug.rank_times,
             norm_mean_over_replicas=self.sync.replicas_step_alone,
         )
+        self.metrics.carry(self.checkpointer.loaded_rank_state)  # a resume mid-window
+        self.checkpointer.window_state = self.metrics.window_state
 
     # -- the loop -----------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:

@@ -124,6 +124,35 @@ def test_resume_at_another_world_size_continues_the_curve(
     assert done.summary()["param_sum"] == pytest.approx(straight[2].summary()["param_sum"], rel=rel)
 
 
+@pytest.fixture(scope="module")
+def every4(tmp_path_factory) -> tuple[Run, Path]:
+    """Logged every 4 steps, saved at 10: the straight run, and one killed after step 13
+    whose newest checkpoint (10) is inside the window of steps 9-12."""
+    four = ["dp=2", "logging.every=4"]
+    straight4 = launch_ok(tmp_path_factory.mktemp("every4"), *four)
+    cwd = tmp_path_factory.mktemp("every4-killed")
+    run = run_dtrain(["launch", *CK, *four], cwd, env={"DTRAIN_FAULTS": "kill:step=13:rank=0"})
+    assert run.returncode != 0 and run.run_dir is not None
+    return straight4, run.run_dir
+
+
+@pytest.mark.parametrize(("dp", "rel"), [(2, 1e-6), (1, 1e-5)])
+def test_a_resume_between_logging_steps_logs_the_whole_window(dp, rel, every4, tmp_path):
+    """Step 12's loss is the mean of steps 9-12, two of them before the checkpoint: the
+    resume logged steps 11-12 alone as step 12's (loss_steps 2, 6.6e-2 off the straight
+    run, and dtrain compare said it diverged: a new user's find). The checkpoint keeps the
+    open window, at any layout."""
+    straight4, killed = every4
+    run_dir = copy_run(killed, tmp_path)
+    done = resume(run_dir, f"dp={dp}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    got, want = done.metrics(), straight4.metrics()
+    assert [r["step"] for r in got] == [4, 8, 12, 16, 20] == [r["step"] for r in want]
+    assert [r["loss_steps"] for r in got] == [4, 4, 4, 4, 4]
+    for a, b in zip(got, want, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=rel), a["step"]
+
+
 def test_a_resume_that_trains_nothing_leaves_the_run_dir_as_it_was(killed_dp2, tmp_path):
     """A resume into another layout that fails before anything past its checkpoint is kept
     (no newer checkpoint, no logged step) left the run's config.yaml and plan.yaml in the

@@ -60,6 +60,8 @@ class Checkpointer:
         self.sync = sync  # the sync mode's state goes into checkpoints under "sync"
         self.loaded_sync: dict[str, Any] = {}
         self.loaded_rank_state: dict[str, torch.Tensor] = {}
+        self.window_state: Callable[[], dict[str, torch.Tensor]] = dict
+        """The metrics' open window (set once they exist: :meth:`TrainMetrics.window_state`)."""
         self.manager = CheckpointManager(
             run_dir, ctx.rank, cfg.checkpoint.keep_last, cfg.checkpoint.async_save
         )
@@ -205,6 +207,7 @@ class Checkpointer:
         run = RunDir(self.run_dir)  # the checkpoint keeps both under the run dir's names
         files = {path.name: path.read_text() for path in (run.config, run.plan)}
         rank_state = self.pm.data_parallel.rank_state(self.pm.parts)  # PowerSGD's, per rank
+        rank_state.update(self.window_state())  # the logging window's steps so far
         self.manager.save(step, self.state(step), info, files, rank_state)
 
     def close(self) -> None:

@@ -97,6 +97,9 @@ class TrainMetrics:
         self.first_step = start_step + 1
         self.losses: list[torch.Tensor] = []
         self.window_steps = self.loss_steps = 0
+        self.carried_loss = 0.0
+        """A resume between logging steps: the open window's steps before the checkpoint
+        (their global mean losses summed), which this window's loss goes on from."""
         self.train_start = self.window_start = time.perf_counter()
         self.tokens_per_s: list[float] = []  # per window after the warm-up one
         # the warm-up window without its first step: the rate when no other window exists
@@ -221,6 +224,29 @@ class TrainMetrics:
             slots[k * r : k * r + k] = self.own_times(comm.get("comm_exposed_ms", 0.0))
         return slots
 
+    # -- a checkpoint between logging steps keeps the open window --------------------------
+    def window_state(self) -> dict[str, torch.Tensor]:
+        """The open window for a checkpoint (one all-reduce, the same on every rank; empty
+        at a logging step): a resume from it logged the window's later steps alone (the
+        loss of steps 6-10 as step 10's, 6.6e-2 off the run that never stopped)."""
+        if not self.window_steps:
+            return {}
+        total = torch.zeros(1, dtype=torch.float64, device=self.ctx.device)
+        if self.reports_loss and self.losses:
+            total[0] = torch.stack(self.losses).sum().double()
+        dist.all_reduce(total)
+        mean_sum = float(total[0]) / self.plan.batch.dp + self.carried_loss
+        return {
+            "window.loss_mean_sum": torch.tensor(mean_sum, dtype=torch.float64),
+            "window.loss_steps": torch.tensor(self.loss_steps),
+        }
+
+    def carry(self, state: dict[str, torch.Tensor]) -> None:
+        """Go on with a checkpoint's open window (:meth:`window_state`), at any layout."""
+        if "window.loss_steps" in state:
+            self.loss_steps = int(state["window.loss_steps"])
+            self.carried_loss = float(state["window.loss_mean_sum"])
+
     def all_reduce_window(
         self, step: int, save_vote: bool, stop_vote: bool, slots: list[float]
     ) -> list[float]:
@@ -229,6 +255,8 @@ class TrainMetrics:
         window = torch.zeros(NUM_VOTES + len(slots), device=self.ctx.device)
         if self.reports_loss and self.losses:
             window[0] = torch.stack(self.losses).sum()
+        if self.carried_loss and self.ctx.rank == 0:  # counted once, as dp replicas sum
+            window[0] += self.carried_loss * self.plan.batch.dp
         window[1], window[2] = float(save_vote), float(stop_vote)
         window[NUM_VOTES:] = torch.tensor(slots, device=self.ctx.device)
         with COLLECTIVES.enter("all_reduce", step, "logging"):
@@ -254,6 +282,7 @@ class TrainMetrics:
         self.last_window = list(self.losses)
         self.losses.clear()
         self.window_steps, self.loss_steps, self.window_start = 0, 0, now
+        self.carried_loss = 0.0
         self._wait0 = self.batches.wait_s
         return tps, data_wait_ms
 
