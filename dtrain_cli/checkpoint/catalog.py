@@ -19,12 +19,14 @@ dir's names (:class:`~dtrain_cli.rundir.layout.RunDir` of the checkpoint folder)
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,8 +280,20 @@ def prune(
         p for p in root.glob(".tmp-*") if p.is_dir() and not _in_flight(p.name, attempt, published)
     ]
     doomed += [p for p in root.glob(".old-*") if p.is_dir()]
+    if published is not None:  # a prune killed half-way left one without its manifest
+        doomed += [
+            c.path
+            for c in list_checkpoints(run_dir)
+            if not c.complete and c.step < published and c.path != keep
+        ]
     for p in doomed:
-        shutil.rmtree(p, ignore_errors=True)
+        # renamed first: a prune killed in rmtree leaves an .old-* (removed by the next),
+        # not a step folder without its manifest that `dtrain checkpoints` calls broken
+        gone = p
+        if STEP_DIR.match(p.name):
+            with contextlib.suppress(OSError):
+                gone = p.rename(root / f".old-{p.name}-{uuid.uuid4().hex[:8]}")
+        shutil.rmtree(gone, ignore_errors=True)
     return doomed
 
 

@@ -92,3 +92,35 @@ def test_a_rank_resumes_with_its_tp_groups_rng_and_keeps_its_own_tensors(tmp_pat
 def _draw_after(manager, ckpt):
     manager.load(ckpt, {"w": torch.ones(2)})
     return torch.rand(3)
+
+
+def test_a_prune_killed_half_way_leaves_nothing_that_looks_broken(tmp_path, monkeypatch):
+    """A SIGKILL during the prune of an old checkpoint left step_000006 without its manifest
+    forever: past keep_last, and `dtrain checkpoints` exited 1 on every later call (a new
+    user's find). A pruned folder is renamed first; one left half-deleted by an older
+    prune is removed once a newer checkpoint is complete."""
+    import json
+    import shutil
+
+    root = catalog.checkpoints_dir(tmp_path)
+
+    def checkpoint(step: int, complete: bool = True) -> None:
+        path = root / catalog.step_dir_name(step)
+        path.mkdir(parents=True)
+        (path / "meta.json").write_text(json.dumps({"step": step, "complete": True}))
+        if complete:
+            (path / catalog.MANIFEST).write_text("{}")
+
+    checkpoint(2, complete=False)  # what a killed prune of an older version left
+    for step in (4, 6, 8):
+        checkpoint(step)
+    real = shutil.rmtree
+    monkeypatch.setattr(shutil, "rmtree", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # killed in the first rmtree
+        catalog.prune(tmp_path, keep_last=2, keep=root / "step_000008")
+    monkeypatch.setattr(shutil, "rmtree", real)
+    assert [c.step for c in catalog.list_checkpoints(tmp_path)] != []
+    assert all(c.complete for c in catalog.list_checkpoints(tmp_path) if c.step > 2)
+    catalog.prune(tmp_path, keep_last=2, keep=root / "step_000008")
+    assert [c.step for c in catalog.list_checkpoints(tmp_path)] == [6, 8]
+    assert sorted(p.name for p in root.iterdir()) == ["step_000006", "step_000008"]
