@@ -174,11 +174,20 @@ def definition_changes(path: Path, cfg: DtrainConfig, plan: Plan, step: int) -> 
     from dtrain_cli.plan.plan import Plan
 
     try:
-        old_batch = Plan.load(path / "plan.yaml").batch.global_batch_size
-        old_eval = (yaml.safe_load((path / "config.yaml").read_text()) or {})["train"]
+        old_plan = Plan.load(path / "plan.yaml")
+        old_cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
+        old_batch, old_eval = old_plan.batch.global_batch_size, old_cfg["train"]
+        old_precision = old_cfg["precision"]["name"]
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
         return []
     out = []
+    if old_precision != cfg.precision.name:
+        out.append(
+            f"precision {old_precision} -> {cfg.precision.name}: the steps after {step} "
+            "compute at another precision (the curve goes on, not as the run's would have)"
+        )
+    if (old_plan.mesh.shape, old_plan.strategy) != (plan.mesh.shape, plan.strategy):
+        out += layout_numerics(old_plan, plan, cfg, step)
     if old_batch != plan.batch.global_batch_size:
         out.append(
             f"the global batch changes with this resume ({old_batch} -> "
@@ -192,6 +201,26 @@ def definition_changes(path: Path, cfg: DtrainConfig, plan: Plan, step: int) -> 
             f"the val loss after step {step} is over other samples than before it"
         )
     return out
+
+
+def layout_numerics(old: Plan, plan: Plan, cfg: DtrainConfig, step: int) -> list[str]:
+    """A resume at another layout continues exactly in fp32 without dropout; dropout's masks
+    and bf16 under a sharding strategy are the layout's own (8e-4 after a few steps)."""
+    from dtrain_cli.strategies import strategy_for
+
+    why = []
+    if dropout := getattr(cfg.model, "dropout", 0) or 0:
+        why.append(f"dropout {dropout} draws its masks by rank")
+    sharded = any(strategy_for(p.strategy).shards_params for p in (old, plan))
+    if cfg.precision.name != "fp32" and sharded:
+        why.append(f"{cfg.precision.name} parameters under FSDP round their own way")
+    if not why:
+        return []
+    labels = f"{old.mesh.label()} {old.strategy} -> {plan.mesh.label()} {plan.strategy}"
+    return [
+        f"the layout changes with this resume ({labels}) and {', '.join(why)}: the steps "
+        f"after {step} follow the run's curve closely, not bit for bit"
+    ]
 
 
 def several_nodes(plan: Plan) -> str:

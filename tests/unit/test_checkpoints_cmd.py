@@ -188,6 +188,35 @@ def test_a_resume_that_changes_the_global_batch_or_the_val_samples_says_so(tmp_p
     ]
 
 
+def test_a_resume_at_another_precision_or_a_layout_that_rounds_its_own_way_says_so(tmp_path):
+    """precision=fp32 over a bf16 run, and dp=2 -> 1 with dropout, were accepted without a
+    word, the curve then 8e-4 off the run's (a new user's find); an fp32 layout change
+    without dropout continues exactly and says nothing."""
+    from dtrain_cli.cli.common import compose_and_plan
+    from dtrain_cli.cli.resume_cmd import definition_changes
+    from dtrain_cli.config.compose import config_to_yaml
+
+    base = ["recipe=gpt_tiny", "dp=2", "model.dropout=0.1"]
+    cfg, old = compose_and_plan(base, [])
+    old.save(tmp_path / "plan.yaml")
+    (tmp_path / "config.yaml").write_text(config_to_yaml(cfg))
+    new_cfg, new = compose_and_plan([*base, "dp=1", "precision=bf16"], [])
+    said = definition_changes(tmp_path, new_cfg, new, 8)
+    assert said[0] == (
+        "precision fp32 -> bf16: the steps after 8 compute at another precision (the curve "
+        "goes on, not as the run's would have)"
+    )
+    assert said[1].startswith(
+        "the layout changes with this resume (pp=1 x dp=2 x tp=1 ddp -> pp=1 x dp=1 x tp=1 "
+        "ddp) and dropout 0.1 draws its masks by rank: the steps after 8 follow"
+    )
+    plain = ["recipe=gpt_tiny", "dp=2"]
+    cfg, old = compose_and_plan(plain, [])
+    old.save(tmp_path / "plan.yaml")
+    (tmp_path / "config.yaml").write_text(config_to_yaml(cfg))
+    assert definition_changes(tmp_path, *compose_and_plan([*plain, "dp=1"], []), 8) == []
+
+
 def test_a_set_aside_or_copied_checkpoint_says_where_it_goes(tmp_path):
     """A checkpoint in checkpoints/superseded/ or copied elsewhere holds a plan.yaml: it was
     taken for a run dir and refused as 'no complete checkpoint in <it>/checkpoints'."""
