@@ -75,6 +75,7 @@ class Trainer:
             splits["train"], self.layout, cfg.train.seed, ctx.device, cfg.data
         )
         self.val_batches = Batches(splits["val"], self.layout, cfg.train.seed, ctx.device)
+        self.train_identity = getattr(splits["train"], "identity", "")  # kept by checkpoints
         self.precision = Precision(plan.precision, cfg.precision, ctx.device)
         self._build_model()
         self.memory_measured: dict[str, int] = {}
@@ -129,6 +130,7 @@ class Trainer:
             layout=self.layout,
             sync=self.sync,
             train_samples=len(self.train_batches),
+            train_identity=self.train_identity,
         )
         self.validator = Validator(
             cfg, plan, ctx, self.pm, self.step_fn, self.val_batches, self.reports_loss

@@ -157,6 +157,13 @@ def test_resume_after_the_data_changed_says_the_samples_differ(tmp_path):
     assert saved == (9000 - max(2, int(9000 * 0.1)) - 1) // 128  # windows of the train split
     same = run_dtrain(["resume", "--ckpt", str(ckpt)], tmp_path)
     assert same.returncode == 0 and "training data changed" not in same.stdout + same.stderr
+    assert "token file is not the one" not in same.stdout + same.stderr
+    # the same size, other words (sed 's/fox/cat/g'): the sample count cannot tell
+    (notes / "a.txt").write_text("the quick brown cat jumps over the lazy dog. " * 200)
+    edited = run_dtrain(["resume", "--ckpt", str(ckpt)], tmp_path)
+    assert edited.returncode == 0, edited.stderr[-3000:]
+    said = " ".join((edited.stdout + edited.stderr).split())
+    assert "the training data's token file is not the one step_000002 was saved with" in said
     with (notes / "a.txt").open("a") as f:
         f.write("a sentence more. " * 300)
     changed = run_dtrain(["resume", "--ckpt", str(ckpt)], tmp_path)

@@ -52,9 +52,11 @@ class Checkpointer:
         layout: BatchLayout,
         sync: SyncRuntime,
         train_samples: int,
+        train_identity: str = "",
     ) -> None:
         self.plan, self.ctx, self.run_dir = plan, ctx, run_dir
         self.train_samples = train_samples  # the data's size, kept with each checkpoint
+        self.train_identity = train_identity  # its token file's (name, size, time)
         self.pm, self.optimizers, self.precision = pm, optimizers, precision
         self.layout = layout
         self.sync = sync  # the sync mode's state goes into checkpoints under "sync"
@@ -145,8 +147,16 @@ class Checkpointer:
         """The sample order is a permutation of the training samples: other data (a file
         appended to, added or removed) draws other samples from here on, which ``dtrain
         resume`` would otherwise continue silently as if exact."""
-        then = read_meta(path).get("train_samples")
+        meta = read_meta(path)
+        then, files = meta.get("train_samples"), meta.get("train_data")
         if then is None or then == self.train_samples:
+            if files and self.train_identity and files != self.train_identity:
+                log.warning(
+                    "the training data's token file is not the one %s was saved with (%s "
+                    "then, %s now: the files behind data.path changed, or moved): the run "
+                    "continues, maybe on other samples than the original run's",
+                    path.name, files, self.train_identity,
+                )  # fmt: skip
             return
         log.warning(
             "the training data changed since %s was saved (%s samples then, %s now): the run "
@@ -203,6 +213,7 @@ class Checkpointer:
             "mesh": dict(zip(self.plan.mesh.dim_names, self.plan.mesh.shape, strict=True)),
             "model": self.pm.spec.config_dict(),
             "train_samples": self.train_samples,
+            "train_data": self.train_identity,
         }
         run = RunDir(self.run_dir)  # the checkpoint keeps both under the run dir's names
         files = {path.name: path.read_text() for path in (run.config, run.plan)}

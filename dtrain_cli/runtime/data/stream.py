@@ -13,6 +13,7 @@ themselves are prepared by the launcher (:mod:`dtrain_cli.corpus.prepare`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +31,14 @@ class TokenWindows:
 
     tokens: np.ndarray
     block_size: int
+    identity: str = ""
+    """The token file's name (its cache folder's, which is keyed by the sources' sizes and
+    times), size and modification time: a checkpoint keeps it, a resume compares."""
 
     @classmethod
     def open(cls, path: Path, dtype: str, block_size: int, vocab_size: int | None) -> TokenWindows:
         tokens, top = open_tokens(path, dtype)  # the launcher's checks read them alike
-        windows = cls(tokens, block_size)
+        windows = cls(tokens, block_size, file_identity(path))
         if len(windows) < 1:
             raise ValueError(
                 f"{path}: {len(tokens)} tokens, fewer than one window of "
@@ -57,6 +61,21 @@ class TokenWindows:
         starts = indices.astype(np.int64) * self.block_size
         offsets = np.arange(self.block_size + 1, dtype=np.int64)
         return self.tokens[starts[:, None] + offsets[None, :]].astype(np.int64)
+
+
+CACHE_FOLDER = re.compile(r"^(text|hf|tokens)-[0-9a-f]{16}$")
+"""A folder the data cache tokenized into: its name is keyed by the sources' sizes and
+times (corpus/prepare.py), which its own files' times (another node's, a cache emptied
+and filled again) are not."""
+
+
+def file_identity(path: Path) -> str:
+    """What a checkpoint keeps of the token file it trained on, and a resume compares: a
+    cache folder's name, or a token file's own name, size and time (data=tokens)."""
+    if CACHE_FOLDER.match(path.parent.name):
+        return f"{path.parent.name}/{path.name}"
+    st = path.stat()
+    return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
 
 
 class SampleStream:
