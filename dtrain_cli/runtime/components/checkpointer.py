@@ -207,7 +207,10 @@ class Checkpointer:
         info = {
             "step": step,
             "samples_seen": samples,
-            "tokens_seen": samples * self.plan.batch.seq_len,
+            # a model of samples (images, your dataset's items) sees no tokens
+            "tokens_seen": samples * self.plan.batch.seq_len
+            if self.plan.batch.unit == "tokens"
+            else None,
             **meta,
             "world_size": self.plan.world_size,
             "mesh": dict(zip(self.plan.mesh.dim_names, self.plan.mesh.shape, strict=True)),
