@@ -84,8 +84,9 @@ def tied_unit_problems(owners: list[list[Any]], cfg: DtrainConfig) -> list[str]:
 
 def measured_warnings(target: str, measured: dict[str, Any], block_size: Any) -> list[str]:
     """The forward that failed on one sample of the token windows (fake tensors, then the
-    meta device): the plan's memory has no activations, and a step will most likely fail
-    the same way (before, the plan said the inputs came from your dataset, exit 0)."""
+    meta device): the plan's memory has no activations, and a step fails the same way
+    unless the forward does what fake tensors cannot (before, the plan said the inputs came
+    from your dataset, after 100 lines of torch's log)."""
     if not (error := measured.get("saved_error")):
         return []
     cls = target.rsplit(".", 1)[-1]
