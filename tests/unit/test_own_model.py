@@ -562,15 +562,30 @@ def test_a_module_under_two_names_is_planned(monkeypatch, extra, tmp_path):
     assert plan.estimates.num_params == vocab * width + 32 * width + block + width * vocab + vocab
 
 
-def test_a_factorized_embedding_may_split_its_features(monkeypatch):
-    """Embedding(V, 16) column-wise read by its projection row-wise (Megatron's pattern) is
-    a valid split: the refusal of a column-wise Embedding spares it (a review's find)."""
+@pytest.mark.parametrize(
+    ("split", "ok"),
+    [
+        # Megatron's vocabulary-parallel embedding, then its projection split as a Linear
+        ("embed:rowwise,embed_proj:colwise", True),
+        # accepted for a while by a name rule: a row-wise head of the embedding's width
+        # does not read it (a review's find: step 1 failed on a shape)
+        ("embed:colwise,head:rowwise", False),
+    ],
+)
+def test_a_factorized_embedding_splits_as_its_vocabulary(monkeypatch, split, ok):
     from dtrain_cli.config.compose import compose_config
+    from dtrain_cli.errors import ConfigError
     from dtrain_cli.plan.build import build_plan
 
     monkeypatch.chdir(REPO / "tests")
     monkeypatch.syspath_prepend(str(REPO / "tests"))
-    lm = ["model=custom", "model._target_=own_targets.FactorizedLM", "model.block_size=32"]
-    tp = "parallel.tp_plan={embed:colwise,embed_proj:rowwise,blocks.*.up:colwise,"
-    tp += "blocks.*.down:rowwise}"
-    assert build_plan(compose_config("gpt_tiny", [*lm, "tp=2", tp])).world_size == 2
+    target = "FactorizedLM" if ok else "TinyLM"
+    lm = ["model=custom", f"model._target_=own_targets.{target}", "model.block_size=32"]
+    tp = f"parallel.tp_plan={{{split},blocks.*.up:colwise,blocks.*.down:rowwise}}"
+    cfg = compose_config("gpt_tiny", [*lm, "tp=2", tp])
+    if ok:
+        assert build_plan(cfg).world_size == 2
+    else:
+        with pytest.raises(ConfigError) as err:
+            build_plan(cfg)
+        assert "embed:colwise splits an Embedding's features" in str(err.value)

@@ -69,22 +69,6 @@ def tp_whole_modules(model: Any, plan: dict[str, str]) -> set[int]:
     return kept_whole_under_tp(model, lambda name: style_of(plan, name))
 
 
-def _read_rowwise(modules: dict[str, Any], plan: dict[str, str], name: str) -> bool:
-    """A row-wise ``nn.Linear`` beside the Embedding ``name`` (the same parent) takes its
-    features: a factorized embedding (``Embedding(V, 16)`` column-wise, then its projection
-    ``Linear(16, W)`` row-wise) reads the split features, as Megatron's does."""
-    from torch import nn
-
-    parent, dim = name.rpartition(".")[0], modules[name].embedding_dim
-    return any(
-        isinstance(m, nn.Linear)
-        and n.rpartition(".")[0] == parent
-        and m.in_features == dim
-        and style_of(plan, n) == "rowwise"
-        for n, m in modules.items()
-    )
-
-
 def _tied_problems(modules: dict[str, Any], plan: dict[str, str]) -> list[str]:
     """A module the plan splits that holds a tied parameter (a head tied to the embedding):
     ``parallelize_module`` gives it a DTensor of its own and the other module keeps the
@@ -214,13 +198,12 @@ def tp_plan_problems(
                 f"parallel.tp_plan: {pattern}:{style} names {', '.join(wrong)} modules; a "
                 f"{style} split takes nn.Linear and nn.Embedding layers only{hint}"
             )
-        embeddings = [n for n, m in named.items() if isinstance(m, nn.Embedding)]
-        if style == "colwise" and not all(_read_rowwise(modules, plan, n) for n in embeddings):
+        if style == "colwise" and any(isinstance(m, nn.Embedding) for m in named.values()):
             out.append(
                 f"parallel.tp_plan: {pattern}:colwise splits an Embedding's features over the "
                 "tp ranks, and the layers after it (the residual stream, a norm) need all of "
-                f"them; use {pattern}:rowwise (its vocabulary split, its output whole), or "
-                "split its projection beside it rowwise (a factorized embedding)"
+                f"them; use {pattern}:rowwise (its vocabulary split, its output whole; a "
+                "factorized embedding's projection then splits as any Linear)"
             )
     out += _tied_problems(modules, plan)
     if out:
