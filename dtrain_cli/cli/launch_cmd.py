@@ -298,8 +298,8 @@ def hold_run_dir(run_dir: Path) -> None:
 
     try:
         hold(run_dir, SCHEDULER_WAIT_S if env.in_scheduler_job() else 0.0)
-    except RunInUse as exc:  # in a job: a restart may find it free (not a config error)
-        fail([str(exc)], 1 if env.in_scheduler_job() else 2)
+    except RunInUse as exc:  # held, in a job: a restart may find it free (not bad input)
+        fail([str(exc)], 1 if exc.held and env.in_scheduler_job() else 2)
 
 
 def unwritable_checkpoints(run_dir: Path, plan: Plan) -> str | None:

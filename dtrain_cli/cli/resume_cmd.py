@@ -177,7 +177,7 @@ def definition_changes(path: Path, cfg: DtrainConfig, plan: Plan, step: int) -> 
         old_plan = Plan.load(path / "plan.yaml")
         old_cfg = yaml.safe_load((path / "config.yaml").read_text()) or {}
         old_batch, old_eval = old_plan.batch.global_batch_size, old_cfg["train"]
-        old_precision = old_cfg["precision"]["name"]
+        old_precision = (old_cfg.get("precision") or {}).get("name", cfg.precision.name)
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError):
         return []
     out = []
@@ -204,8 +204,8 @@ def definition_changes(path: Path, cfg: DtrainConfig, plan: Plan, step: int) -> 
 
 
 def layout_numerics(old: Plan, plan: Plan, cfg: DtrainConfig, step: int) -> list[str]:
-    """A resume at another layout continues exactly in fp32 without dropout; dropout's masks
-    and bf16 under a sharding strategy are the layout's own (8e-4 after a few steps)."""
+    """A resume at another layout continues within 1e-5 in fp32 without dropout; dropout's
+    masks and bf16 sums are the layout's own (8e-4 after a few steps)."""
     from dtrain_cli.strategies import strategy_for
 
     why = []
@@ -214,6 +214,8 @@ def layout_numerics(old: Plan, plan: Plan, cfg: DtrainConfig, step: int) -> list
     sharded = any(strategy_for(p.strategy).shards_params for p in (old, plan))
     if cfg.precision.name != "fp32" and sharded:
         why.append(f"{cfg.precision.name} parameters under FSDP round their own way")
+    elif cfg.precision.name != "fp32" and old.mesh.shape != plan.mesh.shape:
+        why.append(f"{cfg.precision.name} sums (tp's all-reduces, dp's) round by layout")
     if not why:
         return []
     labels = f"{old.mesh.label()} {old.strategy} -> {plan.mesh.label()} {plan.strategy}"

@@ -35,6 +35,8 @@ RESOURCE_NAME = re.compile(
 )
 MOUNT_PATH = re.compile(r"^(/[A-Za-z0-9._-]+)+$")
 SYSTEM_FOLDERS = ("/etc/dtrain/", "/dev/", "/proc/", "/sys/")
+IMAGE_FOLDERS = ("/", "/usr", "/usr/local", "/bin", "/lib", "/lib64", "/etc", "/opt", "/sbin")
+"""Folders a mount would hide the image's Python and system in (their subfolders are fine)."""
 """Where a run dir's volume may not be mounted: dtrain's ConfigMap (/etc/dtrain), /dev/shm
 (a second mount at the same path is refused by the API server) and the kernel's."""
 
@@ -66,11 +68,12 @@ def k8s_field_problems(c: ClusterConfig) -> list[str]:
             f"cluster.run_root={c.run_root!r}: not an absolute folder path of letters, digits "
             "and . _ -; e.g. /runs"
         )
-    elif f"{c.run_root}/".startswith(SYSTEM_FOLDERS):
+    elif f"{c.run_root}/".startswith(SYSTEM_FOLDERS) or c.run_root.rstrip("/") in IMAGE_FOLDERS:
         # a second mount at /etc/dtrain or /dev/shm: the API server refuses the pod
         problems.append(
-            f"cluster.run_root={c.run_root!r}: under a folder dtrain or the kernel mounts "
-            f"({', '.join(f.rstrip('/') for f in SYSTEM_FOLDERS)}); e.g. /runs"
+            f"cluster.run_root={c.run_root!r}: a folder dtrain or the kernel mounts "
+            f"({', '.join(f.rstrip('/') for f in SYSTEM_FOLDERS)}), or one the image's "
+            "Python lives in (/usr, /usr/local, /bin, /lib, /etc, /opt); e.g. /runs"
         )
     if not RESOURCE_NAME.match(c.gpu_resource):
         problems.append(

@@ -3,7 +3,7 @@ is accepted and then waits forever (``PENDING PartitionNodeLimit``), which ``dtr
 --submit`` says at once instead. Torch-free.
 
     dtrain sbatch recipe=gpt_small nodes=4 dp=4 --submit    # a 2-node partition
-    warning: job 7 waits with reason PartitionNodeLimit ...; scancel 7
+    warning: job 7 waits with reason PartitionNodeLimit ...; it may never start as asked
 
 Reasons from squeue(1) "JOB REASON CODES" that say the request is outside the partition's,
 association's or QOS's limits; PartitionNodeLimit and PartitionConfig may also mean nodes

@@ -28,7 +28,14 @@ _HELD: list[int] = []
 
 class RunInUse(RuntimeError):
     """Another process holds the run dir's lock (the message says who), or the run dir
-    cannot be written at all."""
+    cannot be written at all (:class:`Unwritable`)."""
+
+    held = True
+    """Another launcher holds it: a restart may find it free."""
+
+
+class Unwritable(RunInUse):
+    held = False
 
 
 SCHEDULER_WAIT_S = 120.0
@@ -44,7 +51,7 @@ def hold(run_dir: Path, wait_s: float = 0.0) -> None:
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     except OSError as exc:  # a read-only mount, a full disk: nothing can be written there
-        raise RunInUse(
+        raise Unwritable(
             f"{run_dir}: cannot write in it ({exc.strerror or exc}); a run dir must be "
             "writable (its checkpoints, logs and metrics go there)"
         ) from None

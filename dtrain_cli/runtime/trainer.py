@@ -37,7 +37,7 @@ from dtrain_cli.runtime.components.replica import ReplicaChecker
 from dtrain_cli.runtime.components.sinks import MetricsSink, startup_phases, write_summary
 from dtrain_cli.runtime.components.validator import Validator
 from dtrain_cli.runtime.data.loader import Batches
-from dtrain_cli.runtime.data.stream import BatchLayout, open_splits
+from dtrain_cli.runtime.data.stream import BatchLayout, TokenWindows, open_splits
 from dtrain_cli.runtime.diagnostics import faults, peak_memory
 from dtrain_cli.runtime.diagnostics.watchdog import Watchdog
 from dtrain_cli.runtime.parallel.dtensors import local_tensor
@@ -75,7 +75,8 @@ class Trainer:
             splits["train"], self.layout, cfg.train.seed, ctx.device, cfg.data
         )
         self.val_batches = Batches(splits["val"], self.layout, cfg.train.seed, ctx.device)
-        self.train_identity = getattr(splits["train"], "identity", "")  # kept by checkpoints
+        train = splits["train"]  # a token file's identity, kept by checkpoints
+        self.train_identity = train.identity if isinstance(train, TokenWindows) else ""
         self.precision = Precision(plan.precision, cfg.precision, ctx.device)
         self._build_model()
         self.memory_measured: dict[str, int] = {}

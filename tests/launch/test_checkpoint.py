@@ -153,6 +153,17 @@ def test_a_resume_between_logging_steps_logs_the_whole_window(dp, rel, every4, t
         assert a["loss"] == pytest.approx(b["loss"], rel=rel), a["step"]
 
 
+def test_a_window_that_logging_every_moves_is_not_carried(every4, tmp_path):
+    """Resumed with logging.every=5, step 15's window is steps 11-15, as a run logging every
+    5 steps has it: the checkpoint's open window (from step 9) is not carried into it (a
+    review's find: it logged steps 9-15 as step 15's)."""
+    run_dir = copy_run(every4[1], tmp_path)
+    done = resume(run_dir, "logging.every=5")
+    assert done.returncode == 0, done.stderr[-3000:]
+    logged = [(r["step"], r["loss_steps"]) for r in done.metrics()]
+    assert logged == [(4, 4), (8, 4), (15, 5), (20, 5)]
+
+
 def test_a_resume_that_trains_nothing_leaves_the_run_dir_as_it_was(killed_dp2, tmp_path):
     """A resume into another layout that fails before anything past its checkpoint is kept
     (no newer checkpoint, no logged step) left the run's config.yaml and plan.yaml in the

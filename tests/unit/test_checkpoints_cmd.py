@@ -208,7 +208,8 @@ def test_a_resume_at_another_precision_or_a_layout_that_rounds_its_own_way_says_
     )
     assert said[1].startswith(
         "the layout changes with this resume (pp=1 x dp=2 x tp=1 ddp -> pp=1 x dp=1 x tp=1 "
-        "ddp) and dropout 0.1 draws its masks by rank: the steps after 8 follow"
+        "ddp) and dropout 0.1 draws its masks by rank, bf16 sums (tp's all-reduces, dp's) "
+        "round by layout: the steps after 8 follow"
     )
     plain = ["recipe=gpt_tiny", "dp=2"]
     cfg, old = compose_and_plan(plain, [])

@@ -59,7 +59,12 @@ def test_help_names_the_guide():
     [
         (["recipe=gpt_tiny"], "cluster.image is not set: the container image with dtrain"),
         # a second mount at /etc/dtrain: the API server refuses the pod
-        ([IMAGE, "cluster.run_root=/etc/dtrain"], "cluster.run_root='/etc/dtrain': under a folder"),
+        (
+            [IMAGE, "cluster.run_root=/etc/dtrain"],
+            "cluster.run_root='/etc/dtrain': a folder dtrain",
+        ),
+        # the claim over /usr/local hides the image's Python: the pod cannot start
+        ([IMAGE, "cluster.run_root=/usr/local"], "or one the image's Python lives in"),
         # an image path is lower case: UPPER is no registry host
         (["cluster.image=UPPER/train:1"], "cluster.image='UPPER/train:1': not an image reference"),
         # a site's fields may not replace the run's own

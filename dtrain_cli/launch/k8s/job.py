@@ -232,7 +232,8 @@ CONTAINER_OWNED = ("name", "image", "command", "args", "env", "ports", "resource
 """Container fields dtrain sets (variables: ``cluster.env``; GPUs, CPUs, memory:
 ``cluster.gpus_per_node``, ``cpus_per_task``, ``mem``)."""
 SECRET_NAME = re.compile(
-    r"(^|_)(API_?KEY|KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE
+    r"((^|_)(API_?KEY|KEY|TOKEN|SECRET|CREDENTIALS?)$|PASSWORD$|PASSWD$|^SECRET_)",
+    re.IGNORECASE,
 )
 """A variable named like a secret (WANDB_API_KEY, HF_TOKEN; not TOKENIZERS_PARALLELISM)."""
 

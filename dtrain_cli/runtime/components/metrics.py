@@ -100,6 +100,7 @@ class TrainMetrics:
         self.carried_loss = 0.0
         """A resume between logging steps: the open window's steps before the checkpoint
         (their global mean losses summed), which this window's loss goes on from."""
+        self.window_first = start_step + 1  # the open window's first step
         self.train_start = self.window_start = time.perf_counter()
         self.tokens_per_s: list[float] = []  # per window after the warm-up one
         # the warm-up window without its first step: the rate when no other window exists
@@ -239,13 +240,18 @@ class TrainMetrics:
         return {
             "window.loss_mean_sum": torch.tensor(mean_sum, dtype=torch.float64),
             "window.loss_steps": torch.tensor(self.loss_steps),
+            "window.first_step": torch.tensor(self.window_first),
         }
 
     def carry(self, state: dict[str, torch.Tensor]) -> None:
-        """Go on with a checkpoint's open window (:meth:`window_state`), at any layout."""
-        if "window.loss_steps" in state:
+        """Go on with a checkpoint's open window (:meth:`window_state`), at any layout; not
+        when ``logging.every`` changed so that a window starts elsewhere (the next loss is
+        then of the steps after the resume, as a run logging so from the start has it)."""
+        first = int(state.get("window.first_step", torch.tensor(-1)))
+        if "window.loss_steps" in state and (first - 1) % self.every == 0:
             self.loss_steps = int(state["window.loss_steps"])
             self.carried_loss = float(state["window.loss_mean_sum"])
+            self.window_first = first
 
     def all_reduce_window(
         self, step: int, save_vote: bool, stop_vote: bool, slots: list[float]
@@ -282,7 +288,7 @@ class TrainMetrics:
         self.last_window = list(self.losses)
         self.losses.clear()
         self.window_steps, self.loss_steps, self.window_start = 0, 0, now
-        self.carried_loss = 0.0
+        self.carried_loss, self.window_first = 0.0, step + 1
         self._wait0 = self.batches.wait_s
         return tps, data_wait_ms
 

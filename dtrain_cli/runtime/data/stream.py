@@ -63,7 +63,7 @@ class TokenWindows:
         return self.tokens[starts[:, None] + offsets[None, :]].astype(np.int64)
 
 
-CACHE_FOLDER = re.compile(r"^(text|hf|tokens)-[0-9a-f]{16}$")
+CACHE_FOLDER = re.compile(r"^(text|hf|tokens|builtin|synthetic)-[\w.-]+$")
 """A folder the data cache tokenized into: its name is keyed by the sources' sizes and
 times (corpus/prepare.py), which its own files' times (another node's, a cache emptied
 and filled again) are not."""
@@ -71,11 +71,11 @@ and filled again) are not."""
 
 def file_identity(path: Path) -> str:
     """What a checkpoint keeps of the token file it trained on, and a resume compares: a
-    cache folder's name, or a token file's own name, size and time (data=tokens)."""
+    cache folder's name (keyed by its sources' sizes and times), or a token file's own
+    name and size (data=tokens: a copy to a node's scratch is the same data)."""
     if CACHE_FOLDER.match(path.parent.name):
         return f"{path.parent.name}/{path.name}"
-    st = path.stat()
-    return f"{path.name}:{st.st_size}:{st.st_mtime_ns}"
+    return f"{path.name}:{path.stat().st_size}"  # a copy per job has its own time
 
 
 class SampleStream:
