@@ -18,12 +18,14 @@ def recipes(
 
     Guide: docs/configuration.md
     """
-    from dtrain_cli.config.search import list_recipes, recipe_description
+    from dtrain_cli.config.search import list_recipes, recipe_description, reserved_problems
 
     try:
         found = list_recipes(config_dir)
     except ConfigError as exc:
         fail(exc.problems)
+    if shadowed := reserved_problems(config_dir):
+        fail(shadowed)
     table = Table(title="recipes")
     table.add_column("recipe", style="bold")
     table.add_column("description")

@@ -36,6 +36,7 @@ from dtrain_cli.config.schema import SCHEMA_NAME, DataConfig, DtrainConfig
 from dtrain_cli.config.search import (
     group_options,
     list_recipes,
+    reserved_problems,
     search_path,
 )
 from dtrain_cli.config.suggest import did_you_mean, recipe_path_hint
@@ -136,12 +137,20 @@ def compose_dictconfig(
 ) -> DictConfig:
     from omegaconf import OmegaConf
 
+    if shadowed := reserved_problems(config_dirs):
+        raise ConfigError(shadowed)
     recipes = list_recipes(config_dirs)
     if recipe not in recipes:
         hint = did_you_mean(Path(recipe).stem, list(recipes)) or recipe_path_hint(recipe)
         raise ConfigError(
             [f"unknown recipe {recipe!r}{hint}; available: {', '.join(recipes) or 'none'}"]
         )
+    try:
+        recipes[recipe].read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [f"recipe {recipes[recipe]}: not UTF-8 text (byte {exc.start}); save it as UTF-8"]
+        ) from None
     search = search_path(config_dirs)
     key = compose_cache.key_for(recipes[recipe], overrides, search)
     cfg, problems = compose_cache.load(key), []
@@ -280,7 +289,11 @@ def to_dataclass(cfg: DictConfig) -> DtrainConfig:
     _fold_data_kwargs(cfg)
     try:
         obj = OmegaConf.to_object(cfg)
-        assert isinstance(obj, DtrainConfig)
+        if not isinstance(obj, DtrainConfig):
+            raise ConfigError(
+                ["config: not built on dtrain's base config; begin it with 'defaults: [base, "
+                 "_self_]'"]
+            )  # fmt: skip
         obj.model = typed_model_config(obj.model)
     except OmegaConfBaseException as exc:  # an interpolation in a YAML file, say
         key = getattr(exc, "full_key", None) or "config"

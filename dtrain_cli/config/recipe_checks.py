@@ -25,10 +25,12 @@ def recipe_problems(cfg: DictConfig, recipe_path: Path) -> list[str]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    if "run" not in cfg:  # composed without the schema: every later check would trip on it
+    # composed without the schema (a run's config.yaml copied as it is, a recipe without
+    # defaults): every later check would trip on it
+    if "run" not in cfg or OmegaConf.get_type(cfg) is not DtrainConfig:
         return [
             f"recipe {recipe_path}: not built on dtrain's base config; begin it with "
-            "'defaults: [base, _self_]' (docs/configuration.md)"
+            "'defaults: [base, _self_]' (a run's config.yaml too: docs/configuration.md)"
         ]
     try:
         OmegaConf.to_container(cfg, resolve=True)
@@ -102,6 +104,21 @@ def explain_compose_error(
         where = full_key.group(1) if full_key else "a key"
         kind = {"Integer": "integer", "Float": "number", "Boolean": "boolean (true/false)"}
         return f"{where}: value {m.group(1)!r} is not a valid {kind.get(m.group(2), m.group(2))}"
+    m = re.search(r"Invalid value assigned: \w+ is not a (ListConfig|DictConfig)", msg)
+    if m:
+        where = full_key.group(1) if full_key else "a key"
+        want = "[a, b]" if m.group(1) == "ListConfig" else "{key: value}"
+        kind = "a list" if m.group(1) == "ListConfig" else "a mapping"
+        in_recipe = f" (in {recipe})" if recipe is not None else ""
+        return f"{where}{in_recipe}: one value where {kind} is wanted; write {want}"
+    m = re.search(r"Merge error: \w+ is not a subclass of (\w+?)Config\. value: (\S+)", msg)
+    if m:  # `parallel: fsdp` in a recipe: a section given an option's name
+        section, value = m.group(1).lower(), m.group(2)
+        in_recipe = f" (in {recipe})" if recipe is not None else ""
+        return (
+            f"{section}: {value}{in_recipe}: {section} is a section of keys; choose its option "
+            f"in the defaults list (- override {section}: {value}) or as {section}={value}"
+        )
     m = re.search(r"Could not find '([^']+)/([^']+)'", msg)
     if m:
         group, option = m.group(1).strip("/"), m.group(2)
@@ -117,6 +134,12 @@ def explain_compose_error(
             f"{first} '{m.group(2)}' is a recipe, and a recipe's defaults list takes config "
             f"groups only (base, override model: ...); start yours from a copy of {found}"
         )
+    if first.endswith(":"):  # Hydra's first line announces what its next ones say
+        rest = [ln.strip() for c in chain for ln in c.splitlines()[1:] if ln.strip()]
+        said = "; ".join(
+            ln for ln in rest[:3] if not ln.startswith(("reference_type", "object_type"))
+        )
+        return f"{first} {said}" if said else first
     return first
 
 

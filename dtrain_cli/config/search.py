@@ -59,7 +59,11 @@ def recipe_description(path: Path) -> str:
     """The first sentence of the recipe's header comment, after its command and examples
     (a sentence may run on over the next comment lines)."""
     words: list[str] = []
-    for line in path.read_text().splitlines():
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:  # listed, with what is wrong, not a traceback
+        return f"(not UTF-8 text: byte {exc.start}; save it as UTF-8)"
+    for line in text.splitlines():
         text = line.lstrip("#").strip() if line.startswith("#") else ""
         if not text:
             if words or not line.startswith("#"):
@@ -85,6 +89,25 @@ def _sentence_end(text: str) -> int:
         ):
             return i + 1
     return 0
+
+
+RESERVED = ("base", "dtrain_schema")
+"""dtrain's own config names: every recipe's defaults list begins with ``base``, which a
+user file of that name would shadow (a recipe named base then composed itself forever)."""
+
+
+def reserved_problems(config_dirs: Sequence[str | Path] = ()) -> list[str]:
+    """A file in the user's folders (or their recipes/) that shadows :data:`RESERVED`."""
+    out = []
+    for d in user_config_dirs(config_dirs):
+        for folder in (d, d / "recipes"):
+            for name in RESERVED:
+                if (folder / f"{name}.yaml").is_file():
+                    out.append(
+                        f"{folder / name}.yaml: {name!r} is dtrain's own config (every "
+                        f"recipe's defaults begin with base); rename it, e.g. team_{name}.yaml"
+                    )
+    return out
 
 
 def search_path(config_dirs: Sequence[str | Path] = ()) -> list[Path]:

@@ -146,16 +146,43 @@ def test_user_config_dir_adds_recipes_and_options(tmp_path, monkeypatch):
         # YAML that does not parse: 'while parsing a flow sequence', no file, no line
         (f"{DEFAULTS}train:\n  steps: [1\n", "mine.yaml line 6, column 1: while parsing a "
          "flow sequence expected ',' or ']', but got '<stream end>' (YAML)"),
+        # a run's config.yaml copied as it is: an AssertionError traceback (a user's find)
+        ("model:\n  kind: gpt\nrun:\n  name: a\ntrain:\n  steps: 5\n",
+         "not built on dtrain's base config; begin it with 'defaults: [base, _self_]' (a "
+         "run's config.yaml too"),
+        # one value for a list: "ValidationError raised while composing config:", no more
+        (f"{DEFAULTS}debug:\n  profile_steps: 3\n", "debug.profile_steps (in "),
+        (f"{DEFAULTS}debug:\n  profile_steps: 3\n", "one value where a list is wanted"),
+        # a section given an option's name
+        (f"{DEFAULTS}parallel: fsdp\n", "parallel is a section of keys; choose its option in "
+         "the defaults list (- override parallel: fsdp) or as parallel=fsdp"),
+        # a Latin-1 comment: a UnicodeDecodeError traceback
+        (b"# caf\xe9\ntrain:\n  steps: 5\n", "mine.yaml: not UTF-8 text (byte 5); save it"),
     ],
-    ids=["no-defaults", "interpolation", "yaml"],
+    ids=["no-defaults", "interpolation", "yaml", "config-yaml", "list-key", "list-what",
+         "section", "latin-1"],
 )  # fmt: skip
 def test_a_broken_recipe_file_is_one_line_naming_it(text, said, tmp_path):
     (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "mine.yaml").write_text(text)
+    path = tmp_path / "recipes" / "mine.yaml"
+    path.write_bytes(text) if isinstance(text, bytes) else path.write_text(text)
     with pytest.raises(ConfigError) as info:
         compose_config("mine", [], [tmp_path])
     (line,) = info.value.problems
     assert said in line and "\n" not in line, line
+
+
+@pytest.mark.parametrize("where", ["recipes", "."])
+def test_a_user_file_named_base_is_refused_not_composed_forever(where, tmp_path):
+    """A team's recipes/base.yaml (defaults: [base, _self_]) took the place of dtrain's base
+    in every composition, built-in recipes too: 'maximum recursion depth exceeded'."""
+    (tmp_path / where).mkdir(exist_ok=True)
+    (tmp_path / where / "base.yaml").write_text(f"{DEFAULTS}train:\n  steps: 7\n")
+    with pytest.raises(ConfigError) as info:
+        compose_config("gpt_tiny", [], [tmp_path])
+    (line,) = info.value.problems
+    assert line.endswith("base.yaml: 'base' is dtrain's own config (every recipe's defaults "
+                         "begin with base); rename it, e.g. team_base.yaml")  # fmt: skip
 
 
 def problems(recipe: str, overrides: list[str], resources: Resources = CPU) -> list[str]:
