@@ -100,9 +100,10 @@ def advise(
         from dtrain_cli.cli.advise_simulate import simulate_top
 
         checked = simulate_top(advice, kept, config_dir)
-    if apply:
+    if apply:  # with the config folders: a recipe of your own is not found without them
         winner = _winner(advice, checked)
-        typer.echo(" ".join(shlex.quote(x) for x in [*kept, *winner]))
+        dirs = [x for d in config_dir for x in ("--config-dir", str(Path(d).resolve()))]
+        typer.echo(" ".join(shlex.quote(x) for x in [*kept, *winner, *dirs]))
         return
     if as_json:
         typer.echo(json.dumps(_json(advice, checked, top), indent=2))
@@ -138,7 +139,10 @@ def _winner(advice, checked: list[dict] | None) -> list[str]:
 
 def _kept(overrides: list[str], recipe: str) -> list[str]:
     """The user's overrides that the search does not set (for --apply and --simulate)."""
-    kept = [ov for ov in overrides if not ov.startswith(SEARCHED)]
+    from dtrain_cli.config.compose import expand_shorthands
+
+    # nnodes=2 is parallel.nnodes=2, which the winner gives again
+    kept = [ov for ov in overrides if not expand_shorthands([ov])[0].startswith(SEARCHED)]
     kept = [ov for ov in kept if ov.partition("=")[0] not in ADVISE_ONLY]
     if not any(ov.startswith("recipe=") for ov in kept):
         kept.insert(0, f"recipe={recipe}")

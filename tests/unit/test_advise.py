@@ -301,6 +301,22 @@ def test_apply_with_simulate_when_nothing_ran_is_one_error(tmp_path, monkeypatch
     assert "error: --apply --simulate: none of the top 3 layouts ran in simulation" in r.output
 
 
+def test_apply_of_a_recipe_of_your_own_names_its_folder(tmp_path):
+    """`xargs dtrain launch < file` of --apply's output found no recipe of one's own (its
+    --config-dir was left out), and nnodes=2 came back beside parallel.nnodes=2."""
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "mine.yaml").write_text(
+        "defaults:\n  - base\n  - _self_\ntrain:\n  steps: 3\n  global_batch_size: 16\n"
+    )
+    r = _cli("recipe=mine", "--config-dir", str(tmp_path), "hardware=cpu", "nnodes=2", "--apply")
+    assert r.exit_code == 0, r.output
+    words = r.stdout.split()
+    assert words[0] == "recipe=mine" and words[-2:] == ["--config-dir", str(tmp_path)]
+    assert "nnodes=2" not in words and "parallel.nnodes=2" in words
+    planned = runner.invoke(app, ["plan", *words])
+    assert planned.exit_code == 0, planned.output
+
+
 def test_apply_and_json_together_are_refused():
     r = _cli("recipe=gpt_tiny", "hardware=cpu", "--apply", "--json")
     assert r.exit_code == 2
