@@ -172,6 +172,9 @@ def compose_and_plan(
 
     if note := defaults_note(cfg, rest):
         plan.warnings.insert(0, note)
+    from dtrain_cli.config.recipe_checks import group_choice_warnings
+
+    plan.warnings += group_choice_warnings(str(recipe), rest, config_dirs)
     plan.warnings += more_warnings(cfg, plan, rest, on_hardware=on_hardware)
     return cfg, plan
 

@@ -179,3 +179,39 @@ def recipe_key_problems(recipe_path: Path) -> list[str]:
     if isinstance(body, dict):
         walk(body, "")
     return out
+
+
+def group_choice_warnings(
+    recipe: str, overrides: Sequence[str], config_dirs: Sequence[str | Path] = ()
+) -> list[str]:
+    """``optim=sgd`` over a recipe that sets ``optim.base_lr`` itself: the recipe's value
+    stays over the option's (Hydra merges the recipe after its defaults), so SGD ran at
+    AdamW's learning rate without a word (a new user's find)."""
+    import yaml
+
+    path = list_recipes(config_dirs).get(recipe)
+    groups = set(group_options(config_dirs))
+    chosen = [ov.split("=", 1) for ov in overrides if "=" in ov and "." not in ov.split("=")[0]]
+    chosen = [(g.lstrip("+"), o) for g, o in chosen if g.lstrip("+") in groups]
+    if path is None or not chosen:
+        return []
+    try:
+        body = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    given = {ov.split("=", 1)[0].lstrip("+~") for ov in overrides}
+    out = []
+    for group, option in chosen:
+        own = body.get(group) if isinstance(body, dict) else None
+        kept = [
+            f"{group}.{k}={v}"
+            for k, v in (own.items() if isinstance(own, dict) else [])
+            if k != "name" and f"{group}.{k}" not in given
+        ]
+        if kept:
+            out.append(
+                f"{group}={option}: recipe {recipe} sets {', '.join(kept[:4])}"
+                f"{' ...' if len(kept) > 4 else ''} itself, which stay over {option}'s own "
+                "values; give them on the command line to change them"
+            )
+    return out

@@ -347,3 +347,20 @@ def test_replicas_that_step_alone_refuse_elastic_membership(mode):
         p.startswith(f"parallel.nnodes=1:2: sync.mode={mode} checkpoints each replica's own")
         for p in info.value.problems
     )
+
+
+def test_a_group_chosen_over_a_recipe_s_own_values_is_said():
+    """optim=sgd over gpt_tiny ran SGD at AdamW's lr 0.001 and warmup 10 (the recipe's own
+    values stay over the option's) without a word; given on the command line, said no more."""
+    from dtrain_cli.cli.common import compose_and_plan
+
+    _, plan = compose_and_plan(["recipe=gpt_tiny", "optim=sgd"], [])
+    said = [w for w in plan.warnings if w.startswith("optim=sgd:")]
+    assert said == [
+        "optim=sgd: recipe gpt_tiny sets optim.base_lr=0.001, optim.base_batch_size=16, "
+        "optim.warmup_steps=10 itself, which stay over sgd's own values; give them on the "
+        "command line to change them"
+    ]
+    args = ["recipe=gpt_tiny", "optim=sgd", "optim.base_lr=0.1", "optim.warmup_steps=0"]
+    _, plan = compose_and_plan([*args, "optim.base_batch_size=16"], [])
+    assert not any(w.startswith("optim=sgd:") for w in plan.warnings)
