@@ -187,14 +187,16 @@ def group_choice_warnings(
     """``optim=sgd`` over a recipe that sets ``optim.base_lr`` itself: the recipe's value
     stays over the option's (Hydra merges the recipe after its defaults), so SGD ran at
     AdamW's learning rate without a word (a new user's find)."""
+    chosen = [ov.split("=", 1) for ov in overrides if "=" in ov and "." not in ov.split("=")[0]]
+    if not chosen:  # nothing read (a plan from the composition cache loads no YAML)
+        return []
+    groups = set(group_options(config_dirs))
+    chosen = [(g.lstrip("+"), o) for g, o in chosen if g.lstrip("+") in groups]
+    path = list_recipes(config_dirs).get(recipe) if chosen else None
+    if path is None:
+        return []
     import yaml
 
-    path = list_recipes(config_dirs).get(recipe)
-    groups = set(group_options(config_dirs))
-    chosen = [ov.split("=", 1) for ov in overrides if "=" in ov and "." not in ov.split("=")[0]]
-    chosen = [(g.lstrip("+"), o) for g, o in chosen if g.lstrip("+") in groups]
-    if path is None or not chosen:
-        return []
     try:
         body = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError):

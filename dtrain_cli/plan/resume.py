@@ -8,13 +8,15 @@ Torch-free.
 
 from __future__ import annotations
 
-from dtrain_cli.config.resume_changes import unsafe_resume_changes
 from dtrain_cli.config.schema import DtrainConfig
 from dtrain_cli.sync_modes import mode_for
 
 
 def resume_problems(old: DtrainConfig, new: DtrainConfig) -> list[str]:
     """One line per change a resume cannot make, each naming the checkpoint's value."""
+    # imported here: it needs OmegaConf, which a plan from the composition cache never loads
+    from dtrain_cli.config.resume_changes import unsafe_resume_changes
+
     out = unsafe_resume_changes(old, new)
     for mode in dict.fromkeys([old.sync.mode, new.sync.mode]):  # either may refuse
         out += [p for p in mode_for(mode).resume_problems(old, new) if p not in out]
