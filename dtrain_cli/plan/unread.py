@@ -46,9 +46,18 @@ def _given_twice(given: dict[str, list[tuple[str, str]]]) -> list[str]:
     return out
 
 
+OPTIMIZER_KEYS = {"momentum": "sgd", "beta1": "adamw", "beta2": "adamw", "eps": "adamw"}
+"""The optim keys one optimizer reads (runtime/state/optim.py); the other ignores them."""
+
+
 def _ignored_because(cfg: DtrainConfig, key: str) -> str | None:
     section, _, name = key.partition(".")
     par = cfg.parallel
+    if section == "optim" and (reader := OPTIMIZER_KEYS.get(name)) and reader != cfg.optim.name:
+        return f"read only by optim={reader} (optim.name={cfg.optim.name})"
+    scaling = key in ("precision.init_scale", "precision.growth_interval")
+    if scaling and cfg.precision.name != "fp16":
+        return f"read only with precision=fp16, its loss scaling (precision={cfg.precision.name})"
     if section == "debug" and (cfg.script.path or cfg.script.module):
         if name == "collective_timeout_s":  # what a script's hang is limited by instead
             return (

@@ -90,6 +90,19 @@ CASES = [
     (["dp=4", "parallel.strategy=hsdp", "parallel.dp_shard=2", "debug.replica_check_every=1"], []),
     (["dp=2", "debug.replica_check_every=1"], []),
     (["tp=2", "debug.replica_check_every=1"], []),
+    # the other optimizer's keys, fp16's loss scaling at fp32 (a new user's find: silent)
+    (
+        ["optim.momentum=0.9"],
+        ["optim.momentum=0.9: read only by optim=sgd (optim.name=adamw); ignored"],
+    ),
+    (["optim=sgd", "optim.momentum=0.9"], []),
+    (
+        ["precision.init_scale=1024"],
+        [
+            "precision.init_scale=1024: read only with precision=fp16, its loss scaling "
+            "(precision=fp32); ignored"
+        ],
+    ),
     # a key given twice: the last wins, said when the values differ (a shorthand and its key)
     (
         ["dp=2", "steps=4", "parallel.dp=1", "train.steps=4"],
