@@ -36,9 +36,22 @@ def apply_values(cfg: Any, overrides: Sequence[Override]) -> list[str]:
                     if parent is not None and entry in parent:
                         with open_dict(parent):  # a typed node's own flag (data=custom's)
                             del parent[entry]
+                    elif parent is not None and hasattr(parent, "keys"):
+                        # ~cluster.env.NCCL_DEBUGG removed nothing and said nothing
+                        problems.append(_no_entry(ov.text, parent_key, entry, list(parent)))
                 else:
                     OmegaConf.update(cfg, ov.key, ov.value, merge=True)
         except Exception as exc:  # OmegaConf's validation errors: the value does not fit
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             problems.append(f"{ov.text}: {first}")
     return problems
+
+
+def _no_entry(text: str, parent_key: str, entry: str, entries: list[str]) -> str:
+    from dtrain_cli.config.suggest import did_you_mean
+
+    have = ", ".join(map(str, entries)) or "none"
+    return (
+        f"{text}: {parent_key} has no entry {entry!r} to remove{did_you_mean(entry, entries)}; "
+        f"its entries: {have}"
+    )

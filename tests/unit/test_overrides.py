@@ -103,6 +103,12 @@ def test_dict_override_replaces_the_dict(tmp_path, monkeypatch):
     entry = runner.invoke(app, [*base, "+cluster.env.X=abc", "~cluster.env.NCCL_DEBUG"])
     exports = [ln for ln in entry.output.splitlines() if ln.startswith("export ")]
     assert exports == ["export NCCL_SOCKET_IFNAME=ib0", "export X=abc"], entry.output
+    # a misspelt entry to remove removed nothing and said nothing (a new user's find)
+    typo = runner.invoke(app, [*base, "~cluster.env.NCCL_DEBUGG", "--dry-run"])
+    assert typo.exit_code == 2 and (
+        "~cluster.env.NCCL_DEBUGG: cluster.env has no entry 'NCCL_DEBUGG' to remove (did you "
+        "mean 'NCCL_DEBUG'?); its entries: NCCL_DEBUG, NCCL_SOCKET_IFNAME"
+    ) in " ".join(typo.output.split())
 
 
 @pytest.mark.parametrize("value", ["3", "[a]", "{X:{a:1}}"])
