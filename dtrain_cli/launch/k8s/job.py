@@ -84,6 +84,11 @@ class K8sJob:
     cluster: ClusterConfig
 
     @property
+    def files_bytes(self) -> int:
+        """The ConfigMap's data: config.yaml and plan.yaml."""
+        return sum(len(text.encode()) for text in self.files.values())
+
+    @property
     def configmap_name(self) -> str:
         return f"{self.name}-rundir"
 
@@ -227,10 +232,17 @@ POD_OWNED = {
     "serviceAccountName": "cluster.service_account",
 }
 """Pod spec fields dtrain (or JobSet) sets, and where to set what they say."""
-CONTAINER_OWNED = ("name", "image", "command", "args", "env", "ports", "resources",
-                   "volumeMounts")  # fmt: skip
-"""Container fields dtrain sets (variables: ``cluster.env``; GPUs, CPUs, memory:
-``cluster.gpus_per_node``, ``cpus_per_task``, ``mem``)."""
+CONTAINER_OWNED = {
+    "name": "the replicated job's",
+    "image": "cluster.image",
+    "command": "the agent",
+    "args": "the agent's, from the plan",
+    "env": "cluster.env",
+    "ports": "the rendezvous",
+    "resources": "cluster.gpus_per_node, cpus_per_task, mem",
+    "volumeMounts": "the run dir, the ConfigMap, /dev/shm",
+}
+"""Container fields dtrain sets, and where to set what they say."""
 SECRET_NAME = re.compile(
     r"((^|_)(API_?KEY|KEY|TOKEN|SECRET|CREDENTIALS?)$|PASSWORD$|PASSWD$|^SECRET_)",
     re.IGNORECASE,
@@ -266,11 +278,10 @@ def spec_problems(c: ClusterConfig) -> list[str]:
         ("cluster.container_spec", c.container_spec, CONTAINER_OWNED),
     ):
         if taken := [k for k in given if k in owned]:
-            where = "; ".join(f"{k}: {owned[k]}" for k in taken if isinstance(owned, dict))
+            where = "; ".join(f"{k}: {owned[k]}" for k in taken)
             problems.append(
                 f"{key}: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by dtrain "
-                f"({where or 'it runs the agent on the plan'}); {key} adds what dtrain does "
-                "not set, e.g. "
+                f"({where}); {key} adds what dtrain does not set, e.g. "
                 + (
                     "{tolerations: [...], nodeSelector: {...}}"
                     if key.endswith("pod_spec")
@@ -314,7 +325,7 @@ def job_problems(job: K8sJob, plan: Plan) -> list[str]:
             "own emptyDir, which the nodes cannot share a checkpoint through (a save fails, a "
             "restart finds none); set cluster.pvc=CLAIM, a ReadWriteMany claim every pod mounts"
         )
-    size = sum(len(text.encode()) for text in job.files.values())
+    size = job.files_bytes
     if size > CONFIGMAP_MAX_BYTES:
         problems.append(
             f"config.yaml + plan.yaml are {size:,} bytes; a ConfigMap holds at most 1 MiB"
@@ -351,7 +362,7 @@ def job_warnings(job: K8sJob) -> list[str]:
         )
     if c.setup:
         out.append("cluster.setup is SLURM's: pods run the image as it is (put it in the image)")
-    size = sum(len(text.encode()) for text in job.files.values())
+    size = job.files_bytes
     if APPLY_ANNOTATION_BYTES < size <= CONFIGMAP_MAX_BYTES:
         out.append(
             f"config.yaml + plan.yaml are {size:,} bytes: past the 256 KiB that client-side "

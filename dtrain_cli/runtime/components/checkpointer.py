@@ -56,7 +56,7 @@ class Checkpointer:
     ) -> None:
         self.plan, self.ctx, self.run_dir = plan, ctx, run_dir
         self.train_samples = train_samples  # the data's size, kept with each checkpoint
-        self.train_identity = train_identity  # its token file's (name, size, time)
+        self.train_identity = train_identity  # its token file's (stream.file_identity)
         self.pm, self.optimizers, self.precision = pm, optimizers, precision
         self.layout = layout
         self.sync = sync  # the sync mode's state goes into checkpoints under "sync"
